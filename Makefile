@@ -1,0 +1,45 @@
+# The two set-up commands of the README, and a few helpers. Each target creates .venv and installs
+# what it needs on first use, so a fresh clone needs nothing but Python 3.11.
+PY      ?= python3
+VENV    := .venv
+BIN     := $(VENV)/bin
+STAMP   := $(VENV)/.installed
+HOST    ?= 127.0.0.1
+PORT    ?= 8000
+TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/gradient
+TEST_REDIS_URL    ?= redis://127.0.0.1:6379/0
+
+.PHONY: run test check lint typecheck pytest migrate demo bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+## run: the service with whatever DATABASE_URL / REDIS_URL say (embedded SQLite and in-process passes by default)
+run: $(STAMP)
+	$(BIN)/python manage.py migrate --noinput
+	$(BIN)/python manage.py serve --host $(HOST) --port $(PORT)
+
+migrate: $(STAMP)
+	$(BIN)/python manage.py migrate --noinput
+
+## test: lint, type check, then the whole suite on PostgreSQL and Redis
+test: check pytest
+
+check: lint typecheck
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check gradient tests bench
+
+typecheck: $(STAMP)
+	$(BIN)/mypy gradient
+
+pytest: $(STAMP)
+	DATABASE_URL=$${DATABASE_URL:-$(TEST_DATABASE_URL)} REDIS_URL=$${REDIS_URL-$(TEST_REDIS_URL)} \
+	  $(BIN)/python -m pytest $(PYTEST_ARGS)
+
+clean:
+	rm -rf $(VENV) var/*.sqlite3

@@ -1,0 +1,224 @@
+"""Cluster jobs: existing jobs grouped for a joint start on distinct workers, all or nothing.
+
+Table names and constraint names are the design page's (cluster-jobs.md); outside tools read them.
+The delete actions of cluster_member, cluster_attempt (CASCADE) and dispatched_job.cluster_attempt
+(SET NULL) are real PostgreSQL foreign-key actions, set by migration 0002, so a retention pass that
+deletes with SQL behaves as the page says.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+from django.conf import settings
+from django.db import models
+from django.db.models import Q
+
+
+class ClusterStatus(models.TextChoices):
+    QUEUED = "Queued"
+    RUNNING = "Running"
+    COMPLETED = "Completed"
+    FAILED = "Failed"
+    ABORTED = "Aborted"
+
+
+CLUSTER_ACTIVE = (ClusterStatus.QUEUED, ClusterStatus.RUNNING)
+CLUSTER_TERMINAL = (ClusterStatus.COMPLETED, ClusterStatus.FAILED, ClusterStatus.ABORTED)
+
+
+class AttemptOutcome(models.TextChoices):
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+    PREPARE_FAILED = "PrepareFailed"
+    ABORTED = "Aborted"
+
+
+class ClusterJob(models.Model):
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    status = models.CharField(max_length=16, choices=ClusterStatus.choices, default=ClusterStatus.QUEUED)
+    same_zone = models.BooleanField(default=False)
+    priority = models.BooleanField(default=False, help_text="Prioritized clusters are placed first.")
+    attempts = models.PositiveIntegerField(default=0, help_text="Started attempts (not claims).")
+    retry_budget = models.PositiveIntegerField(
+        default=2, help_text="Bounds started attempts: 0 or 1 allows one, 2 a first attempt and one retry."
+    )
+    prepare_failures = models.PositiveIntegerField(
+        default=0, help_text="Consecutive failed prepares, for backoff; reset when an attempt starts."
+    )
+    retry_at = models.DateTimeField(null=True, blank=True, help_text="Not placed again before this.")
+    waiting_reason = models.JSONField(
+        null=True, blank=True, help_text="Why the last placement found no seats."
+    )
+    waiting_since = models.DateTimeField(null=True, blank=True)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        db_table = "cluster_job"
+        ordering = ["-created_at"]
+        indexes = [
+            models.Index(
+                fields=["-priority", "created_at"],
+                name="idx-cluster_job-queued",
+                condition=Q(status=ClusterStatus.QUEUED),
+            ),
+            models.Index(
+                fields=["finished_at"],
+                name="idx-cluster_job-retention",
+                condition=Q(status__in=CLUSTER_TERMINAL),
+            ),
+        ]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(finished_at__isnull=True) | Q(status__in=CLUSTER_TERMINAL),
+                name="cluster_job-finished-only-when-terminal",
+                violation_error_message="Only a finished cluster job has finished_at.",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"cluster {self.id} ({self.status})"
+
+    @property
+    def job_key(self) -> str:
+        return f"cluster:{self.id}"
+
+
+class ClusterMember(models.Model):
+    """One member job: exactly one of an evaluation or a shared build, with its role and index."""
+
+    cluster_job = models.ForeignKey(ClusterJob, on_delete=models.CASCADE, related_name="members")
+    evaluation = models.ForeignKey(
+        "scheduling.Evaluation",
+        null=True,
+        blank=True,
+        on_delete=models.CASCADE,
+        related_name="cluster_members",
+    )
+    derivation_build = models.ForeignKey(
+        "scheduling.DerivationBuild",
+        null=True,
+        blank=True,
+        on_delete=models.CASCADE,
+        related_name="cluster_members",
+    )
+    role = models.CharField(max_length=100)
+    index = models.PositiveIntegerField(default=0)
+    primary = models.BooleanField(default=False, help_text="The cluster completes when the primary succeeds.")
+    pin = models.CharField(
+        max_length=200, null=True, blank=True, help_text="Name of the only worker to seat it."
+    )
+
+    class Meta:
+        db_table = "cluster_member"
+        ordering = ["cluster_job", "role", "index"]
+        constraints = [
+            models.CheckConstraint(
+                condition=(Q(evaluation__isnull=False) & Q(derivation_build__isnull=True))
+                | (Q(evaluation__isnull=True) & Q(derivation_build__isnull=False)),
+                name="cluster_member-exactly-one-job",
+                violation_error_message="A member names exactly one job: an evaluation or a shared build.",
+            ),
+            models.UniqueConstraint(
+                fields=["evaluation"],
+                condition=Q(evaluation__isnull=False),
+                name="idx-cluster_member-evaluation",
+                violation_error_message="This evaluation is already a member of a cluster.",
+            ),
+            models.UniqueConstraint(
+                fields=["derivation_build"],
+                condition=Q(derivation_build__isnull=False),
+                name="idx-cluster_member-derivation_build",
+                violation_error_message="This shared build is already a member of a cluster.",
+            ),
+            models.UniqueConstraint(
+                fields=["cluster_job", "role", "index"],
+                name="cluster_member-unique-address",
+                violation_error_message="Role and index name one member of a cluster.",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.role}[{self.index}]"
+
+    @property
+    def job_key(self) -> str:
+        if self.evaluation_id is not None:
+            return f"eval:{self.evaluation_id}"
+        return f"build:{self.derivation_build_id}"
+
+
+class ClusterAttempt(models.Model):
+    """One try of a cluster. Open while finished_at is null; started once every member accepted."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    cluster_job = models.ForeignKey(ClusterJob, on_delete=models.CASCADE, related_name="attempt_rows")
+    number = models.PositiveIntegerField(help_text="1 for the first claim of this cluster.")
+    created_at = models.DateTimeField()
+    prepare_deadline = models.DateTimeField(null=True, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    outcome = models.CharField(max_length=16, choices=AttemptOutcome.choices, null=True, blank=True)
+    reason = models.TextField(blank=True, default="")
+    seats = models.JSONField(default=list, blank=True, help_text="[{role, index, worker_id, zone}] at claim.")
+
+    class Meta:
+        db_table = "cluster_attempt"
+        ordering = ["cluster_job", "number"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["cluster_job"],
+                condition=Q(finished_at__isnull=True),
+                name="idx-cluster_attempt-open",
+                violation_error_message="This cluster already has an open attempt.",
+            ),
+            models.CheckConstraint(
+                condition=Q(finished_at__isnull=True, outcome__isnull=True)
+                | Q(finished_at__isnull=False, outcome__isnull=False),
+                name="cluster_attempt-outcome-iff-finished",
+                violation_error_message="An attempt has an outcome exactly when it is finished.",
+            ),
+            models.CheckConstraint(
+                condition=Q(started_at__isnull=True) | Q(started_at__gte=models.F("created_at")),
+                name="cluster_attempt-started-after-created",
+                violation_error_message="An attempt cannot start before it was created.",
+            ),
+        ]
+        indexes = [
+            models.Index(
+                fields=["prepare_deadline"],
+                name="idx-cluster_attempt-preparing",
+                condition=Q(finished_at__isnull=True, started_at__isnull=True),
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"attempt {self.number} of {self.cluster_job_id}"
+
+
+class ClusterReservation(models.Model):
+    """An aging cluster's reserved placement. Only one cluster holds a reservation at a time."""
+
+    cluster_job = models.OneToOneField(ClusterJob, on_delete=models.CASCADE, related_name="reservation")
+    singleton = models.BooleanField(default=True, editable=False)
+    seats = models.JSONField(default=list, help_text="[{role, index, worker_id}]")
+    created_at = models.DateTimeField()
+    expires_at = models.DateTimeField()
+
+    class Meta:
+        db_table = "cluster_reservation"
+        constraints = [
+            models.UniqueConstraint(
+                fields=["singleton"],
+                name="idx-cluster_reservation-one",
+                violation_error_message="Only one cluster can hold a reservation.",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"reservation for {self.cluster_job_id} until {self.expires_at:%H:%M:%S}"

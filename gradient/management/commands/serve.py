@@ -1,0 +1,88 @@
+"""`python manage.py serve`: startup recovery, then the ASGI server (HTTP, admin, REST, /proto).
+
+Without REDIS_URL, and unless --no-passes, the periodic passes run in this process on their schedule.
+With REDIS_URL they are Celery beat's (`celery -A gradient worker -B`).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+import uvicorn
+from django.conf import settings
+from django.core.management.base import BaseCommand, CommandParser
+from django.utils import timezone
+
+from gradient.passrunner import PassRunner
+from gradient.recovery.boot import set_current_boot
+from gradient.recovery.services import server_boot_heartbeat, server_boot_start, server_boot_stop
+
+log = logging.getLogger("gradient.serve")
+
+# Frames up to this size reach the consumer, which refuses anything over the protocol's 1 MiB with
+# Error{400} and close code 4400 (uvicorn itself would only close with 1009).
+WS_MAX_SIZE = 4 * 1024 * 1024
+BOOT_HEARTBEAT_SECS = 10.0
+
+
+class Command(BaseCommand):
+    help = "Run startup recovery, then serve HTTP, the admin, REST and the /proto WebSocket."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--host", default="127.0.0.1")
+        parser.add_argument("--port", type=int, default=8000)
+        parser.add_argument("--no-passes", action="store_true", help="Do not run the periodic passes here.")
+        parser.add_argument("--log-level", default="info")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        boot = server_boot_start(now=timezone.now())
+        set_current_boot(boot.id)
+        self.stdout.write(
+            f"gradient: boot {boot.id} ({'embedded' if settings.EMBEDDED else 'external'} database)"
+        )
+
+        from gradient.recovery.startup import run_startup_recovery
+
+        run_startup_recovery(boot_id=boot.id)
+
+        runner: PassRunner | None = None
+        if not settings.REDIS_URL and not options["no_passes"]:
+            runner = PassRunner()
+            runner.start()
+            self.stdout.write("gradient: periodic passes run in-process (no REDIS_URL)")
+
+        stop_heartbeat = threading.Event()
+
+        def heartbeat() -> None:
+            from django.db import close_old_connections
+
+            while not stop_heartbeat.wait(BOOT_HEARTBEAT_SECS):
+                try:
+                    server_boot_heartbeat(boot_id=boot.id, now=timezone.now())
+                except Exception:
+                    log.exception("boot heartbeat failed")
+                finally:
+                    close_old_connections()
+
+        threading.Thread(target=heartbeat, name="gradient-boot-heartbeat", daemon=True).start()
+
+        config = uvicorn.Config(
+            "gradient.asgi:application",
+            host=options["host"],
+            port=options["port"],
+            log_level=options["log_level"],
+            lifespan="off",
+            ws_max_size=WS_MAX_SIZE,
+            ws_ping_interval=20.0,
+            ws_ping_timeout=20.0,
+            timeout_graceful_shutdown=20,
+        )
+        try:
+            uvicorn.Server(config).run()
+        finally:
+            stop_heartbeat.set()
+            if runner is not None:
+                runner.stop()
+            server_boot_stop(boot_id=boot.id, now=timezone.now())

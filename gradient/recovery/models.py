@@ -1,0 +1,48 @@
+"""Server boots and the bookkeeping of the periodic passes."""
+
+from __future__ import annotations
+
+import uuid
+
+from django.db import models
+
+
+class ServerBoot(models.Model):
+    """One start of a `serve` process. Sessions name the boot that holds their socket."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    hostname = models.CharField(max_length=255)
+    pid = models.PositiveIntegerField()
+    started_at = models.DateTimeField()
+    recovered_at = models.DateTimeField(null=True, blank=True, help_text="Startup recovery finished.")
+    last_heartbeat = models.DateTimeField()
+    stopped_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        db_table = "server_boot"
+        ordering = ["-started_at"]
+
+    def __str__(self) -> str:
+        return f"{self.hostname}:{self.pid} @ {self.started_at:%Y-%m-%d %H:%M:%S}"
+
+
+class PassState(models.Model):
+    """One row per periodic pass: a lease so two runners never run the same pass at once, and what the
+    last run did, for operators."""
+
+    name = models.CharField(max_length=100, primary_key=True)
+    lease_holder = models.CharField(max_length=200, blank=True, default="")
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    last_started_at = models.DateTimeField(null=True, blank=True)
+    last_finished_at = models.DateTimeField(null=True, blank=True)
+    last_duration_ms = models.FloatField(null=True, blank=True)
+    last_result = models.JSONField(null=True, blank=True)
+    last_error = models.TextField(blank=True, default="")
+    runs = models.PositiveBigIntegerField(default=0)
+
+    class Meta:
+        db_table = "pass_state"
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name

@@ -1,0 +1,41 @@
+"""Every periodic pass, declared once.
+
+Celery beat (through django-celery-beat's DatabaseScheduler) and the in-process runner of embedded
+mode both read PASSES. Each entry's `expires` is just under its interval, so a backlog of runs that
+could not start in time is dropped instead of piling up.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class PassSpec:
+    name: str
+    task: str  # the Celery task's registered name
+    interval: Callable[[], float]  # seconds, read from settings when the schedule is built
+
+    def seconds(self) -> float:
+        return float(self.interval())
+
+
+PASSES: tuple[PassSpec, ...] = (
+    PassSpec("cluster-retention", "gradient.clusters.tasks.retention_pass", lambda: 3600.0),
+)
+
+
+def beat_schedule() -> dict[str, dict[str, Any]]:
+    schedule: dict[str, dict[str, Any]] = {}
+    for spec in PASSES:
+        seconds = spec.seconds()
+        if seconds <= 0:  # disabled by configuration (e.g. a heartbeat timeout of 0)
+            continue
+        schedule[spec.name] = {
+            "task": spec.task,
+            "schedule": seconds,
+            "options": {"expires": max(1.0, seconds * 0.9)},
+        }
+    return schedule

@@ -1,0 +1,73 @@
+from django.contrib import admin
+
+from gradient.scheduling.models import (
+    BuildAttempt,
+    CachedPath,
+    DerivationBuild,
+    DerivationBuildDependency,
+    DispatchedJob,
+    Evaluation,
+    EvaluationBuild,
+    Project,
+)
+
+
+@admin.register(Project)
+class ProjectAdmin(admin.ModelAdmin):
+    list_display = ["name", "created_at"]
+    search_fields = ["name"]
+    filter_horizontal = ["members"]
+
+
+class EvaluationBuildInline(admin.TabularInline):
+    model = EvaluationBuild
+    fields = ["build", "attr", "named", "blocks_evaluation"]
+    raw_id_fields = ["build"]
+    extra = 0
+
+
+@admin.register(Evaluation)
+class EvaluationAdmin(admin.ModelAdmin):
+    list_display = ["id", "project", "status", "kind", "repository", "commit", "created_at"]
+    list_filter = ["status", "kind", "project"]
+    search_fields = ["id", "repository", "commit"]
+    date_hierarchy = "created_at"
+    raw_id_fields = ["recovery_of", "created_by"]
+    inlines = [EvaluationBuildInline]
+
+
+class DependencyInline(admin.TabularInline):
+    model = DerivationBuildDependency
+    fk_name = "build"
+    raw_id_fields = ["dependency"]
+    extra = 0
+    verbose_name = "dependency"
+
+
+@admin.register(DerivationBuild)
+class DerivationBuildAdmin(admin.ModelAdmin):
+    list_display = ["drv_path", "system", "status", "attempts", "queued_at", "finished_at"]
+    list_filter = ["status", "system"]
+    search_fields = ["id", "drv_path"]
+    inlines = [DependencyInline]
+
+
+@admin.register(DispatchedJob)
+class DispatchedJobAdmin(admin.ModelAdmin):
+    list_display = ["id", "job_id", "kind", "worker", "score", "dispatched_at", "finished_at", "outcome"]
+    list_filter = ["kind", "outcome"]
+    search_fields = ["id", "job_id"]
+    raw_id_fields = ["evaluation", "derivation_build", "worker", "cluster_attempt"]
+
+
+@admin.register(BuildAttempt)
+class BuildAttemptAdmin(admin.ModelAdmin):
+    list_display = ["build", "number", "worker", "outcome", "failure_kind", "started_at", "finished_at"]
+    list_filter = ["outcome", "failure_kind"]
+    raw_id_fields = ["build", "dispatched_job", "worker"]
+
+
+@admin.register(CachedPath)
+class CachedPathAdmin(admin.ModelAdmin):
+    list_display = ["path", "nar_size", "created_at"]
+    search_fields = ["path"]

@@ -1,0 +1,463 @@
+"""Evaluations, shared builds and the assignment rows that hand them to workers.
+
+Statuses are the reference notes' names, stored verbatim, so SQL readers and REST clients see the
+same words the design pages use.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+from django.conf import settings
+from django.db import models
+from django.db.models import Q
+
+
+class JobKind(models.TextChoices):
+    """The two kinds of single job. The key prefix (`eval:`/`build:`) and the protocol's RequestJob
+    kind (`flake`/`build`) are derived from it."""
+
+    EVAL = "eval", "Evaluation"
+    BUILD = "build", "Build"
+
+
+class EvaluationStatus(models.TextChoices):
+    QUEUED = "Queued"
+    FETCHING = "Fetching"
+    EVALUATING_FLAKE = "EvaluatingFlake"
+    EVALUATING_DERIVATION = "EvaluatingDerivation"
+    BUILDING = "Building"
+    WAITING = "Waiting"
+    COMPLETED = "Completed"
+    FAILED = "Failed"
+    ABORTED = "Aborted"
+
+
+EVALUATION_ACTIVE = (
+    EvaluationStatus.QUEUED,
+    EvaluationStatus.FETCHING,
+    EvaluationStatus.EVALUATING_FLAKE,
+    EvaluationStatus.EVALUATING_DERIVATION,
+    EvaluationStatus.BUILDING,
+    EvaluationStatus.WAITING,
+)
+EVALUATION_TERMINAL = (EvaluationStatus.COMPLETED, EvaluationStatus.FAILED, EvaluationStatus.ABORTED)
+
+
+class EvaluationKind(models.TextChoices):
+    NORMAL = "Normal"
+    DRV_RECOVERY = "DrvRecovery"
+
+
+class FlakeSourceKind(models.TextChoices):
+    REPOSITORY = "repository"
+    CACHED = "cached"
+
+
+class BuildStatus(models.TextChoices):
+    CREATED = "Created"
+    QUEUED = "Queued"
+    BUILDING = "Building"
+    COMPLETED = "Completed"
+    FAILED_PERMANENT = "FailedPermanent"
+    ABORTED = "Aborted"
+    DEPENDENCY_FAILED = "DependencyFailed"
+    SUBSTITUTED = "Substituted"
+    FAILED_TRANSIENT = "FailedTransient"
+    FAILED_TIMEOUT = "FailedTimeout"
+
+
+BUILD_SUCCESS = (BuildStatus.COMPLETED, BuildStatus.SUBSTITUTED)
+BUILD_LASTING_FAILURE = (
+    BuildStatus.FAILED_PERMANENT,
+    BuildStatus.DEPENDENCY_FAILED,
+    BuildStatus.FAILED_TIMEOUT,
+)
+BUILD_PENDING = (BuildStatus.CREATED, BuildStatus.QUEUED)
+BUILD_ABORTABLE = (BuildStatus.CREATED, BuildStatus.QUEUED, BuildStatus.BUILDING)
+
+
+class BuildAttemptOutcome(models.TextChoices):
+    RUNNING = "Running"
+    BUILT = "Built"
+    SUBSTITUTED = "Substituted"
+    FAILED = "Failed"
+    ABORTED = "Aborted"
+
+
+class DispatchOutcome(models.TextChoices):
+    COMPLETED = "Completed"
+    FAILED = "Failed"
+    ABANDONED = "Abandoned"
+
+
+class BuildFailureKind(models.TextChoices):
+    """The protocol's failure kinds, as a worker reports them."""
+
+    TRANSIENT = "transient"
+    PERMANENT = "permanent"
+    TIMEOUT = "timeout"
+    SUBSTITUTE_UNAVAILABLE = "substitute_unavailable"
+    INPUTS_UNAVAILABLE = "inputs_unavailable"
+    ABORTED = "aborted"
+    CANCELED = "canceled"
+
+
+def eval_key(evaluation_id: uuid.UUID | str) -> str:
+    return f"eval:{evaluation_id}"
+
+
+def build_key(build_id: uuid.UUID | str) -> str:
+    return f"build:{build_id}"
+
+
+class Project(models.Model):
+    """A namespace of evaluations. Workers are authorized per project; so are REST submitters."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    name = models.CharField(max_length=200, unique=True)
+    members = models.ManyToManyField(
+        settings.AUTH_USER_MODEL,
+        blank=True,
+        related_name="gradient_projects",
+        help_text="REST clients that may submit to and read this project (staff may do everything).",
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        db_table = "project"
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Evaluation(models.Model):
+    """One submitted flake evaluation, and through its shared builds, everything it needs built."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    project = models.ForeignKey(Project, on_delete=models.PROTECT, related_name="evaluations")
+    kind = models.CharField(max_length=16, choices=EvaluationKind.choices, default=EvaluationKind.NORMAL)
+    status = models.CharField(
+        max_length=24, choices=EvaluationStatus.choices, default=EvaluationStatus.QUEUED
+    )
+    repository = models.CharField(max_length=2048)
+    commit = models.CharField(max_length=255)
+    wildcards = models.JSONField(default=list, blank=True)
+    wait_for_workers = models.BooleanField(
+        default=False, help_text="Keep waiting for a capable worker instead of aborting after the grace."
+    )
+    priority = models.BooleanField(default=False, help_text="Prioritized (+5000 in scoring).")
+    source_kind = models.CharField(
+        max_length=16, choices=FlakeSourceKind.choices, default=FlakeSourceKind.REPOSITORY
+    )
+    flake_source = models.CharField(
+        max_length=1024, null=True, blank=True, help_text="Store path the fetch produced (fetch_result)."
+    )
+    followup_pending = models.BooleanField(
+        default=False,
+        help_text="A fetch-only job completed; the next eval job is the cached follow-up under the same key.",
+    )
+    waiting_reason = models.JSONField(null=True, blank=True)
+    waiting_since = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text="When the current waiting reason was first recorded (survives restarts).",
+    )
+    lost_dispatches = models.PositiveIntegerField(default=0)
+    warnings = models.JSONField(default=list, blank=True)
+    errors = models.JSONField(default=list, blank=True)
+    recovery_of = models.ForeignKey(
+        "DerivationBuild",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="drv_recoveries",
+        help_text="For a DrvRecovery evaluation: the shared build whose .drv it recovers.",
+    )
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        db_table = "evaluation"
+        ordering = ["-created_at"]
+        indexes = [
+            models.Index(
+                fields=["created_at"],
+                name="idx-evaluation-queued",
+                condition=Q(status=EvaluationStatus.QUEUED),
+            ),
+            models.Index(
+                fields=["status", "created_at"],
+                name="idx-evaluation-active",
+                condition=Q(status__in=EVALUATION_ACTIVE),
+            ),
+            models.Index(fields=["project", "-created_at"], name="idx-evaluation-project"),
+        ]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(finished_at__isnull=True) | Q(status__in=EVALUATION_TERMINAL),
+                name="evaluation-finished-only-when-terminal",
+                violation_error_message="Only a terminal evaluation has finished_at.",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.project_id}:{self.repository}@{self.commit[:12]} ({self.status})"
+
+    @property
+    def job_key(self) -> str:
+        return eval_key(self.id)
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.status in EVALUATION_TERMINAL
+
+
+class DerivationBuild(models.Model):
+    """The shared build: one per derivation path, shared by every evaluation that needs it."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    drv_path = models.CharField(max_length=1024, unique=True)
+    system = models.CharField(max_length=64, help_text="Nix system; `builtin` skips the system check.")
+    required_features = models.JSONField(default=list, blank=True)
+    outputs = models.JSONField(default=list, blank=True, help_text="[{name, path}]")
+    status = models.CharField(max_length=20, choices=BuildStatus.choices, default=BuildStatus.CREATED)
+    prioritized = models.BooleanField(default=False)
+    attempts = models.PositiveIntegerField(
+        default=0, help_text="Build attempts spent (canceled ones spend none)."
+    )
+    max_attempts = models.PositiveIntegerField(default=3)
+    retry_at = models.DateTimeField(null=True, blank=True, help_text="Backoff: not handed out before this.")
+    timeout_secs = models.PositiveIntegerField(default=14400)
+    max_silent_secs = models.PositiveIntegerField(default=3600)
+    failure_kind = models.CharField(max_length=32, choices=BuildFailureKind.choices, null=True, blank=True)
+    last_error = models.TextField(blank=True, default="")
+    created_at = models.DateTimeField(auto_now_add=True)
+    queued_at = models.DateTimeField(null=True, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    dependencies: models.ManyToManyField[DerivationBuild, DerivationBuildDependency] = models.ManyToManyField(
+        "self",
+        symmetrical=False,
+        through="DerivationBuildDependency",
+        through_fields=("build", "dependency"),
+        related_name="dependents",
+        blank=True,
+    )
+
+    class Meta:
+        db_table = "derivation_build"
+        ordering = ["created_at"]
+        indexes = [
+            models.Index(
+                fields=["queued_at"],
+                name="idx-derivation_build-queued",
+                condition=Q(status=BuildStatus.QUEUED),
+            ),
+            models.Index(
+                fields=["updated_at"],
+                name="idx-derivation_build-building",
+                condition=Q(status=BuildStatus.BUILDING),
+            ),
+            models.Index(
+                fields=["created_at"],
+                name="idx-derivation_build-created",
+                condition=Q(status=BuildStatus.CREATED),
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.drv_path} ({self.status})"
+
+    @property
+    def job_key(self) -> str:
+        return build_key(self.id)
+
+
+class DerivationBuildDependency(models.Model):
+    """An edge: `build` needs `dependency` built (or substituted) first."""
+
+    build = models.ForeignKey(DerivationBuild, on_delete=models.CASCADE, related_name="dependency_edges")
+    dependency = models.ForeignKey(DerivationBuild, on_delete=models.CASCADE, related_name="dependent_edges")
+
+    class Meta:
+        db_table = "derivation_build_dependency"
+        constraints = [
+            models.UniqueConstraint(
+                fields=["build", "dependency"],
+                name="derivation_build_dependency-unique-edge",
+                violation_error_message="This dependency edge exists already.",
+            ),
+            models.CheckConstraint(
+                condition=~Q(build=models.F("dependency")),
+                name="derivation_build_dependency-no-self-edge",
+                violation_error_message="A build cannot depend on itself.",
+            ),
+        ]
+        indexes = [models.Index(fields=["dependency"], name="idx-derivation_build_dep-dep")]
+
+    def __str__(self) -> str:
+        return f"{self.build_id} needs {self.dependency_id}"
+
+
+class EvaluationBuild(models.Model):
+    """Links an evaluation to a shared build it needs. `named` marks the builds its wildcards selected;
+    `blocks_evaluation` is false for a build the evaluation no longer waits on."""
+
+    evaluation = models.ForeignKey(Evaluation, on_delete=models.CASCADE, related_name="build_links")
+    build = models.ForeignKey(DerivationBuild, on_delete=models.CASCADE, related_name="evaluation_links")
+    attr = models.CharField(max_length=1024, null=True, blank=True)
+    named = models.BooleanField(default=False)
+    blocks_evaluation = models.BooleanField(default=True)
+
+    class Meta:
+        db_table = "evaluation_build"
+        constraints = [
+            models.UniqueConstraint(
+                fields=["evaluation", "build"],
+                name="evaluation_build-unique",
+                violation_error_message="The evaluation already needs this build.",
+            ),
+        ]
+        indexes = [models.Index(fields=["build"], name="idx-evaluation_build-build")]
+
+    def __str__(self) -> str:
+        return f"{self.evaluation_id} needs {self.build_id}"
+
+
+class CachedPath(models.Model):
+    """A store path known to be in the cache, with its NAR size (offered as `required_paths[].nar_size`)."""
+
+    path = models.CharField(max_length=1024, unique=True)
+    nar_size = models.BigIntegerField()
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        db_table = "cached_path"
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(nar_size__gte=0),
+                name="cached_path-nar_size-non-negative",
+                violation_error_message="A NAR size cannot be negative.",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return self.path
+
+
+class DispatchedJob(models.Model):
+    """One hand-out of a job to a worker. Its id is the `assignment_id` every report echoes; it is open
+    while `finished_at` is null, and at most one row per job key is open (idx-dispatched_job-open-job)."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    kind = models.CharField(max_length=8, choices=JobKind.choices)
+    job_id = models.CharField(max_length=64, help_text="The job key: eval:<uuid> or build:<uuid>.")
+    evaluation = models.ForeignKey(
+        Evaluation, null=True, blank=True, on_delete=models.SET_NULL, related_name="dispatches"
+    )
+    derivation_build = models.ForeignKey(
+        DerivationBuild, null=True, blank=True, on_delete=models.SET_NULL, related_name="dispatches"
+    )
+    worker = models.ForeignKey("workers.Worker", on_delete=models.PROTECT, related_name="dispatches")
+    cluster_attempt = models.ForeignKey(
+        "clusters.ClusterAttempt",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,  # also ON DELETE SET NULL in PostgreSQL itself (clusters migration 0002)
+        related_name="member_dispatches",
+    )
+    score = models.FloatField(default=0)
+    score_breakdown = models.JSONField(default=dict, blank=True)
+    missing_nar_size = models.BigIntegerField(null=True, blank=True)
+    missing_count = models.IntegerField(null=True, blank=True)
+    job = models.JSONField(default=dict, blank=True, help_text="The Job as sent in AssignJob.")
+    phase = models.CharField(max_length=32, blank=True, default="", help_text="Latest JobUpdate kind.")
+    queued_at = models.DateTimeField(null=True, blank=True, help_text="When the job became pending.")
+    dispatched_at = models.DateTimeField(help_text="When the claim won.")
+    accepted_at = models.DateTimeField(null=True, blank=True)
+    last_report_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    outcome = models.CharField(max_length=16, choices=DispatchOutcome.choices, null=True, blank=True)
+    reason = models.TextField(blank=True, default="", help_text="Why it closed, in words.")
+
+    class Meta:
+        db_table = "dispatched_job"
+        ordering = ["-dispatched_at"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["job_id"],
+                condition=Q(finished_at__isnull=True),
+                name="idx-dispatched_job-open-job",
+                violation_error_message="This job already has an open assignment.",
+            ),
+            models.CheckConstraint(
+                condition=Q(finished_at__isnull=True, outcome__isnull=True)
+                | Q(finished_at__isnull=False, outcome__isnull=False),
+                name="dispatched_job-outcome-iff-finished",
+                violation_error_message="An assignment has an outcome exactly when it is finished.",
+            ),
+        ]
+        indexes = [
+            models.Index(
+                fields=["worker"],
+                name="idx-dispatched_job-open-worker",
+                condition=Q(finished_at__isnull=True),
+            ),
+            models.Index(
+                fields=["dispatched_at"],
+                name="idx-dispatched_job-open-age",
+                condition=Q(finished_at__isnull=True),
+            ),
+            models.Index(fields=["job_id", "-dispatched_at"], name="idx-dispatched_job-job"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.job_id} -> {self.worker_id} ({self.outcome or 'open'})"
+
+    @property
+    def is_open(self) -> bool:
+        return self.finished_at is None
+
+
+class BuildAttempt(models.Model):
+    """One try at realising a shared build on a worker."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    build = models.ForeignKey(DerivationBuild, on_delete=models.CASCADE, related_name="build_attempts")
+    dispatched_job = models.ForeignKey(
+        DispatchedJob, null=True, blank=True, on_delete=models.SET_NULL, related_name="build_attempts"
+    )
+    worker = models.ForeignKey(
+        "workers.Worker", null=True, blank=True, on_delete=models.SET_NULL, related_name="build_attempts"
+    )
+    number = models.PositiveIntegerField()
+    outcome = models.CharField(
+        max_length=16, choices=BuildAttemptOutcome.choices, default=BuildAttemptOutcome.RUNNING
+    )
+    failure_kind = models.CharField(max_length=32, choices=BuildFailureKind.choices, null=True, blank=True)
+    error = models.TextField(blank=True, default="")
+    elapsed_ms = models.BigIntegerField(null=True, blank=True)
+    started_at = models.DateTimeField()
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        db_table = "build_attempt"
+        ordering = ["build", "number"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["build"],
+                condition=Q(outcome=BuildAttemptOutcome.RUNNING),
+                name="idx-build_attempt-running",
+                violation_error_message="A shared build has at most one running attempt.",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"attempt {self.number} of {self.build_id} ({self.outcome})"

@@ -1,0 +1,187 @@
+"""Settings come from the environment, as ../shared/spec/operations.md fixes them.
+
+Embedded default: no DATABASE_URL means an SQLite file under var/, no REDIS_URL means the in-memory
+channel layer and the in-process pass runner. Naming PostgreSQL and Redis turns the same code into a
+multi-instance service (several `serve` processes, Celery worker and beat).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import dj_database_url
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+
+def _env_bool(name: str, default: bool) -> bool:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    return raw.strip().lower() in {"1", "true", "yes", "on"}
+
+
+def _env_int(name: str, default: int) -> int:
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError as exc:
+        raise ValueError(f"{name} must be an integer, got {raw!r}") from exc
+
+
+SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY") or "gradient-development-key-not-for-production"
+DEBUG = _env_bool("DJANGO_DEBUG", False)
+ALLOWED_HOSTS = [
+    h.strip() for h in os.environ.get("DJANGO_ALLOWED_HOSTS", "localhost,127.0.0.1").split(",") if h.strip()
+]
+if "testserver" not in ALLOWED_HOSTS:
+    # Django's and Channels' test clients send Host: testserver.
+    ALLOWED_HOSTS.append("testserver")
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "channels",
+    "rest_framework",
+    "rest_framework.authtoken",
+    "drf_spectacular",
+    "django_celery_beat",
+    "gradient",
+    "gradient.scheduling",
+    "gradient.workers",
+    "gradient.clusters",
+    "gradient.records",
+    "gradient.recovery",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "gradient.urls"
+ASGI_APPLICATION = "gradient.asgi.application"
+WSGI_APPLICATION = None
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+# --- Database -------------------------------------------------------------------------------------
+
+EMBEDDED_DATABASE = BASE_DIR / "var" / "gradient.sqlite3"
+DATABASE_URL = os.environ.get("DATABASE_URL", "").strip()
+if DATABASE_URL:
+    _db = dj_database_url.parse(DATABASE_URL, conn_max_age=0, conn_health_checks=True)
+else:
+    _db = {"ENGINE": "django.db.backends.sqlite3", "NAME": str(EMBEDDED_DATABASE)}
+if _db["ENGINE"] == "django.db.backends.sqlite3":
+    # Several threads (the ASGI server, the pass runner) share one file: wait for the lock, never fail.
+    _db.setdefault("OPTIONS", {})
+    _db["OPTIONS"].update({"timeout": 30, "transaction_mode": "IMMEDIATE"})
+DATABASES = {"default": _db}
+EMBEDDED = not DATABASE_URL
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+# --- Redis: channel layer and Celery --------------------------------------------------------------
+
+REDIS_URL = os.environ.get("REDIS_URL", "").strip()
+if REDIS_URL:
+    CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "CONFIG": {"hosts": [REDIS_URL], "capacity": 5000, "expiry": 60},
+        }
+    }
+else:
+    CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+
+CELERY_BROKER_URL = REDIS_URL or "memory://"
+CELERY_RESULT_BACKEND = None
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_TIMEZONE = "UTC"
+CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
+CELERY_WORKER_HIJACK_ROOT_LOGGER = False
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+
+# --- Auth, REST -----------------------------------------------------------------------------------
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+]
+LOGIN_URL = "admin:login"
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "rest_framework.authentication.TokenAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "UNAUTHENTICATED_USER": None,
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "Gradient",
+    "DESCRIPTION": "A distributed job scheduler for Nix CI.",
+    "VERSION": "1",
+    "SERVE_INCLUDE_SCHEMA": False,
+}
+
+# --- Locale, static -------------------------------------------------------------------------------
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+STATIC_URL = "static/"
+STATIC_ROOT = BASE_DIR / "var" / "static"
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "loggers": {
+        "gradient": {"handlers": ["console"], "level": os.environ.get("GRADIENT_LOG_LEVEL", "INFO")},
+    },
+}
+
+# --- Gradient's own settings (operations.md) ------------------------------------------------------
+# These are the defaults a new job's record captures in its plan; an existing job keeps its own.
+
+GRADIENT_SCHEDULER_PASS_INTERVAL_SECS = _env_int("GRADIENT_SCHEDULER_PASS_INTERVAL_SECS", 5)
+GRADIENT_SCHEDULER_CLUSTER_PREPARE_TIMEOUT_SECS = _env_int(
+    "GRADIENT_SCHEDULER_CLUSTER_PREPARE_TIMEOUT_SECS", 30
+)
+GRADIENT_SCHEDULER_CLUSTER_RETRY_WAIT_SECS = _env_int("GRADIENT_SCHEDULER_CLUSTER_RETRY_WAIT_SECS", 30)
+GRADIENT_SCHEDULER_CLUSTER_RESERVE_AFTER_SECS = _env_int("GRADIENT_SCHEDULER_CLUSTER_RESERVE_AFTER_SECS", 600)
+GRADIENT_SCHEDULER_CLUSTER_RESERVE_TIMEOUT_SECS = _env_int(
+    "GRADIENT_SCHEDULER_CLUSTER_RESERVE_TIMEOUT_SECS", 1800
+)
+GRADIENT_SCHEDULER_UNBUILDABLE_GRACE_SECS = _env_int("GRADIENT_SCHEDULER_UNBUILDABLE_GRACE_SECS", 300)
+GRADIENT_PROTO_WORKER_HEARTBEAT_TIMEOUT_SECS = _env_int("GRADIENT_PROTO_WORKER_HEARTBEAT_TIMEOUT_SECS", 120)
+GRADIENT_RETENTION_DAYS = _env_int("GRADIENT_RETENTION_DAYS", 90)
+GRADIENT_SCHEDULING_POLICY = os.environ.get("GRADIENT_SCHEDULING_POLICY", "resource-aware")

@@ -1,0 +1,7 @@
+from django.apps import AppConfig
+
+
+class WorkersConfig(AppConfig):
+    name = "gradient.workers"
+    label = "workers"
+    verbose_name = "Workers"

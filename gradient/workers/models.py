@@ -1,0 +1,164 @@
+"""Workers, their sessions, and what the server remembers per worker for offers and placement."""
+
+from __future__ import annotations
+
+import uuid
+
+from django.db import models
+from django.db.models import Q
+
+from gradient.scheduling.models import JobKind
+
+
+class Worker(models.Model):
+    """A registered worker. The token is shown once at registration and only its hash is kept."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    name = models.CharField(max_length=200, unique=True)
+    token_hash = models.CharField(max_length=128, editable=False)
+    active = models.BooleanField(default=True, help_text="A deactivated worker is refused (403).")
+    projects = models.ManyToManyField(
+        "scheduling.Project", blank=True, related_name="workers", db_table="worker_project"
+    )
+
+    # InitConnection capabilities.
+    can_fetch = models.BooleanField(default=False)
+    can_eval = models.BooleanField(default=False)
+    can_build = models.BooleanField(default=False)
+
+    # WorkerCapabilities: replaced as a whole by each message.
+    architectures = models.JSONField(default=list, blank=True)
+    system_features = models.JSONField(default=list, blank=True)
+    max_concurrent_builds = models.PositiveIntegerField(default=1)
+    cpu_count = models.PositiveIntegerField(null=True, blank=True)
+    ram_total_mb = models.PositiveIntegerField(null=True, blank=True)
+    cpu_core_score = models.IntegerField(null=True, blank=True)
+    zone = models.CharField(max_length=200, null=True, blank=True)
+    endpoint = models.CharField(max_length=500, null=True, blank=True)
+    capabilities_at = models.DateTimeField(null=True, blank=True)
+
+    # WorkerMetrics, the latest heartbeat; null is "unknown" to scoring.
+    cpu_usage_pct = models.FloatField(null=True, blank=True)
+    ram_free_mb = models.IntegerField(null=True, blank=True)
+    disk_speed_mbps = models.FloatField(null=True, blank=True)
+    upload_speed_mbps = models.FloatField(null=True, blank=True)
+    download_speed_mbps = models.FloatField(null=True, blank=True)
+    build_peak_ram_mb = models.IntegerField(null=True, blank=True)
+    metrics_at = models.DateTimeField(null=True, blank=True)
+
+    last_seen = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    deactivated_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        db_table = "worker"
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class WorkerSession(models.Model):
+    """One WebSocket session. At most one is open per worker (idx-worker_session-open): a second
+    InitConnection is rejected with 496, whichever server instance holds the first."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    worker = models.ForeignKey(Worker, on_delete=models.CASCADE, related_name="sessions")
+    channel_name = models.CharField(max_length=200, help_text="The per-session channel of the channel layer.")
+    server_boot = models.UUIDField(help_text="The serve process (recovery.ServerBoot) holding the socket.")
+    draining = models.BooleanField(
+        default=False, help_text="The worker said Draining: assign it nothing more."
+    )
+    opened_at = models.DateTimeField()
+    last_seen = models.DateTimeField()
+    closed_at = models.DateTimeField(null=True, blank=True)
+    close_reason = models.CharField(max_length=200, blank=True, default="")
+
+    class Meta:
+        db_table = "worker_session"
+        ordering = ["-opened_at"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["worker"],
+                condition=Q(closed_at__isnull=True),
+                name="idx-worker_session-open",
+                violation_error_message="This worker already has an open session.",
+            ),
+        ]
+        indexes = [
+            models.Index(
+                fields=["last_seen"], name="idx-worker_session-open-seen", condition=Q(closed_at__isnull=True)
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.worker_id} session {self.id}"
+
+
+class IdleSlot(models.Model):
+    """An unanswered RequestJob: the planner's only view of free capacity. Older than 25 s is ignored."""
+
+    worker = models.ForeignKey(Worker, on_delete=models.CASCADE, related_name="idle_slots")
+    kind = models.CharField(max_length=8, choices=JobKind.choices)
+    recorded_at = models.DateTimeField()
+
+    class Meta:
+        db_table = "idle_slot"
+        constraints = [
+            models.UniqueConstraint(
+                fields=["worker", "kind"],
+                name="idle_slot-one-per-worker-kind",
+                violation_error_message="A worker has one idle slot per kind.",
+            ),
+        ]
+        indexes = [models.Index(fields=["kind", "recorded_at"], name="idx-idle_slot-kind-recorded")]
+
+    def __str__(self) -> str:
+        return f"{self.worker_id} idle for {self.kind}"
+
+
+class SentCandidate(models.Model):
+    """A candidate already offered to a worker: offers send only what is missing here. Returning a job
+    to the pool deletes its rows, which is what "clearing its sent flag" means."""
+
+    worker = models.ForeignKey(Worker, on_delete=models.CASCADE, related_name="sent_candidates")
+    job_id = models.CharField(max_length=64)
+
+    class Meta:
+        db_table = "sent_candidate"
+        constraints = [
+            models.UniqueConstraint(
+                fields=["worker", "job_id"],
+                name="sent_candidate-unique",
+                violation_error_message="This candidate was already sent to this worker.",
+            ),
+        ]
+        indexes = [models.Index(fields=["job_id"], name="idx-sent_candidate-job")]
+
+    def __str__(self) -> str:
+        return f"{self.job_id} sent to {self.worker_id}"
+
+
+class CandidateScore(models.Model):
+    """A worker's RequestJobChunk answer for one candidate: what it would have to fetch."""
+
+    worker = models.ForeignKey(Worker, on_delete=models.CASCADE, related_name="candidate_scores")
+    job_id = models.CharField(max_length=64)
+    missing_count = models.IntegerField()
+    missing_nar_size = models.BigIntegerField()
+    outputs_present = models.BooleanField(default=False)
+    updated_at = models.DateTimeField()
+
+    class Meta:
+        db_table = "candidate_score"
+        constraints = [
+            models.UniqueConstraint(
+                fields=["worker", "job_id"],
+                name="candidate_score-unique",
+                violation_error_message="One score per worker and candidate.",
+            ),
+        ]
+        indexes = [models.Index(fields=["job_id"], name="idx-candidate_score-job")]
+
+    def __str__(self) -> str:
+        return f"{self.job_id} on {self.worker_id}: {self.missing_nar_size} B missing"

@@ -1,0 +1,122 @@
+"""Real processes for end-to-end tests: `manage.py serve` and, later, reference workers, on loopback."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def http_get(url: str, timeout: float = 5.0) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:  # noqa: S310 (loopback only)
+            return response.status, response.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+@dataclass
+class ServeProcess:
+    port: int
+    process: subprocess.Popen[bytes]
+    log_path: Path
+    env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def ws_url(self) -> str:
+        return f"ws://127.0.0.1:{self.port}/proto"
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30.0) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(sig)
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(10)
+        return self.process.returncode
+
+
+def manage(args: list[str], env: dict[str, str], cwd: Path = ROOT, timeout: float = 300) -> str:
+    result = subprocess.run(
+        [sys.executable, "manage.py", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    if result.returncode != 0:
+        raise RuntimeError(f"manage.py {' '.join(args)} failed:\n{result.stdout}\n{result.stderr}")
+    return result.stdout
+
+
+def base_env(**overrides: str | None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    for key, value in overrides.items():
+        if value is None:
+            env.pop(key, None)
+        else:
+            env[key] = value
+    return env
+
+
+@contextlib.contextmanager
+def serve(
+    env: dict[str, str], log_dir: Path, extra_args: list[str] | None = None, ready_timeout: float = 60.0
+) -> Iterator[ServeProcess]:
+    """Start `manage.py serve` on a free port and wait until /healthz answers 200."""
+    port = free_port()
+    log_path = log_dir / f"serve-{port}.log"
+    with open(log_path, "wb") as log_file:
+        process = subprocess.Popen(
+            [sys.executable, "manage.py", "serve", "--port", str(port), *(extra_args or [])],
+            cwd=ROOT,
+            env=env,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    server = ServeProcess(port=port, process=process, log_path=log_path, env=env)
+    try:
+        deadline = time.monotonic() + ready_timeout
+        while True:
+            if process.poll() is not None:
+                raise RuntimeError(f"serve exited with {process.returncode}:\n{server.log()}")
+            try:
+                status, _ = http_get(f"{server.base_url}/healthz", timeout=2)
+                if status == 200:
+                    break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"serve did not answer /healthz in {ready_timeout}s:\n{server.log()}")
+            time.sleep(0.2)
+        yield server
+    finally:
+        server.stop()
