@@ -97,6 +97,7 @@ DATABASE_URL = os.environ.get("DATABASE_URL", "").strip()
 if DATABASE_URL:
     _db = dj_database_url.parse(DATABASE_URL, conn_max_age=0, conn_health_checks=True)
 else:
+    EMBEDDED_DATABASE.parent.mkdir(parents=True, exist_ok=True)
     _db = {"ENGINE": "django.db.backends.sqlite3", "NAME": str(EMBEDDED_DATABASE)}
 if _db["ENGINE"] == "django.db.backends.sqlite3":
     # Several threads (the ASGI server, the pass runner) share one file: wait for the lock, never fail.
