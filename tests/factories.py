@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import uuid
 
 import factory
 from django.utils import timezone
@@ -17,7 +18,7 @@ from gradient.scheduling.models import (
     build_key,
     eval_key,
 )
-from gradient.workers.models import Worker
+from gradient.workers.models import Worker, WorkerSession
 
 
 class ProjectFactory(factory.django.DjangoModelFactory):
@@ -94,3 +95,25 @@ class ClusterAttemptFactory(factory.django.DjangoModelFactory):
     cluster_job = factory.SubFactory(ClusterJobFactory)
     number = 1
     created_at = factory.LazyFunction(timezone.now)
+
+
+class WorkerSessionFactory(factory.django.DjangoModelFactory):
+    """An open session: the worker is connected."""
+
+    class Meta:
+        model = WorkerSession
+
+    worker = factory.SubFactory(WorkerFactory)
+    channel_name = factory.Sequence(lambda n: f"test-channel-{n}")
+    server_boot = factory.LazyFunction(uuid.uuid4)
+    opened_at = factory.LazyFunction(timezone.now)
+    last_seen = factory.LazyFunction(timezone.now)
+
+
+def connected_worker(projects: list[Project] | None = None, **fields: object) -> Worker:
+    """A registered, active worker with an open session, authorized for `projects`."""
+    worker = WorkerFactory(**fields)
+    if projects:
+        worker.projects.set(projects)
+    WorkerSessionFactory(worker=worker)
+    return worker

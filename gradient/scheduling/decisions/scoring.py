@@ -1,0 +1,184 @@
+"""Scoring pending jobs for one RequestJob: the reference notes' rules, as pure functions.
+
+Score = sum of the rules' contributions; the highest wins, ties go to the smaller job id, nothing below
+the floor of 0 is handed out, and a rule may veto. The breakdown is kept on the assignment row so an
+operator can read why a job went where it went. Two policies: `resource-aware` (the default) and
+`simple` (no ResourceSaturation); an unknown policy name falls back to the default.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+RESOURCE_AWARE = "resource-aware"
+SIMPLE = "simple"
+POLICIES = (RESOURCE_AWARE, SIMPLE)
+
+ASSIGNMENT_FLOOR = 0.0
+WAIT_CAP = 4000.0
+DEFAULT_MEAN_WAIT_SECS = 60.0
+ESTIMATE_CAP_SECS = 3600.0
+QOS_BONUS = 5000.0
+RESCORE_WAIT_PASSES = 4
+RESERVE_FETCH_PENALTY = 300.0
+TRANSFER_PENALTY = 4000.0
+LARGE_TRANSFER_BYTES = 1 << 30  # 1 GiB
+TRANSFER_SLOTS = 2
+SATURATION_PENALTY = 8600.0
+CPU_SATURATED_PCT = 80.0
+RAM_FREE_LOW_FRACTION = 0.10
+DEFAULT_DOWNLOAD_MBPS = 100.0
+REFERENCE_CPU_CORE_SCORE = 1000.0
+
+JobKindName = Literal["eval", "build"]
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """A pending job as one worker would get it."""
+
+    job_id: str
+    kind: JobKindName
+    waited_secs: float
+    prioritized: bool = False
+    has_fetch_step: bool = False
+    # The worker's own RequestJobChunk answer for this job; None when it has not scored it (yet).
+    missing_nar_size: int | None = None
+    missing_count: int | None = None
+    # How many assignment passes ago this job was offered to the worker; None if never offered.
+    offered_passes_ago: int | None = None
+    # Mean duration of earlier builds of this derivation (seconds), if any.
+    history_secs: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerView:
+    """What scoring knows about the requesting worker; None is "unknown" (no metrics yet)."""
+
+    can_fetch: bool = False
+    cpu_core_score: int | None = None
+    cpu_usage_pct: float | None = None
+    ram_free_mb: int | None = None
+    ram_total_mb: int | None = None
+    build_peak_ram_mb: int | None = None
+    download_speed_mbps: float | None = None
+    large_transfers_running: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class PoolView:
+    mean_wait_secs: float | None = None  # mean wait of jobs handed out in the last hour
+    fetch_workers_idle: int = 0
+    fetch_workers_total: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Score:
+    job_id: str
+    total: float
+    breakdown: dict[str, float] = field(default_factory=dict)
+    vetoed_by: str | None = None
+
+    @property
+    def eligible(self) -> bool:
+        return self.vetoed_by is None and self.total >= ASSIGNMENT_FLOOR
+
+
+def policy_name(name: str) -> str:
+    return name if name in POLICIES else RESOURCE_AWARE
+
+
+def wait_time(c: Candidate, pool: PoolView) -> float:
+    mean = pool.mean_wait_secs if pool.mean_wait_secs and pool.mean_wait_secs > 0 else DEFAULT_MEAN_WAIT_SECS
+    return min(WAIT_CAP, 60.0 * max(0.0, c.waited_secs) / mean)
+
+
+def estimate_secs(c: Candidate, w: WorkerView) -> float:
+    """Transfer of the missing NAR bytes at the worker's download speed, plus the build's history
+    scaled by the worker's single-core speed."""
+    mbps = (
+        w.download_speed_mbps
+        if w.download_speed_mbps and w.download_speed_mbps > 0
+        else DEFAULT_DOWNLOAD_MBPS
+    )
+    transfer = (c.missing_nar_size or 0) / (mbps * 125_000.0)
+    build = 0.0
+    if c.history_secs is not None:
+        speed = (w.cpu_core_score or REFERENCE_CPU_CORE_SCORE) / REFERENCE_CPU_CORE_SCORE
+        build = c.history_secs / max(speed, 0.01)
+    return transfer + build
+
+
+def estimated_time(c: Candidate, w: WorkerView) -> float:
+    return ESTIMATE_CAP_SECS - min(estimate_secs(c, w), ESTIMATE_CAP_SECS)
+
+
+def qos(c: Candidate) -> float:
+    return QOS_BONUS if c.prioritized else 0.0
+
+
+def rescore_wait_vetoes(c: Candidate) -> bool:
+    """Veto a build offered to this worker whose score is not in yet, for up to 4 passes."""
+    return (
+        c.kind == "build"
+        and c.missing_nar_size is None
+        and c.offered_passes_ago is not None
+        and c.offered_passes_ago < RESCORE_WAIT_PASSES
+    )
+
+
+def reserve_fetch_workers(c: Candidate, w: WorkerView, pool: PoolView) -> float:
+    if not w.can_fetch or c.has_fetch_step or pool.fetch_workers_total <= 0:
+        return 0.0
+    idle = min(pool.fetch_workers_idle, pool.fetch_workers_total)
+    return -RESERVE_FETCH_PENALTY * (1.0 - idle / pool.fetch_workers_total)
+
+
+def transfer_limit(c: Candidate, w: WorkerView) -> float:
+    large = (c.missing_nar_size or 0) >= LARGE_TRANSFER_BYTES
+    return -TRANSFER_PENALTY if large and w.large_transfers_running >= TRANSFER_SLOTS else 0.0
+
+
+def resource_saturation(w: WorkerView) -> float:
+    signals = 0
+    if w.cpu_usage_pct is not None and w.cpu_usage_pct > CPU_SATURATED_PCT:
+        signals += 1
+    if (
+        w.ram_free_mb is not None
+        and w.ram_total_mb
+        and w.ram_free_mb < RAM_FREE_LOW_FRACTION * w.ram_total_mb
+    ):
+        signals += 1
+    if w.build_peak_ram_mb is not None and w.ram_free_mb is not None and w.build_peak_ram_mb > w.ram_free_mb:
+        signals += 1
+    return -SATURATION_PENALTY * signals
+
+
+def score(c: Candidate, w: WorkerView, pool: PoolView, policy: str = RESOURCE_AWARE) -> Score:
+    breakdown = {
+        "WaitTime": wait_time(c, pool),
+        "EstimatedTime": estimated_time(c, w),
+        "Qos": qos(c),
+        "ReserveFetchWorkers": reserve_fetch_workers(c, w, pool),
+        "TransferLimit": transfer_limit(c, w),
+    }
+    if policy_name(policy) == RESOURCE_AWARE:
+        breakdown["ResourceSaturation"] = resource_saturation(w)
+    vetoed_by = "RescoreWait" if rescore_wait_vetoes(c) else None
+    return Score(
+        job_id=c.job_id, total=round(sum(breakdown.values()), 6), breakdown=breakdown, vetoed_by=vetoed_by
+    )
+
+
+def rank(
+    candidates: Iterable[Candidate], worker: WorkerView, pool: PoolView, policy: str = RESOURCE_AWARE
+) -> list[Score]:
+    """Every eligible candidate, best first: highest total, ties to the smaller job id."""
+    scores = [score(c, worker, pool, policy) for c in candidates]
+    return sorted((s for s in scores if s.eligible), key=lambda s: (-s.total, s.job_id))
+
+
+def best(scores: Sequence[Score]) -> Score | None:
+    return scores[0] if scores else None

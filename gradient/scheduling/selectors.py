@@ -1,0 +1,178 @@
+"""Reads of the scheduling app: which jobs a worker may get, and what scoring needs to know."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from django.db.models import Exists, OuterRef, Q, QuerySet
+
+from gradient.scheduling.decisions.scoring import LARGE_TRANSFER_BYTES, PoolView
+from gradient.scheduling.models import (
+    EVALUATION_ACTIVE,
+    BuildStatus,
+    CachedPath,
+    DerivationBuild,
+    DerivationBuildDependency,
+    DispatchedJob,
+    Evaluation,
+    EvaluationBuild,
+    EvaluationStatus,
+    JobKind,
+)
+from gradient.workers.models import Worker, WorkerSession
+
+BUILTIN_SYSTEM = "builtin"
+MEAN_WAIT_WINDOW = timedelta(hours=1)
+MEAN_WAIT_SAMPLE = 1000
+
+
+@dataclass(frozen=True)
+class WorkerState:
+    """A connected worker as assignment sees it."""
+
+    worker: Worker
+    session_id: uuid.UUID
+    draining: bool
+    project_ids: frozenset[uuid.UUID]
+
+    @property
+    def id(self) -> uuid.UUID:
+        return self.worker.id
+
+
+def worker_state(worker_id: uuid.UUID) -> WorkerState | None:
+    """The worker with its open session, or None when it is not connected or not active."""
+    session = (
+        WorkerSession.objects.select_related("worker")
+        .filter(worker_id=worker_id, closed_at__isnull=True, worker__active=True)
+        .first()
+    )
+    if session is None:
+        return None
+    projects = frozenset(session.worker.projects.values_list("id", flat=True))
+    return WorkerState(
+        worker=session.worker, session_id=session.id, draining=session.draining, project_ids=projects
+    )
+
+
+def worker_can_build(worker: Worker, system: str, required_features: list[str]) -> bool:
+    """A build matches when the worker's architectures contain its system (builtin skips the check) and
+    its system features contain every required feature."""
+    if not worker.can_build:
+        return False
+    if system != BUILTIN_SYSTEM and system not in (worker.architectures or []):
+        return False
+    return set(required_features or []) <= set(worker.system_features or [])
+
+
+def open_assignments(worker_id: uuid.UUID, kind: str | None = None) -> QuerySet[DispatchedJob]:
+    qs = DispatchedJob.objects.filter(worker_id=worker_id, finished_at__isnull=True)
+    return qs.filter(kind=kind) if kind else qs
+
+
+def has_idle_eval_only_worker() -> bool:
+    """WorkerPool::has_idle_eval_only_worker: active, eval without fetch, no assigned job."""
+    busy = DispatchedJob.objects.filter(worker_id=OuterRef("worker_id"), finished_at__isnull=True)
+    return (
+        WorkerSession.objects.filter(
+            closed_at__isnull=True,
+            draining=False,
+            worker__active=True,
+            worker__can_eval=True,
+            worker__can_fetch=False,
+        )
+        .exclude(Exists(busy))
+        .exists()
+    )
+
+
+def _not_a_cluster_member(prefix: str = "") -> Q:
+    return Q(**{f"{prefix}cluster_members__isnull": True})
+
+
+def queued_evaluations(state: WorkerState) -> QuerySet[Evaluation]:
+    """Queued evaluations of the worker's projects with no open assignment, oldest first. Cluster members
+    are never single jobs."""
+    open_row = DispatchedJob.objects.filter(evaluation_id=OuterRef("pk"), finished_at__isnull=True)
+    return (
+        Evaluation.objects.filter(status=EvaluationStatus.QUEUED, project_id__in=state.project_ids)
+        .filter(_not_a_cluster_member())
+        .exclude(Exists(open_row))
+        .order_by("created_at", "id")
+    )
+
+
+def queued_builds(state: WorkerState, now: datetime) -> list[DerivationBuild]:
+    """Queued shared builds this worker can take: its architecture and features, wanted by an active
+    evaluation of one of its projects, out of backoff, no cluster member."""
+    worker = state.worker
+    if not worker.can_build:
+        return []
+    wanted = EvaluationBuild.objects.filter(
+        build_id=OuterRef("pk"),
+        blocks_evaluation=True,
+        evaluation__status__in=EVALUATION_ACTIVE,
+        evaluation__project_id__in=state.project_ids,
+    )
+    systems = [*(worker.architectures or []), BUILTIN_SYSTEM]
+    qs = (
+        DerivationBuild.objects.filter(status=BuildStatus.QUEUED, system__in=systems)
+        .filter(Q(retry_at__isnull=True) | Q(retry_at__lte=now))
+        .filter(_not_a_cluster_member())
+        .filter(Exists(wanted))
+        .order_by("queued_at", "id")
+    )
+    return [b for b in qs if worker_can_build(worker, b.system, b.required_features)]
+
+
+def eval_requires(steps: tuple[str, ...]) -> tuple[bool, bool]:
+    """(needs fetch, needs eval) for a job's steps: WorkerCaps::can_eval."""
+    return "FetchFlake" in steps, any(s in ("EvaluateFlake", "EvaluateDerivations") for s in steps)
+
+
+def worker_can_run_eval_steps(worker: Worker, steps: tuple[str, ...]) -> bool:
+    needs_fetch, needs_eval = eval_requires(steps)
+    return (worker.can_fetch or not needs_fetch) and (worker.can_eval or not needs_eval)
+
+
+def pool_view(now: datetime) -> PoolView:
+    """The mean wait of the last hour's hand-outs and how busy the fetch-capable workers are."""
+    recent = (
+        DispatchedJob.objects.filter(dispatched_at__gte=now - MEAN_WAIT_WINDOW, queued_at__isnull=False)
+        .order_by("-dispatched_at")
+        .values_list("queued_at", "dispatched_at")[:MEAN_WAIT_SAMPLE]
+    )
+    waits = [(d - q).total_seconds() for q, d in recent if q is not None]
+    mean = sum(waits) / len(waits) if waits else None
+    fetchers = WorkerSession.objects.filter(
+        closed_at__isnull=True, draining=False, worker__active=True, worker__can_fetch=True
+    )
+    busy = DispatchedJob.objects.filter(worker_id=OuterRef("worker_id"), finished_at__isnull=True)
+    total = fetchers.count()
+    idle = fetchers.exclude(Exists(busy)).count() if total else 0
+    return PoolView(mean_wait_secs=mean, fetch_workers_idle=idle, fetch_workers_total=total)
+
+
+def large_transfers_running(worker_id: uuid.UUID) -> int:
+    return (
+        open_assignments(worker_id, JobKind.BUILD).filter(missing_nar_size__gte=LARGE_TRANSFER_BYTES).count()
+    )
+
+
+def nar_sizes(paths: list[str]) -> dict[str, int]:
+    if not paths:
+        return {}
+    return dict(CachedPath.objects.filter(path__in=paths).values_list("path", "nar_size"))
+
+
+def input_paths(build_ids: list[uuid.UUID]) -> dict[uuid.UUID, list[str]]:
+    """The output paths of each build's dependencies: what a worker must have to build it."""
+    out: dict[uuid.UUID, list[str]] = {b: [] for b in build_ids}
+    edges = DerivationBuildDependency.objects.filter(build_id__in=build_ids).values_list(
+        "build_id", "dependency__outputs"
+    )
+    for build_id, outputs in edges:
+        out[build_id].extend(o["path"] for o in outputs or [])
+    return out

@@ -1,0 +1,1 @@
+"""Writes of the scheduling app: claims, assignment, reports, the build graph, evaluations."""

@@ -1,0 +1,243 @@
+"""RequestJob: score every pending job of that kind for this worker, claim the best, hand it out.
+
+One call is one unit of work in its own transaction. AssignJob goes out only after the claim committed:
+the caller sends the returned message once this function has returned.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+
+from gradient.scheduling import jobs, selectors
+from gradient.scheduling.decisions.scoring import Candidate, Score, WorkerView, rank
+from gradient.scheduling.models import (
+    BuildAttempt,
+    BuildStatus,
+    DerivationBuild,
+    Evaluation,
+    EvaluationStatus,
+    JobKind,
+)
+from gradient.scheduling.services.claims import ClaimRequest, claim_assignment
+from gradient.workers.models import CandidateScore, IdleSlot
+
+log = logging.getLogger("gradient.assignment")
+
+MAX_LOST_CLAIMS = 3
+PROTOCOL_KINDS = {"flake": JobKind.EVAL, "build": JobKind.BUILD}
+
+
+@dataclass(frozen=True)
+class Assignment:
+    assignment_id: uuid.UUID
+    job_key: str
+    kind: str
+    job: dict[str, Any]
+    score: Score
+
+    def message(self) -> dict[str, Any]:
+        return {
+            "type": "AssignJob",
+            "job_id": self.job_key,
+            "assignment_id": str(self.assignment_id),
+            "job": self.job,
+            "cluster": None,
+        }
+
+
+class _ClaimLost(Exception):
+    """The job's own transition found it changed after the claim: roll the claim back."""
+
+
+def _worker_view(state: selectors.WorkerState) -> WorkerView:
+    w = state.worker
+    return WorkerView(
+        can_fetch=w.can_fetch,
+        cpu_core_score=w.cpu_core_score,
+        cpu_usage_pct=w.cpu_usage_pct,
+        ram_free_mb=w.ram_free_mb,
+        ram_total_mb=w.ram_total_mb,
+        build_peak_ram_mb=w.build_peak_ram_mb,
+        download_speed_mbps=w.download_speed_mbps,
+        large_transfers_running=selectors.large_transfers_running(w.id),
+    )
+
+
+def _worker_scores(worker_id: uuid.UUID, keys: list[str]) -> dict[str, CandidateScore]:
+    return {s.job_id: s for s in CandidateScore.objects.filter(worker_id=worker_id, job_id__in=keys)}
+
+
+def _is_full(state: selectors.WorkerState, kind: str) -> bool:
+    if kind == JobKind.BUILD:
+        running = selectors.open_assignments(state.id, JobKind.BUILD).count()
+        return running >= max(1, state.worker.max_concurrent_builds)
+    return False  # evaluation slots: the worker limits itself (GRADIENT_WORKER_EVAL_MAX_CONCURRENT)
+
+
+def _clear_idle_slot(worker_id: uuid.UUID, kind: str) -> None:
+    IdleSlot.objects.filter(worker_id=worker_id, kind=kind).delete()
+
+
+def _record_idle_slot(worker_id: uuid.UUID, kind: str, now: datetime) -> None:
+    IdleSlot.objects.update_or_create(worker_id=worker_id, kind=kind, defaults={"recorded_at": now})
+
+
+def request_job(*, worker_id: uuid.UUID, protocol_kind: str, now: datetime) -> Assignment | None:
+    """Answer one RequestJob. Returns the assignment to send, or None: then the request stays
+    unanswered and is remembered as an idle slot for cluster placement."""
+    kind = PROTOCOL_KINDS[protocol_kind]
+    with transaction.atomic():
+        state = selectors.worker_state(worker_id)
+        if state is None or state.draining:
+            return None
+        if _is_full(state, kind):
+            _clear_idle_slot(worker_id, kind)
+            return None
+        assignment = _assign_build(state, now) if kind == JobKind.BUILD else _assign_eval(state, now)
+        if assignment is None:
+            _record_idle_slot(worker_id, kind, now)
+        else:
+            _clear_idle_slot(worker_id, kind)
+        return assignment
+
+
+def _policy() -> str:
+    return str(getattr(settings, "GRADIENT_SCHEDULING_POLICY", "resource-aware"))
+
+
+def _assign_build(state: selectors.WorkerState, now: datetime) -> Assignment | None:
+    builds = {b.job_key: b for b in selectors.queued_builds(state, now)}
+    if not builds:
+        return None
+    scores = _worker_scores(state.id, list(builds))
+    candidates = []
+    for key, b in builds.items():
+        s = scores.get(key)
+        candidates.append(
+            Candidate(
+                job_id=key,
+                kind="build",
+                waited_secs=(now - (b.queued_at or b.created_at)).total_seconds(),
+                prioritized=b.prioritized,
+                missing_nar_size=s.missing_nar_size if s else None,
+                missing_count=s.missing_count if s else None,
+            )
+        )
+    ranked = rank(candidates, _worker_view(state), selectors.pool_view(now), _policy())
+    lost = 0
+    for choice in ranked:
+        build = builds[choice.job_id]
+        s = scores.get(choice.job_id)
+        job = jobs.build_job(build)
+        request = ClaimRequest(
+            kind=JobKind.BUILD,
+            job_key=build.job_key,
+            worker_id=state.id,
+            build_id=build.id,
+            score=choice.total,
+            breakdown=choice.breakdown,
+            missing_nar_size=s.missing_nar_size if s else None,
+            missing_count=s.missing_count if s else None,
+            job=job,
+            queued_at=build.queued_at,
+        )
+        assignment_id = _claim(request, now, lambda aid, b=build: _start_build(b, aid, state.id, now))
+        if assignment_id is not None:
+            return Assignment(assignment_id, build.job_key, JobKind.BUILD, job, choice)
+        lost += 1
+        if lost >= MAX_LOST_CLAIMS:
+            break
+    return None
+
+
+def _assign_eval(state: selectors.WorkerState, now: datetime) -> Assignment | None:
+    split = selectors.has_idle_eval_only_worker()
+    evaluations: dict[str, tuple[Evaluation, tuple[str, ...]]] = {}
+    for e in selectors.queued_evaluations(state)[:5000]:
+        steps = jobs.eval_steps(e, split=split)
+        if selectors.worker_can_run_eval_steps(state.worker, steps):
+            evaluations[e.job_key] = (e, steps)
+    if not evaluations:
+        return None
+    scores = _worker_scores(state.id, list(evaluations))
+    candidates = [
+        Candidate(
+            job_id=key,
+            kind="eval",
+            waited_secs=(now - e.updated_at).total_seconds()
+            if e.followup_pending
+            else (now - e.created_at).total_seconds(),
+            prioritized=e.priority,
+            has_fetch_step=jobs.FETCH_FLAKE in steps,
+            missing_nar_size=scores[key].missing_nar_size if key in scores else None,
+        )
+        for key, (e, steps) in evaluations.items()
+    ]
+    ranked = rank(candidates, _worker_view(state), selectors.pool_view(now), _policy())
+    lost = 0
+    for choice in ranked:
+        evaluation, steps = evaluations[choice.job_id]
+        job = jobs.eval_job(evaluation, steps)
+        request = ClaimRequest(
+            kind=JobKind.EVAL,
+            job_key=evaluation.job_key,
+            worker_id=state.id,
+            evaluation_id=evaluation.id,
+            score=choice.total,
+            breakdown=choice.breakdown,
+            job=job,
+            queued_at=evaluation.updated_at if evaluation.followup_pending else evaluation.created_at,
+        )
+        assignment_id = _claim(request, now, lambda aid, e=evaluation, st=steps: _start_eval(e, st, now))
+        if assignment_id is not None:
+            return Assignment(assignment_id, evaluation.job_key, JobKind.EVAL, job, choice)
+        lost += 1
+        if lost >= MAX_LOST_CLAIMS:
+            break
+    return None
+
+
+def _claim(request: ClaimRequest, now: datetime, start: Any) -> uuid.UUID | None:
+    """The claim and the job's own transition, together or not at all (a savepoint each)."""
+    try:
+        with transaction.atomic():
+            assignment_id = claim_assignment(request=request, now=now)
+            if assignment_id is None:
+                return None
+            start(assignment_id)
+            return assignment_id
+    except _ClaimLost:
+        return None
+
+
+def _start_build(
+    build: DerivationBuild, assignment_id: uuid.UUID, worker_id: uuid.UUID, now: datetime
+) -> None:
+    changed = DerivationBuild.objects.filter(id=build.id, status=BuildStatus.QUEUED).update(
+        status=BuildStatus.BUILDING, attempts=build.attempts + 1, updated_at=now
+    )
+    if changed != 1:
+        raise _ClaimLost
+    BuildAttempt.objects.create(
+        build_id=build.id,
+        dispatched_job_id=assignment_id,
+        worker_id=worker_id,
+        number=build.attempts + 1,
+        started_at=now,
+    )
+
+
+def _start_eval(evaluation: Evaluation, steps: tuple[str, ...], now: datetime) -> None:
+    status = EvaluationStatus.FETCHING if jobs.FETCH_FLAKE in steps else EvaluationStatus.EVALUATING_FLAKE
+    changed = Evaluation.objects.filter(id=evaluation.id, status=EvaluationStatus.QUEUED).update(
+        status=status, updated_at=now, waiting_reason=None, waiting_since=None
+    )
+    if changed != 1:
+        raise _ClaimLost

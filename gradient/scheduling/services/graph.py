@@ -1,0 +1,225 @@
+"""The shared-build graph: ingesting an eval_result, queueing builds whose dependencies succeeded,
+completing and failing builds, and finishing evaluations.
+
+Every function here runs inside the caller's transaction; every status change is a conditional
+UPDATE on the status it expects, so a stale caller changes nothing.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from django.db.models import Exists, OuterRef, Q
+
+from gradient.scheduling.decisions.graph import EvaluationVerdict, evaluation_verdict
+from gradient.scheduling.models import (
+    BUILD_LASTING_FAILURE,
+    BUILD_PENDING,
+    BUILD_SUCCESS,
+    BuildStatus,
+    CachedPath,
+    DerivationBuild,
+    DerivationBuildDependency,
+    Evaluation,
+    EvaluationBuild,
+    EvaluationStatus,
+)
+
+
+@dataclass
+class IngestResult:
+    builds: int = 0
+    created: int = 0
+    queued: int = 0
+    substituted: int = 0
+    dependency_failed: int = 0
+    build_ids: list[uuid.UUID] = field(default_factory=list)
+
+
+def cache_paths(*, paths: Iterable[tuple[str, int]]) -> None:
+    rows = [CachedPath(path=p, nar_size=max(0, int(n))) for p, n in paths]
+    if rows:
+        CachedPath.objects.bulk_create(rows, ignore_conflicts=True)
+
+
+def ingest_eval_result(
+    *, evaluation: Evaluation, derivations: Sequence[dict[str, Any]], now: datetime
+) -> IngestResult:
+    """Create or reuse one shared build per derivation path, their dependency edges, the evaluation's
+    links and the cached outputs; then queue what can start and fail what cannot."""
+    result = IngestResult()
+    by_path: dict[str, dict[str, Any]] = {}
+    for d in derivations:
+        by_path.setdefault(d["drv_path"], d)
+    if not by_path:
+        return result
+
+    cache_paths(
+        paths=(
+            (o["path"], o.get("nar_size") or 0)
+            for d in by_path.values()
+            for o in d.get("cached_outputs") or []
+        )
+    )
+
+    existing = set(DerivationBuild.objects.filter(drv_path__in=by_path).values_list("drv_path", flat=True))
+    new_rows = [
+        DerivationBuild(
+            drv_path=path,
+            system=d["system"],
+            required_features=sorted(set(d.get("required_features") or [])),
+            outputs=[{"name": o["name"], "path": o["path"]} for o in d.get("outputs") or []],
+            prioritized=evaluation.priority,
+        )
+        for path, d in by_path.items()
+        if path not in existing
+    ]
+    DerivationBuild.objects.bulk_create(new_rows, ignore_conflicts=True)
+    ids = dict(DerivationBuild.objects.filter(drv_path__in=by_path).values_list("drv_path", "id"))
+    result.builds = len(ids)
+    result.created = len(new_rows)
+    result.build_ids = list(ids.values())
+
+    # A build aborted for an earlier evaluation nobody wanted any more is wanted again now.
+    DerivationBuild.objects.filter(id__in=ids.values(), status=BuildStatus.ABORTED).update(
+        status=BuildStatus.CREATED, retry_at=None, updated_at=now
+    )
+
+    edges = [
+        DerivationBuildDependency(build_id=ids[path], dependency_id=ids[dep])
+        for path, d in by_path.items()
+        for dep in d.get("input_drvs") or []
+        if dep in ids and dep != path
+    ]
+    DerivationBuildDependency.objects.bulk_create(edges, ignore_conflicts=True)
+
+    links = [
+        EvaluationBuild(
+            evaluation=evaluation, build_id=ids[path], attr=d.get("attr"), named=d.get("attr") is not None
+        )
+        for path, d in by_path.items()
+    ]
+    EvaluationBuild.objects.bulk_create(links, ignore_conflicts=True)
+
+    result.substituted = substitute_cached_builds(build_ids=result.build_ids, now=now)
+    result.dependency_failed = fail_dependents(build_ids=result.build_ids, now=now)
+    result.queued = queue_ready_builds(build_ids=result.build_ids, now=now)
+    return result
+
+
+def substitute_cached_builds(*, build_ids: Sequence[uuid.UUID], now: datetime) -> int:
+    """A pending build whose every output is in the cache needs no build: it is Substituted."""
+    done = 0
+    pending = DerivationBuild.objects.filter(id__in=build_ids, status__in=BUILD_PENDING).only("id", "outputs")
+    candidates = [b for b in pending if b.outputs]
+    paths = {o["path"] for b in candidates for o in b.outputs}
+    cached = set(CachedPath.objects.filter(path__in=paths).values_list("path", flat=True))
+    for b in candidates:
+        if all(o["path"] in cached for o in b.outputs):
+            done += DerivationBuild.objects.filter(id=b.id, status__in=BUILD_PENDING).update(
+                status=BuildStatus.SUBSTITUTED, finished_at=now, updated_at=now
+            )
+    return done
+
+
+def queue_ready_builds(*, build_ids: Sequence[uuid.UUID] | None = None, now: datetime) -> int:
+    """Created builds whose every dependency succeeded become Queued. With no ids, every Created build
+    (the full resync)."""
+    unfinished_dep = DerivationBuildDependency.objects.filter(build_id=OuterRef("pk")).exclude(
+        dependency__status__in=BUILD_SUCCESS
+    )
+    qs = DerivationBuild.objects.filter(status=BuildStatus.CREATED)
+    if build_ids is not None:
+        qs = qs.filter(id__in=build_ids)
+    ready = list(qs.exclude(Exists(unfinished_dep)).values_list("id", flat=True))
+    if not ready:
+        return 0
+    return DerivationBuild.objects.filter(id__in=ready, status=BuildStatus.CREATED).update(
+        status=BuildStatus.QUEUED, queued_at=now, updated_at=now
+    )
+
+
+def fail_dependents(*, build_ids: Sequence[uuid.UUID], now: datetime) -> int:
+    """Pending builds needing a build with a lasting failure fail with DependencyFailed, transitively."""
+    failed_dep = DerivationBuildDependency.objects.filter(
+        build_id=OuterRef("pk"), dependency__status__in=BUILD_LASTING_FAILURE
+    )
+    total = 0
+    frontier: set[uuid.UUID] = set(build_ids)
+    while frontier:
+        # Builds among the frontier and their dependents that now need a failed build.
+        scope = set(frontier) | set(
+            DerivationBuildDependency.objects.filter(dependency_id__in=frontier).values_list(
+                "build_id", flat=True
+            )
+        )
+        doomed = list(
+            DerivationBuild.objects.filter(id__in=scope, status__in=BUILD_PENDING)
+            .filter(Exists(failed_dep))
+            .values_list("id", flat=True)
+        )
+        if not doomed:
+            break
+        total += DerivationBuild.objects.filter(id__in=doomed, status__in=BUILD_PENDING).update(
+            status=BuildStatus.DEPENDENCY_FAILED,
+            last_error="a dependency failed",
+            finished_at=now,
+            updated_at=now,
+        )
+        frontier = set(doomed)
+    return total
+
+
+def dependents_of(build_id: uuid.UUID) -> list[uuid.UUID]:
+    return list(
+        DerivationBuildDependency.objects.filter(dependency_id=build_id).values_list("build_id", flat=True)
+    )
+
+
+def evaluations_needing(build_ids: Iterable[uuid.UUID]) -> list[uuid.UUID]:
+    return list(
+        EvaluationBuild.objects.filter(build_id__in=list(build_ids), blocks_evaluation=True)
+        .values_list("evaluation_id", flat=True)
+        .distinct()
+    )
+
+
+@dataclass(frozen=True)
+class EvaluationFinish:
+    evaluation_id: uuid.UUID
+    status: str
+    errors: tuple[str, ...] = ()
+
+
+def finish_evaluations(*, evaluation_ids: Iterable[uuid.UUID], now: datetime) -> list[EvaluationFinish]:
+    """check_evaluation_done: a Building (or Waiting) evaluation completes when everything it needs
+    succeeded and fails on a lasting failure. Returns what changed."""
+    finished: list[EvaluationFinish] = []
+    for evaluation_id in set(evaluation_ids):
+        needed = list(
+            EvaluationBuild.objects.filter(evaluation_id=evaluation_id, blocks_evaluation=True).values_list(
+                "build__drv_path", "build__status"
+            )
+        )
+        verdict = evaluation_verdict(status for _, status in needed)
+        if verdict == EvaluationVerdict.BUILDING:
+            continue
+        errors: tuple[str, ...] = ()
+        if verdict == EvaluationVerdict.FAILED:
+            errors = tuple(f"{path}: {status}" for path, status in needed if status in BUILD_LASTING_FAILURE)
+        changed = Evaluation.objects.filter(
+            Q(id=evaluation_id), Q(status=EvaluationStatus.BUILDING) | Q(status=EvaluationStatus.WAITING)
+        ).update(
+            status=verdict.value, finished_at=now, updated_at=now, waiting_reason=None, waiting_since=None
+        )
+        if changed:
+            if errors:
+                evaluation = Evaluation.objects.get(id=evaluation_id)
+                evaluation.errors = [*evaluation.errors, *errors][:200]
+                evaluation.save(update_fields=["errors"])
+            finished.append(EvaluationFinish(evaluation_id, verdict.value, errors))
+    return finished

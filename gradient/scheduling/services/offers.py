@@ -1,0 +1,102 @@
+"""Offers: the candidates a worker may score, as full lists (JobListChunk) and deltas (JobOffer).
+
+The server remembers per worker which candidates it sent (sent_candidate). Each offer resets that set
+to the candidates visible now, so a claimed, finished or aborted job drops out; returning a job to the
+pool deletes its rows (forget_sent), which puts it into the next delta.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Any
+
+from django.db import transaction
+from django.db.models import Q
+
+from gradient.scheduling import jobs, selectors
+from gradient.scheduling.models import BuildStatus, DerivationBuild
+from gradient.workers.models import SentCandidate, WorkerSession
+
+PAGE_SIZE = 1000
+
+
+def candidates_for_worker(state: selectors.WorkerState, now: datetime) -> list[dict[str, Any]]:
+    """Every evaluation and build job this worker is authorized for and can run, with NAR sizes on the
+    cached required paths."""
+    if state.draining:
+        return []
+    split = selectors.has_idle_eval_only_worker()
+    evaluations = [
+        e
+        for e in selectors.queued_evaluations(state)[:20000]
+        if selectors.worker_can_run_eval_steps(state.worker, jobs.eval_steps(e, split=split))
+    ]
+    builds = selectors.queued_builds(state, now)
+    inputs = selectors.input_paths([b.id for b in builds])
+    sources = [e.flake_source for e in evaluations if e.followup_pending and e.flake_source]
+    sizes = selectors.nar_sizes(sources + [p for paths in inputs.values() for p in paths])
+    out = [jobs.eval_candidate(e, sizes) for e in evaluations]
+    out.extend(jobs.build_candidate(b, inputs.get(b.id, []), sizes) for b in builds)
+    return out
+
+
+def _pages(candidates: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    return [candidates[i : i + PAGE_SIZE] for i in range(0, len(candidates), PAGE_SIZE)] or [[]]
+
+
+def _reset_sent(worker_id: uuid.UUID, keys: set[str]) -> set[str]:
+    """Make the sent set exactly `keys`; returns the keys that were not in it before."""
+    before = set(SentCandidate.objects.filter(worker_id=worker_id).values_list("job_id", flat=True))
+    gone = before - keys
+    if gone:
+        SentCandidate.objects.filter(worker_id=worker_id, job_id__in=gone).delete()
+    new = keys - before
+    SentCandidate.objects.bulk_create(
+        [SentCandidate(worker_id=worker_id, job_id=k) for k in new], ignore_conflicts=True
+    )
+    return new
+
+
+def job_list(*, worker_id: uuid.UUID, now: datetime) -> list[dict[str, Any]]:
+    """RequestJobList: the full candidate list in JobListChunk pages of 1 000, the last one is_final."""
+    with transaction.atomic():
+        state = selectors.worker_state(worker_id)
+        if state is None:
+            return []
+        candidates = candidates_for_worker(state, now)
+        _reset_sent(worker_id, {c["job_id"] for c in candidates})
+    pages = _pages(candidates)
+    return [
+        {"type": "JobListChunk", "candidates": page, "is_final": i == len(pages) - 1}
+        for i, page in enumerate(pages)
+    ]
+
+
+def job_offers(*, worker_id: uuid.UUID, now: datetime) -> list[dict[str, Any]]:
+    """The delta for one worker: candidates visible now that it was not sent yet, as JobOffer messages."""
+    with transaction.atomic():
+        state = selectors.worker_state(worker_id)
+        if state is None:
+            return []
+        candidates = candidates_for_worker(state, now)
+        new = _reset_sent(worker_id, {c["job_id"] for c in candidates})
+    fresh = [c for c in candidates if c["job_id"] in new]
+    if not fresh:
+        return []
+    return [{"type": "JobOffer", "candidates": page} for page in _pages(fresh)]
+
+
+def promote_retries(*, now: datetime) -> int:
+    """FailedTransient builds whose backoff has passed are Queued again."""
+    return DerivationBuild.objects.filter(
+        Q(status=BuildStatus.FAILED_TRANSIENT), Q(retry_at__isnull=True) | Q(retry_at__lte=now)
+    ).update(status=BuildStatus.QUEUED, queued_at=now, updated_at=now, retry_at=None)
+
+
+def connected_worker_ids() -> list[uuid.UUID]:
+    return list(
+        WorkerSession.objects.filter(closed_at__isnull=True, draining=False, worker__active=True).values_list(
+            "worker_id", flat=True
+        )
+    )

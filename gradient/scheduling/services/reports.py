@@ -1,0 +1,348 @@
+"""Worker reports: JobUpdate, JobCompleted, JobFailed, BuildProgress, EvalProgress, AssignJobResponse.
+
+Every report is fenced by its assignment_id: it acts only when that id is the job's open assignment on
+this worker. Anything else (a stale id, another worker's id, a report after close, a malformed id) is
+dropped: no state change, no error, no close. Each report is one transaction.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from django.db import transaction
+
+from gradient.scheduling import jobs
+from gradient.scheduling.decisions.failures import (
+    BuildVerdict,
+    EvalVerdict,
+    decide_build_failure,
+    decide_eval_failure,
+)
+from gradient.scheduling.models import (
+    EVALUATION_TERMINAL,
+    BuildAttempt,
+    BuildAttemptOutcome,
+    BuildStatus,
+    DerivationBuild,
+    DispatchedJob,
+    DispatchOutcome,
+    Evaluation,
+    EvaluationStatus,
+    JobKind,
+)
+from gradient.scheduling.services import graph
+from gradient.scheduling.services.claims import assignment_close
+from gradient.workers.models import SentCandidate
+
+log = logging.getLogger("gradient.reports")
+
+REPORT_TYPES = frozenset({"JobUpdate", "JobCompleted", "JobFailed", "BuildProgress", "EvalProgress"})
+
+EVAL_PHASES = {
+    "fetching": EvaluationStatus.FETCHING,
+    "evaluating_flake": EvaluationStatus.EVALUATING_FLAKE,
+    "evaluating_derivations": EvaluationStatus.EVALUATING_DERIVATION,
+}
+EVAL_RUNNING = (
+    EvaluationStatus.QUEUED,
+    EvaluationStatus.FETCHING,
+    EvaluationStatus.EVALUATING_FLAKE,
+    EvaluationStatus.EVALUATING_DERIVATION,
+)
+
+
+@dataclass(frozen=True)
+class ReportOutcome:
+    accepted: bool
+    detail: str = ""
+
+
+DROPPED = ReportOutcome(False, "dropped: not the job's open assignment on this worker")
+
+
+def _parse_uuid(value: Any) -> uuid.UUID | None:
+    try:
+        return uuid.UUID(str(value))
+    except (ValueError, TypeError, AttributeError):
+        return None
+
+
+def fenced_assignment(*, worker_id: uuid.UUID, job_key: str, assignment_id: str) -> DispatchedJob | None:
+    """The open assignment the report names, locked, or None when the report must be dropped."""
+    parsed = _parse_uuid(assignment_id)
+    if parsed is None:
+        return None
+    return (
+        DispatchedJob.objects.select_for_update(no_key=True)
+        .filter(id=parsed, job_id=job_key, worker_id=worker_id, finished_at__isnull=True)
+        .first()
+    )
+
+
+def forget_sent(job_key: str) -> None:
+    """Return a job to the pool: clear its sent flag for every worker, so the next offer includes it."""
+    SentCandidate.objects.filter(job_id=job_key).delete()
+
+
+def handle_report(*, worker_id: uuid.UUID, message: dict[str, Any], now: datetime) -> ReportOutcome:
+    handler = _HANDLERS.get(message["type"])
+    if handler is None:
+        raise ValueError(f"not a report: {message['type']}")
+    with transaction.atomic():
+        row = fenced_assignment(
+            worker_id=worker_id, job_key=message["job_id"], assignment_id=message["assignment_id"]
+        )
+        if row is None:
+            return DROPPED
+        DispatchedJob.objects.filter(id=row.id).update(last_report_at=now)
+        return handler(row, message, now)
+
+
+# --- AssignJobResponse --------------------------------------------------------------------------------
+
+
+def _assign_job_response(row: DispatchedJob, message: dict[str, Any], now: datetime) -> ReportOutcome:
+    if message.get("accepted"):
+        DispatchedJob.objects.filter(id=row.id, accepted_at__isnull=True).update(accepted_at=now)
+        return ReportOutcome(True, "accepted")
+    reason = message.get("reason") or "declined"
+    assignment_close(
+        assignment_id=row.id, outcome=DispatchOutcome.ABANDONED, reason=f"declined: {reason}", now=now
+    )
+    requeue_job(row, now=now, refund=True, reason=f"declined: {reason}")
+    return ReportOutcome(True, "declined; requeued")
+
+
+def requeue_job(row: DispatchedJob, *, now: datetime, refund: bool, reason: str) -> None:
+    """Give a job back to the pool after its assignment closed without a result."""
+    if row.kind == JobKind.BUILD and row.derivation_build_id is not None:
+        BuildAttempt.objects.filter(dispatched_job_id=row.id, outcome=BuildAttemptOutcome.RUNNING).update(
+            outcome=BuildAttemptOutcome.ABORTED, error=reason[:2000], finished_at=now
+        )
+        build = DerivationBuild.objects.get(id=row.derivation_build_id)
+        DerivationBuild.objects.filter(id=build.id, status=BuildStatus.BUILDING).update(
+            status=BuildStatus.QUEUED,
+            attempts=max(0, build.attempts - 1) if refund else build.attempts,
+            queued_at=now,
+            updated_at=now,
+        )
+    elif row.evaluation_id is not None:
+        Evaluation.objects.filter(id=row.evaluation_id, status__in=EVAL_RUNNING).update(
+            status=EvaluationStatus.QUEUED, updated_at=now
+        )
+    forget_sent(row.job_id)
+
+
+# --- JobUpdate ----------------------------------------------------------------------------------------
+
+
+def _job_update(row: DispatchedJob, message: dict[str, Any], now: datetime) -> ReportOutcome:
+    update = message["update"]
+    kind = update["kind"]
+    if row.kind == JobKind.EVAL:
+        return _eval_update(row, kind, update, now)
+    return _build_update(row, kind, update, now)
+
+
+def _eval_update(row: DispatchedJob, kind: str, update: dict[str, Any], now: datetime) -> ReportOutcome:
+    evaluation_id = row.evaluation_id
+    if evaluation_id is None or kind not in (*EVAL_PHASES, "fetch_result", "eval_result"):
+        return ReportOutcome(False, f"{kind} does not belong to an evaluation job")
+    DispatchedJob.objects.filter(id=row.id).update(phase=kind)
+    if kind in EVAL_PHASES:
+        Evaluation.objects.filter(id=evaluation_id, status__in=EVAL_RUNNING).update(
+            status=EVAL_PHASES[kind], updated_at=now
+        )
+        return ReportOutcome(True, kind)
+    evaluation = Evaluation.objects.select_for_update(no_key=True).get(id=evaluation_id)
+    if evaluation.status in EVALUATION_TERMINAL:
+        return ReportOutcome(False, "evaluation already finished")
+    if kind == "fetch_result":
+        evaluation.flake_source = update["flake_source"]
+        evaluation.save(update_fields=["flake_source", "updated_at"])
+        return ReportOutcome(True, "fetch_result")
+    evaluation.warnings = [*evaluation.warnings, *update.get("warnings", [])][:500]
+    evaluation.errors = [*evaluation.errors, *update.get("errors", [])][:500]
+    evaluation.save(update_fields=["warnings", "errors", "updated_at"])
+    result = graph.ingest_eval_result(
+        evaluation=evaluation, derivations=update.get("derivations", []), now=now
+    )
+    return ReportOutcome(
+        True, f"eval_result: {result.builds} builds, {result.created} new, {result.queued} queued"
+    )
+
+
+def _build_update(row: DispatchedJob, kind: str, update: dict[str, Any], now: datetime) -> ReportOutcome:
+    build_id = row.derivation_build_id
+    if build_id is None or kind not in ("building", "build_output"):
+        return ReportOutcome(False, f"{kind} does not belong to a build job")
+    if str(update.get("build_id")) != str(build_id):
+        return ReportOutcome(False, "build_id is not this job's build")
+    DispatchedJob.objects.filter(id=row.id).update(phase=kind)
+    if kind == "building":
+        return ReportOutcome(True, "building")
+    outputs = update.get("outputs") or []
+    graph.cache_paths(paths=((o["path"], o.get("nar_size") or 0) for o in outputs))
+    substituted = bool(update.get("substituted"))
+    complete_build(row, now=now, substituted=substituted)
+    return ReportOutcome(True, "build_output")
+
+
+def complete_build(row: DispatchedJob, *, now: datetime, substituted: bool = False) -> None:
+    build_id = row.derivation_build_id
+    if build_id is None:
+        return
+    status = BuildStatus.SUBSTITUTED if substituted else BuildStatus.COMPLETED
+    changed = DerivationBuild.objects.filter(id=build_id, status=BuildStatus.BUILDING).update(
+        status=status, finished_at=now, updated_at=now, retry_at=None, failure_kind=None
+    )
+    BuildAttempt.objects.filter(dispatched_job_id=row.id, outcome=BuildAttemptOutcome.RUNNING).update(
+        outcome=BuildAttemptOutcome.SUBSTITUTED if substituted else BuildAttemptOutcome.BUILT, finished_at=now
+    )
+    if changed:
+        graph.queue_ready_builds(build_ids=graph.dependents_of(build_id), now=now)
+        graph.finish_evaluations(evaluation_ids=graph.evaluations_needing([build_id]), now=now)
+
+
+# --- JobCompleted -------------------------------------------------------------------------------------
+
+
+def _job_completed(row: DispatchedJob, message: dict[str, Any], now: datetime) -> ReportOutcome:
+    assignment_close(assignment_id=row.id, outcome=DispatchOutcome.COMPLETED, reason="completed", now=now)
+    if row.kind == JobKind.BUILD:
+        complete_build(row, now=now)
+        return ReportOutcome(True, "build completed")
+    return _eval_completed(row, now)
+
+
+def _locked_evaluation(row: DispatchedJob) -> Evaluation:
+    assert row.evaluation_id is not None  # an eval assignment always names its evaluation
+    return Evaluation.objects.select_for_update(no_key=True).get(id=row.evaluation_id)
+
+
+def _eval_completed(row: DispatchedJob, now: datetime) -> ReportOutcome:
+    evaluation = _locked_evaluation(row)
+    if evaluation.status in EVALUATION_TERMINAL:
+        return ReportOutcome(True, "evaluation already finished")
+    steps = tuple(row.job.get("steps") or ())
+    if steps == jobs.FETCH_ONLY_STEPS:
+        if not evaluation.flake_source:
+            _fail_evaluation(evaluation, now, "the fetch completed without a flake_source")
+            return ReportOutcome(True, "fetch without source: evaluation failed")
+        # The cached follow-up, under the same eval:{id} key, with the source as a required path.
+        evaluation.followup_pending = True
+        evaluation.status = EvaluationStatus.QUEUED
+        evaluation.save(update_fields=["followup_pending", "status", "updated_at"])
+        forget_sent(evaluation.job_key)
+        return ReportOutcome(True, "fetched; follow-up queued")
+    evaluation.followup_pending = False
+    if evaluation.errors:
+        _fail_evaluation(evaluation, now, None)
+        return ReportOutcome(True, "evaluation errors: failed")
+    if row.phase != "eval_result" and not evaluation.build_links.exists():
+        _fail_evaluation(evaluation, now, "the evaluation job completed without an eval_result")
+        return ReportOutcome(True, "no eval_result: failed")
+    evaluation.status = EvaluationStatus.BUILDING
+    evaluation.save(update_fields=["followup_pending", "status", "updated_at"])
+    graph.finish_evaluations(evaluation_ids=[evaluation.id], now=now)
+    return ReportOutcome(True, "evaluated; building")
+
+
+def _fail_evaluation(evaluation: Evaluation, now: datetime, error: str | None) -> None:
+    if error:
+        evaluation.errors = [*evaluation.errors, error]
+    evaluation.status = EvaluationStatus.FAILED
+    evaluation.finished_at = now
+    evaluation.followup_pending = False
+    evaluation.waiting_reason = None
+    evaluation.waiting_since = None
+    evaluation.save()
+
+
+# --- JobFailed ----------------------------------------------------------------------------------------
+
+
+def _job_failed(row: DispatchedJob, message: dict[str, Any], now: datetime) -> ReportOutcome:
+    kind = message["kind"]
+    error = str(message.get("error") or "")
+    assignment_close(assignment_id=row.id, outcome=DispatchOutcome.FAILED, reason=f"{kind}: {error}", now=now)
+    if row.kind == JobKind.BUILD:
+        return _build_failed(row, kind, error, now)
+    evaluation = _locked_evaluation(row)
+    if evaluation.status in EVALUATION_TERMINAL:
+        return ReportOutcome(True, "evaluation already finished")
+    if kind in ("canceled", "aborted"):
+        requeue_job(row, now=now, refund=True, reason=kind)
+        return ReportOutcome(True, f"{kind}: requeued")
+    verdict = decide_eval_failure(kind=kind, lost_dispatches=evaluation.lost_dispatches)
+    if verdict == EvalVerdict.FAIL:
+        _fail_evaluation(evaluation, now, f"{kind}: {error}")
+        return ReportOutcome(True, "evaluation failed")
+    requeue_job(row, now=now, refund=False, reason=f"{kind}: {error}")
+    return ReportOutcome(True, "evaluation requeued")
+
+
+def _build_failed(row: DispatchedJob, kind: str, error: str, now: datetime) -> ReportOutcome:
+    assert row.derivation_build_id is not None  # a build assignment always names its build
+    build = DerivationBuild.objects.select_for_update(no_key=True).get(id=row.derivation_build_id)
+    BuildAttempt.objects.filter(dispatched_job_id=row.id, outcome=BuildAttemptOutcome.RUNNING).update(
+        outcome=BuildAttemptOutcome.ABORTED
+        if kind in ("canceled", "aborted")
+        else BuildAttemptOutcome.FAILED,
+        failure_kind=kind,
+        error=error[:10000],
+        finished_at=now,
+    )
+    if build.status != BuildStatus.BUILDING:
+        return ReportOutcome(True, f"build already {build.status}")
+    decision = decide_build_failure(
+        kind=kind,
+        attempts_spent=build.attempts,
+        max_attempts=build.max_attempts,
+        abort_requested=False,
+        now=now,
+    )
+    build.failure_kind = kind
+    build.last_error = error[:10000]
+    build.updated_at = now
+    if decision.verdict == BuildVerdict.REQUEUE:
+        build.status = BuildStatus.QUEUED
+        build.queued_at = now
+        build.attempts = max(0, build.attempts - 1)
+        build.save()
+        forget_sent(row.job_id)
+        return ReportOutcome(True, "requeued without spending an attempt")
+    if decision.verdict == BuildVerdict.RETRY:
+        build.status = BuildStatus.FAILED_TRANSIENT
+        build.retry_at = decision.retry_at
+        build.save()
+        return ReportOutcome(True, f"retry at {decision.retry_at:%H:%M:%S}")
+    build.status = {
+        BuildVerdict.PERMANENT: BuildStatus.FAILED_PERMANENT,
+        BuildVerdict.TIMEOUT: BuildStatus.FAILED_TIMEOUT,
+        BuildVerdict.ABORTED: BuildStatus.ABORTED,
+    }[decision.verdict]
+    build.finished_at = now
+    build.save()
+    failed = graph.fail_dependents(build_ids=[build.id], now=now)
+    graph.finish_evaluations(evaluation_ids=graph.evaluations_needing([build.id]), now=now)
+    return ReportOutcome(True, f"{build.status}; {failed} dependents failed")
+
+
+def _progress(row: DispatchedJob, message: dict[str, Any], now: datetime) -> ReportOutcome:
+    return ReportOutcome(True, "progress")
+
+
+_HANDLERS: dict[str, Callable[[DispatchedJob, dict[str, Any], datetime], ReportOutcome]] = {
+    "AssignJobResponse": _assign_job_response,
+    "JobUpdate": _job_update,
+    "JobCompleted": _job_completed,
+    "JobFailed": _job_failed,
+    "BuildProgress": _progress,
+    "EvalProgress": _progress,
+}

@@ -1,0 +1,62 @@
+"""Drive the scheduling services the way a worker session does, for service-level tests."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from django.utils import timezone
+
+from gradient.scheduling.services.assignment import Assignment, request_job
+from gradient.scheduling.services.reports import ReportOutcome, handle_report
+
+
+def drv(
+    name: str,
+    *deps: str,
+    system: str = "x86_64-linux",
+    features: list[str] | None = None,
+    attr: str | None = None,
+    cached: bool = False,
+) -> dict[str, Any]:
+    out = f"/nix/store/{name:0>32}-{name}"
+    return {
+        "drv_path": f"/nix/store/{name:0>32}-{name}.drv",
+        "attr": attr,
+        "system": system,
+        "required_features": features or [],
+        "outputs": [{"name": "out", "path": out}],
+        "input_drvs": [f"/nix/store/{d:0>32}-{d}.drv" for d in deps],
+        "cached_outputs": [{"path": out, "nar_size": 1000}] if cached else [],
+    }
+
+
+def diamond() -> list[dict[str, Any]]:
+    return [drv("a"), drv("b", "a"), drv("c", "a"), drv("d", "b", "c", attr="packages.x86_64-linux.d")]
+
+
+def ask(worker_id: uuid.UUID, kind: str = "build") -> Assignment | None:
+    return request_job(worker_id=worker_id, protocol_kind=kind, now=timezone.now())
+
+
+def report(worker_id: uuid.UUID, a: Assignment, type_: str, **fields: Any) -> ReportOutcome:
+    message = {"type": type_, "job_id": a.job_key, "assignment_id": str(a.assignment_id), **fields}
+    return handle_report(worker_id=worker_id, message=message, now=timezone.now())
+
+
+def update(worker_id: uuid.UUID, a: Assignment, **update_fields: Any) -> ReportOutcome:
+    return report(worker_id, a, "JobUpdate", update=update_fields)
+
+
+def evaluate(worker_id: uuid.UUID, a: Assignment, derivations: list[dict[str, Any]]) -> None:
+    update(worker_id, a, kind="evaluating_flake")
+    update(worker_id, a, kind="eval_result", derivations=derivations, warnings=[], errors=[])
+    report(worker_id, a, "JobCompleted", elapsed_ms=5)
+
+
+def build(worker_id: uuid.UUID, a: Assignment) -> None:
+    spec = a.job["builds"][0]
+    update(worker_id, a, kind="building", build_id=spec["build_id"])
+    outputs = [{"name": o["name"], "path": o["path"], "nar_size": 4096} for o in spec["outputs"]]
+    update(worker_id, a, kind="build_output", build_id=spec["build_id"], outputs=outputs, substituted=False)
+    report(worker_id, a, "JobCompleted", elapsed_ms=5)

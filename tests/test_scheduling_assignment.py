@@ -1,0 +1,205 @@
+"""RequestJob: candidates for this worker only, scored, claimed, handed out; idle slots otherwise."""
+
+from __future__ import annotations
+
+import pytest
+from django.utils import timezone
+
+from gradient.scheduling.models import (
+    BuildAttempt,
+    BuildStatus,
+    DerivationBuild,
+    DispatchedJob,
+    Evaluation,
+    EvaluationStatus,
+)
+from gradient.scheduling.services import graph
+from gradient.workers.models import CandidateScore, IdleSlot, WorkerSession
+from tests.factories import EvaluationFactory, ProjectFactory, connected_worker
+from tests.scheduling_helpers import ask, build, diamond, drv, evaluate
+
+pytestmark = pytest.mark.django_db
+
+
+def test_a_worker_gets_the_queued_evaluation_of_its_project_with_all_three_steps() -> None:
+    project = ProjectFactory()
+    evaluation = EvaluationFactory(project=project, repository="sim:diamond", commit="c0ffee")
+    worker = connected_worker([project])
+    a = ask(worker.id, "flake")
+    assert a is not None and a.job_key == f"eval:{evaluation.id}"
+    assert a.job["steps"] == ["FetchFlake", "EvaluateFlake", "EvaluateDerivations"]
+    assert a.job["source"] == {"kind": "repository", "url": "sim:diamond", "commit": "c0ffee"}
+    assert a.message()["type"] == "AssignJob" and a.message()["cluster"] is None
+    evaluation.refresh_from_db()
+    assert evaluation.status == EvaluationStatus.FETCHING
+    row = DispatchedJob.objects.get(id=a.assignment_id)
+    assert row.score == a.score.total and set(row.score_breakdown) >= {"WaitTime", "EstimatedTime", "Qos"}
+
+
+def test_a_worker_never_gets_an_evaluation_of_a_project_it_is_not_authorized_for() -> None:
+    EvaluationFactory(project=ProjectFactory())
+    worker = connected_worker([ProjectFactory()])
+    assert ask(worker.id, "flake") is None
+    assert IdleSlot.objects.filter(worker=worker, kind="eval").exists()
+
+
+def test_an_unanswered_request_is_remembered_as_an_idle_slot_and_an_assignment_clears_it() -> None:
+    project = ProjectFactory()
+    worker = connected_worker([project])
+    assert ask(worker.id, "flake") is None
+    assert IdleSlot.objects.filter(worker=worker, kind="eval").count() == 1
+    EvaluationFactory(project=project)
+    assert ask(worker.id, "flake") is not None
+    assert not IdleSlot.objects.filter(worker=worker, kind="eval").exists()
+
+
+def test_a_draining_or_disconnected_worker_gets_nothing() -> None:
+    project = ProjectFactory()
+    EvaluationFactory(project=project)
+    draining = connected_worker([project])
+    WorkerSession.objects.filter(worker=draining).update(draining=True)
+    assert ask(draining.id, "flake") is None
+    gone = connected_worker([project])
+    WorkerSession.objects.filter(worker=gone).update(closed_at=timezone.now())
+    assert ask(gone.id, "flake") is None
+    assert DispatchedJob.objects.count() == 0
+
+
+def _building_evaluation(project, derivations):  # type: ignore[no-untyped-def]
+    evaluation = EvaluationFactory(project=project, status=EvaluationStatus.BUILDING)
+    graph.ingest_eval_result(evaluation=evaluation, derivations=derivations, now=timezone.now())
+    return evaluation
+
+
+def test_a_build_for_an_architecture_no_worker_has_is_never_assigned() -> None:
+    project = ProjectFactory()
+    _building_evaluation(project, [drv("arm", system="aarch64-linux")])
+    worker = connected_worker([project], architectures=["x86_64-linux"])
+    assert ask(worker.id) is None
+    assert DerivationBuild.objects.get().status == BuildStatus.QUEUED
+
+
+def test_a_build_needs_every_required_feature_and_builtin_skips_the_system_check() -> None:
+    project = ProjectFactory()
+    _building_evaluation(project, [drv("kvm", features=["kvm"]), drv("fetch", system="builtin")])
+    worker = connected_worker([project], architectures=["riscv64-linux"], system_features=[])
+    a = ask(worker.id)
+    assert a is not None and a.job["requirement"]["architecture"] == "builtin"
+    assert ask(worker.id) is None  # one slot by default, and kvm is unmet anyway
+    kvm_worker = connected_worker([project], architectures=["x86_64-linux"], system_features=["kvm", "big"])
+    b = ask(kvm_worker.id)
+    assert b is not None and b.job["requirement"]["required_features"] == ["kvm"]
+
+
+def test_builds_are_handed_out_in_dependency_order() -> None:
+    project = ProjectFactory()
+    evaluation = _building_evaluation(project, diamond())
+    worker = connected_worker([project], max_concurrent_builds=4)
+    order = []
+    while (a := ask(worker.id)) is not None:
+        order.append(a.job["builds"][0]["drv_path"].rsplit("-", 1)[1])
+        build(worker.id, a)
+        if len(order) > 10:
+            break
+    assert order[0] == "a.drv" and order[-1] == "d.drv" and sorted(order[1:3]) == ["b.drv", "c.drv"]
+    evaluation.refresh_from_db()
+    assert evaluation.status == EvaluationStatus.COMPLETED
+
+
+def test_a_full_worker_gets_no_more_builds_and_keeps_no_idle_slot() -> None:
+    project = ProjectFactory()
+    _building_evaluation(project, [drv("x"), drv("y")])
+    worker = connected_worker([project], max_concurrent_builds=1)
+    assert ask(worker.id) is not None
+    assert ask(worker.id) is None
+    assert not IdleSlot.objects.filter(worker=worker).exists()
+
+
+def test_the_claim_marks_the_build_building_with_a_running_attempt() -> None:
+    project = ProjectFactory()
+    _building_evaluation(project, [drv("solo")])
+    worker = connected_worker([project])
+    a = ask(worker.id)
+    assert a is not None
+    b = DerivationBuild.objects.get()
+    assert (b.status, b.attempts) == (BuildStatus.BUILDING, 1)
+    attempt = BuildAttempt.objects.get(build=b)
+    assert (attempt.number, attempt.outcome, attempt.dispatched_job_id) == (1, "Running", a.assignment_id)
+
+
+def test_the_worker_with_the_outputs_already_wins_over_a_worse_candidate_by_score() -> None:
+    project = ProjectFactory()
+    _building_evaluation(project, [drv("big"), drv("small")])
+    worker = connected_worker([project])
+    big = DerivationBuild.objects.get(drv_path__endswith="big.drv")
+    small = DerivationBuild.objects.get(drv_path__endswith="small.drv")
+    now = timezone.now()
+    CandidateScore.objects.create(
+        worker=worker, job_id=big.job_key, missing_count=9, missing_nar_size=50 * 2**30, updated_at=now
+    )
+    CandidateScore.objects.create(
+        worker=worker, job_id=small.job_key, missing_count=0, missing_nar_size=0, updated_at=now
+    )
+    a = ask(worker.id)
+    assert a is not None and a.job_key == small.job_key
+    assert a.score.breakdown["EstimatedTime"] == 3600
+
+
+def test_an_eval_only_worker_being_idle_splits_the_evaluation_into_fetch_and_a_cached_follow_up() -> None:
+    project = ProjectFactory()
+    evaluation = EvaluationFactory(project=project, repository="sim:chain?n=2")
+    fetcher = connected_worker([project], can_fetch=True, can_eval=True)
+    evaluator = connected_worker([project], can_fetch=False, can_eval=True)
+    assert ask(evaluator.id, "flake") is None  # it cannot fetch
+    fetch = ask(fetcher.id, "flake")
+    assert fetch is not None and fetch.job["steps"] == ["FetchFlake"]
+    from tests.scheduling_helpers import report, update
+
+    update(fetcher.id, fetch, kind="fetching")
+    update(
+        fetcher.id,
+        fetch,
+        kind="fetch_result",
+        flake_source="/nix/store/00000000000000000000000000000src-source",
+    )
+    report(fetcher.id, fetch, "JobCompleted", elapsed_ms=3)
+    evaluation.refresh_from_db()
+    assert evaluation.status == EvaluationStatus.QUEUED and evaluation.followup_pending
+    follow = ask(evaluator.id, "flake")
+    assert follow is not None and follow.job_key == fetch.job_key
+    assert follow.job["steps"] == ["EvaluateFlake", "EvaluateDerivations"]
+    assert follow.job["source"] == {
+        "kind": "cached",
+        "store_path": "/nix/store/00000000000000000000000000000src-source",
+    }
+    evaluate(evaluator.id, follow, [drv("one"), drv("two", "one")])
+    evaluation.refresh_from_db()
+    assert evaluation.status == EvaluationStatus.BUILDING and not evaluation.followup_pending
+
+
+def test_a_fetch_only_job_completing_without_a_source_fails_the_evaluation() -> None:
+    project = ProjectFactory()
+    evaluation = EvaluationFactory(project=project)
+    fetcher = connected_worker([project], can_fetch=True, can_eval=True)
+    connected_worker([project], can_fetch=False, can_eval=True)
+    fetch = ask(fetcher.id, "flake")
+    assert fetch is not None and fetch.job["steps"] == ["FetchFlake"]
+    from tests.scheduling_helpers import report
+
+    report(fetcher.id, fetch, "JobCompleted", elapsed_ms=3)
+    evaluation.refresh_from_db()
+    assert evaluation.status == EvaluationStatus.FAILED
+    assert "without a flake_source" in evaluation.errors[-1]
+
+
+def test_an_evaluation_whose_outputs_are_all_cached_completes_without_building() -> None:
+    project = ProjectFactory()
+    evaluation = EvaluationFactory(project=project)
+    worker = connected_worker([project])
+    a = ask(worker.id, "flake")
+    assert a is not None
+    evaluate(worker.id, a, [drv("c1", cached=True), drv("c2", "c1", cached=True)])
+    evaluation.refresh_from_db()
+    assert evaluation.status == EvaluationStatus.COMPLETED
+    assert set(DerivationBuild.objects.values_list("status", flat=True)) == {BuildStatus.SUBSTITUTED}
+    assert Evaluation.objects.get().finished_at is not None

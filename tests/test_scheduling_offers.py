@@ -1,0 +1,93 @@
+"""Offers: full lists in pages of 1 000, deltas from the sent set, reset on each offer."""
+
+from __future__ import annotations
+
+import pytest
+from django.utils import timezone
+
+from gradient.scheduling.models import DerivationBuild, EvaluationStatus
+from gradient.scheduling.services import graph
+from gradient.scheduling.services.offers import job_list, job_offers
+from gradient.scheduling.services.reports import forget_sent
+from gradient.workers.models import SentCandidate
+from tests.factories import EvaluationFactory, ProjectFactory, connected_worker
+from tests.scheduling_helpers import ask, drv
+
+pytestmark = pytest.mark.django_db
+
+
+def test_the_job_list_comes_in_pages_of_a_thousand_and_the_last_is_final() -> None:
+    project = ProjectFactory()
+    evaluation = EvaluationFactory(project=project, status=EvaluationStatus.BUILDING)
+    graph.ingest_eval_result(
+        evaluation=evaluation, derivations=[drv(f"p{i}") for i in range(2500)], now=timezone.now()
+    )
+    worker = connected_worker([project])
+    pages = job_list(worker_id=worker.id, now=timezone.now())
+    assert [len(p["candidates"]) for p in pages] == [1000, 1000, 500]
+    assert [p["is_final"] for p in pages] == [False, False, True]
+    assert SentCandidate.objects.filter(worker=worker).count() == 2500
+
+
+def test_an_empty_job_list_is_one_final_page() -> None:
+    worker = connected_worker([ProjectFactory()])
+    assert job_list(worker_id=worker.id, now=timezone.now()) == [
+        {"type": "JobListChunk", "candidates": [], "is_final": True}
+    ]
+
+
+def test_build_candidates_carry_the_requirement_and_cached_input_nar_sizes() -> None:
+    project = ProjectFactory()
+    evaluation = EvaluationFactory(project=project, status=EvaluationStatus.BUILDING)
+    graph.ingest_eval_result(
+        evaluation=evaluation,
+        derivations=[drv("dep", cached=True), drv("app", "dep", features=["big"])],
+        now=timezone.now(),
+    )
+    worker = connected_worker([project], system_features=["big"])
+    [page] = job_list(worker_id=worker.id, now=timezone.now())
+    [candidate] = page["candidates"]
+    assert candidate["kind"] == "build"
+    assert candidate["requirement"] == {"architecture": "x86_64-linux", "required_features": ["big"]}
+    assert candidate["required_paths"] == [{"path": f"/nix/store/{'dep':0>32}-dep", "nar_size": 1000}]
+    assert candidate["drv_paths"][0].endswith("app.drv")
+
+
+def test_offers_are_deltas_and_a_claimed_job_drops_out_of_the_sent_set() -> None:
+    project = ProjectFactory()
+    EvaluationFactory(project=project)
+    worker = connected_worker([project])
+    first = job_offers(worker_id=worker.id, now=timezone.now())
+    assert len(first) == 1 and len(first[0]["candidates"]) == 1
+    assert job_offers(worker_id=worker.id, now=timezone.now()) == []  # nothing new
+    second = EvaluationFactory(project=project)
+    [offer] = job_offers(worker_id=worker.id, now=timezone.now())
+    assert [c["job_id"] for c in offer["candidates"]] == [second.job_key]
+    assert ask(worker.id, "flake") is not None
+    job_offers(worker_id=worker.id, now=timezone.now())
+    assert SentCandidate.objects.filter(worker=worker).count() == 1
+
+
+def test_returning_a_job_to_the_pool_puts_it_into_the_next_delta() -> None:
+    project = ProjectFactory()
+    evaluation = EvaluationFactory(project=project)
+    worker = connected_worker([project])
+    job_offers(worker_id=worker.id, now=timezone.now())
+    forget_sent(evaluation.job_key)
+    [offer] = job_offers(worker_id=worker.id, now=timezone.now())
+    assert [c["job_id"] for c in offer["candidates"]] == [evaluation.job_key]
+
+
+def test_a_worker_is_offered_only_what_it_can_run() -> None:
+    project = ProjectFactory()
+    evaluation = EvaluationFactory(project=project, status=EvaluationStatus.BUILDING)
+    graph.ingest_eval_result(
+        evaluation=evaluation, derivations=[drv("arm", system="aarch64-linux")], now=timezone.now()
+    )
+    x86 = connected_worker([project], architectures=["x86_64-linux"])
+    stranger = connected_worker([ProjectFactory()], architectures=["aarch64-linux"])
+    arm = connected_worker([project], architectures=["aarch64-linux"])
+    assert job_list(worker_id=x86.id, now=timezone.now())[0]["candidates"] == []
+    assert job_list(worker_id=stranger.id, now=timezone.now())[0]["candidates"] == []
+    [c] = job_list(worker_id=arm.id, now=timezone.now())[0]["candidates"]
+    assert c["job_id"] == DerivationBuild.objects.get().job_key

@@ -1,0 +1,198 @@
+"""Reports are fenced by assignment_id; failures follow their kind; declines requeue and re-offer."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from gradient.scheduling.models import (
+    BuildAttempt,
+    BuildStatus,
+    DerivationBuild,
+    DispatchedJob,
+    EvaluationStatus,
+)
+from gradient.scheduling.services import graph
+from gradient.scheduling.services.offers import promote_retries
+from gradient.scheduling.services.reports import handle_report
+from gradient.workers.models import SentCandidate
+from tests.factories import EvaluationFactory, ProjectFactory, connected_worker
+from tests.scheduling_helpers import ask, build, drv, report, update
+
+pytestmark = pytest.mark.django_db
+
+
+def _snapshot() -> list[tuple[object, ...]]:
+    rows: list[tuple[object, ...]] = []
+    rows += list(
+        DispatchedJob.objects.order_by("id").values_list(
+            "id", "finished_at", "outcome", "phase", "last_report_at"
+        )
+    )
+    rows += list(DerivationBuild.objects.order_by("id").values_list("id", "status", "attempts"))
+    rows += list(BuildAttempt.objects.order_by("id").values_list("id", "outcome"))
+    return rows
+
+
+@pytest.fixture
+def setup():  # type: ignore[no-untyped-def]
+    project = ProjectFactory()
+    evaluation = EvaluationFactory(project=project, status=EvaluationStatus.BUILDING)
+    graph.ingest_eval_result(
+        evaluation=evaluation, derivations=[drv("base"), drv("top", "base")], now=timezone.now()
+    )
+    worker = connected_worker([project], max_concurrent_builds=2)
+    other = connected_worker([project])
+    return project, evaluation, worker, other
+
+
+def test_a_report_with_a_stale_or_foreign_assignment_id_changes_nothing(setup) -> None:  # type: ignore[no-untyped-def]
+    _, _, worker, other = setup
+    a = ask(worker.id)
+    assert a is not None
+    before = _snapshot()
+    for bogus in (str(uuid.uuid4()), "not-a-uuid", "", "0" * 64):
+        message = {"type": "JobCompleted", "job_id": a.job_key, "assignment_id": bogus, "elapsed_ms": 1}
+        assert handle_report(worker_id=worker.id, message=message, now=timezone.now()).accepted is False
+    assert _snapshot() == before
+
+
+def test_a_report_from_another_worker_changes_nothing(setup) -> None:  # type: ignore[no-untyped-def]
+    _, _, worker, other = setup
+    a = ask(worker.id)
+    assert a is not None
+    before = _snapshot()
+    assert report(other.id, a, "JobFailed", error="x", kind="permanent", elapsed_ms=1).accepted is False
+    assert _snapshot() == before
+
+
+def test_a_report_after_close_changes_nothing(setup) -> None:  # type: ignore[no-untyped-def]
+    _, _, worker, _ = setup
+    a = ask(worker.id)
+    assert a is not None
+    build(worker.id, a)
+    before = _snapshot()
+    assert report(worker.id, a, "JobFailed", error="late", kind="permanent", elapsed_ms=1).accepted is False
+    assert update(worker.id, a, kind="building", build_id=a.job["builds"][0]["build_id"]).accepted is False
+    assert _snapshot() == before
+
+
+def test_a_report_for_another_job_under_a_valid_assignment_id_is_dropped(setup) -> None:  # type: ignore[no-untyped-def]
+    _, _, worker, _ = setup
+    a = ask(worker.id)
+    assert a is not None
+    before = _snapshot()
+    message = {
+        "type": "JobCompleted",
+        "job_id": f"build:{uuid.uuid4()}",
+        "assignment_id": str(a.assignment_id),
+        "elapsed_ms": 1,
+    }
+    assert handle_report(worker_id=worker.id, message=message, now=timezone.now()).accepted is False
+    assert _snapshot() == before
+
+
+def test_a_transient_failure_retries_with_a_doubling_backoff_up_to_max_attempts(setup) -> None:  # type: ignore[no-untyped-def]
+    _, evaluation, worker, _ = setup
+    base = DerivationBuild.objects.get(drv_path__endswith="base.drv")
+    delays = []
+    for attempt in (1, 2):
+        a = ask(worker.id)
+        assert a is not None and a.job_key == base.job_key
+        report(worker.id, a, "JobFailed", error="network", kind="transient", elapsed_ms=1)
+        base.refresh_from_db()
+        assert (base.status, base.attempts) == (BuildStatus.FAILED_TRANSIENT, attempt)
+        delays.append((base.retry_at - timezone.now()).total_seconds())
+        assert ask(worker.id) is None  # in backoff
+        assert promote_retries(now=base.retry_at + timedelta(seconds=1)) == 1
+    assert 25 < delays[0] <= 30 and 55 < delays[1] <= 60
+    a = ask(worker.id)
+    assert a is not None
+    report(worker.id, a, "JobFailed", error="network", kind="transient", elapsed_ms=1)
+    base.refresh_from_db()
+    assert base.status == BuildStatus.FAILED_PERMANENT and base.attempts == 3
+    top = DerivationBuild.objects.get(drv_path__endswith="top.drv")
+    assert top.status == BuildStatus.DEPENDENCY_FAILED
+    evaluation.refresh_from_db()
+    assert evaluation.status == EvaluationStatus.FAILED
+
+
+def test_a_permanent_failure_fails_the_dependents_and_the_evaluation(setup) -> None:  # type: ignore[no-untyped-def]
+    _, evaluation, worker, _ = setup
+    a = ask(worker.id)
+    assert a is not None
+    report(
+        worker.id,
+        a,
+        "JobFailed",
+        error="builder for base failed with exit code 1",
+        kind="permanent",
+        elapsed_ms=1,
+    )
+    statuses = dict(DerivationBuild.objects.values_list("drv_path", "status"))
+    assert sorted(statuses.values()) == [BuildStatus.DEPENDENCY_FAILED, BuildStatus.FAILED_PERMANENT]
+    evaluation.refresh_from_db()
+    assert evaluation.status == EvaluationStatus.FAILED
+    assert any("FailedPermanent" in e for e in evaluation.errors)
+    assert DerivationBuild.objects.get(drv_path__endswith="base.drv").last_error.startswith(
+        "builder for base"
+    )
+
+
+def test_a_timeout_is_a_lasting_failure(setup) -> None:  # type: ignore[no-untyped-def]
+    _, evaluation, worker, _ = setup
+    a = ask(worker.id)
+    assert a is not None
+    report(worker.id, a, "JobFailed", error="silent for 3600 s", kind="timeout", elapsed_ms=1)
+    assert DerivationBuild.objects.get(drv_path__endswith="base.drv").status == BuildStatus.FAILED_TIMEOUT
+    evaluation.refresh_from_db()
+    assert evaluation.status == EvaluationStatus.FAILED
+
+
+def test_a_canceled_build_goes_back_to_queued_without_spending_an_attempt(setup) -> None:  # type: ignore[no-untyped-def]
+    _, _, worker, other = setup
+    a = ask(worker.id)
+    assert a is not None
+    report(worker.id, a, "JobFailed", error="worker stopping", kind="canceled", elapsed_ms=1)
+    base = DerivationBuild.objects.get(drv_path__endswith="base.drv")
+    assert (base.status, base.attempts) == (BuildStatus.QUEUED, 0)
+    b = ask(other.id)
+    assert b is not None and b.job_key == base.job_key
+
+
+def test_a_declined_assignment_requeues_the_job_and_clears_its_sent_flag(setup) -> None:  # type: ignore[no-untyped-def]
+    _, _, worker, other = setup
+    a = ask(worker.id)
+    assert a is not None
+    SentCandidate.objects.create(worker=other, job_id=a.job_key)
+    outcome = report(worker.id, a, "AssignJobResponse", accepted=False, reason="full")
+    assert outcome.accepted
+    row = DispatchedJob.objects.get(id=a.assignment_id)
+    assert row.outcome == "Abandoned" and row.reason == "declined: full"
+    base = DerivationBuild.objects.get(id=a.job["builds"][0]["build_id"])
+    assert (base.status, base.attempts) == (BuildStatus.QUEUED, 0)
+    assert not SentCandidate.objects.filter(job_id=a.job_key).exists()
+
+
+def test_an_accepted_assignment_is_marked_accepted(setup) -> None:  # type: ignore[no-untyped-def]
+    _, _, worker, _ = setup
+    a = ask(worker.id)
+    assert a is not None
+    report(worker.id, a, "AssignJobResponse", accepted=True, reason=None)
+    assert DispatchedJob.objects.get(id=a.assignment_id).accepted_at is not None
+
+
+def test_build_output_caches_the_outputs_and_queues_the_dependents(setup) -> None:  # type: ignore[no-untyped-def]
+    _, _, worker, _ = setup
+    a = ask(worker.id)
+    assert a is not None
+    build(worker.id, a)
+    statuses = {p.rsplit("-", 1)[1]: s for p, s in DerivationBuild.objects.values_list("drv_path", "status")}
+    assert statuses == {"base.drv": BuildStatus.COMPLETED, "top.drv": BuildStatus.QUEUED}
+    assert BuildAttempt.objects.get(dispatched_job_id=a.assignment_id).outcome == "Built"
+    from gradient.scheduling.models import CachedPath
+
+    assert CachedPath.objects.filter(path=a.job["builds"][0]["outputs"][0]["path"], nar_size=4096).exists()
