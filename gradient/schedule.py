@@ -11,6 +11,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from django.conf import settings
+
 
 @dataclass(frozen=True)
 class PassSpec:
@@ -22,7 +24,13 @@ class PassSpec:
         return float(self.interval())
 
 
+def _pass_interval() -> float:
+    return float(settings.GRADIENT_SCHEDULER_PASS_INTERVAL_SECS)
+
+
 PASSES: tuple[PassSpec, ...] = (
+    PassSpec("assignment", "gradient.scheduling.tasks.assignment_pass", _pass_interval),
+    PassSpec("build-resync", "gradient.scheduling.tasks.build_resync_pass", lambda: 60.0),
     PassSpec("cluster-retention", "gradient.clusters.tasks.retention_pass", lambda: 3600.0),
 )
 

@@ -1,0 +1,25 @@
+"""Periodic passes of the scheduling app: thin tasks that call services under a lease."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Any
+
+from celery import shared_task
+from django.utils import timezone
+
+from gradient.recovery.services import pass_run
+from gradient.scheduling.services.passes import assignment_pass as run_assignment_pass
+from gradient.scheduling.services.passes import build_resync_pass as run_build_resync
+
+
+@shared_task(name="gradient.scheduling.tasks.assignment_pass")
+def assignment_pass() -> dict[str, Any] | None:
+    return pass_run(
+        name="assignment", body=lambda: asdict(run_assignment_pass(now=timezone.now())), lease_secs=60
+    )
+
+
+@shared_task(name="gradient.scheduling.tasks.build_resync_pass")
+def build_resync_pass() -> int | None:
+    return pass_run(name="build-resync", body=lambda: run_build_resync(now=timezone.now()), lease_secs=120)
