@@ -31,6 +31,7 @@ def _pass_interval() -> float:
 PASSES: tuple[PassSpec, ...] = (
     PassSpec("assignment", "gradient.scheduling.tasks.assignment_pass", _pass_interval),
     PassSpec("build-resync", "gradient.scheduling.tasks.build_resync_pass", lambda: 60.0),
+    PassSpec("graph-reheal", "gradient.scheduling.tasks.graph_reheal_pass", lambda: 300.0),
     PassSpec("cluster-retention", "gradient.clusters.tasks.retention_pass", lambda: 3600.0),
 )
 

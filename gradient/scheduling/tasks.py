@@ -11,6 +11,7 @@ from django.utils import timezone
 from gradient.recovery.services import pass_run
 from gradient.scheduling.services.passes import assignment_pass as run_assignment_pass
 from gradient.scheduling.services.passes import build_resync_pass as run_build_resync
+from gradient.scheduling.services.waiting import reheal_pass
 
 
 @shared_task(name="gradient.scheduling.tasks.assignment_pass")
@@ -23,3 +24,9 @@ def assignment_pass() -> dict[str, Any] | None:
 @shared_task(name="gradient.scheduling.tasks.build_resync_pass")
 def build_resync_pass() -> int | None:
     return pass_run(name="build-resync", body=lambda: run_build_resync(now=timezone.now()), lease_secs=120)
+
+
+@shared_task(name="gradient.scheduling.tasks.graph_reheal_pass")
+def graph_reheal_pass() -> int | None:
+    """Every 300 s (graphConsistencyIntervalSecs): the heal again for each graph_stuck evaluation."""
+    return pass_run(name="graph-reheal", body=lambda: reheal_pass(now=timezone.now()), lease_secs=600)

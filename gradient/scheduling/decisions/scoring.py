@@ -167,9 +167,7 @@ def score(c: Candidate, w: WorkerView, pool: PoolView, policy: str = RESOURCE_AW
     if policy_name(policy) == RESOURCE_AWARE:
         breakdown["ResourceSaturation"] = resource_saturation(w)
     vetoed_by = "RescoreWait" if rescore_wait_vetoes(c) else None
-    return Score(
-        job_id=c.job_id, total=round(sum(breakdown.values()), 6), breakdown=breakdown, vetoed_by=vetoed_by
-    )
+    return Score(job_id=c.job_id, total=sum(breakdown.values()), breakdown=breakdown, vetoed_by=vetoed_by)
 
 
 def rank(

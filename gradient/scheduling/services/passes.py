@@ -6,9 +6,12 @@ import uuid
 from dataclasses import dataclass
 from datetime import datetime
 
+from django.conf import settings
+
 from gradient.scheduling.effects import send_to_worker_now
 from gradient.scheduling.services import graph
 from gradient.scheduling.services.offers import connected_worker_ids, job_offers, promote_retries
+from gradient.scheduling.services.waiting import WaitingPassResult, refresh_waiting_state
 
 
 @dataclass
@@ -16,6 +19,7 @@ class AssignmentPassResult:
     promoted: int = 0
     offers: int = 0
     workers: int = 0
+    waiting: WaitingPassResult | None = None
 
 
 def offer_step(*, worker_id: uuid.UUID, now: datetime) -> int:
@@ -28,12 +32,15 @@ def offer_step(*, worker_id: uuid.UUID, now: datetime) -> int:
 
 
 def assignment_pass(*, now: datetime) -> AssignmentPassResult:
-    """Every 5 s: builds out of backoff go back to the queue, and every connected worker is offered
-    what it was not offered yet (SchedulerMsg::ReOffer)."""
+    """Every 5 s: builds out of backoff go back to the queue, every connected worker is offered what it
+    was not offered yet (SchedulerMsg::ReOffer), and the waiting pass runs at the end."""
     result = AssignmentPassResult(promoted=promote_retries(now=now))
     for worker_id in connected_worker_ids():
         result.workers += 1
         result.offers += offer_step(worker_id=worker_id, now=now)
+    result.waiting = refresh_waiting_state(
+        now=now, grace_secs=settings.GRADIENT_SCHEDULER_UNBUILDABLE_GRACE_SECS
+    )
     return result
 
 

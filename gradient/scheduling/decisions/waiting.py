@@ -1,0 +1,262 @@
+"""Waiting reasons: why an in-flight evaluation is not making progress, in a form an operator reads.
+
+Pure functions over counters, blocking builds and the pool; the waiting pass (services.waiting) loads
+those and writes the verdict only when its JSON changes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from enum import StrEnum
+from typing import Any
+
+BUILTIN = "builtin"
+UNBUILDABLE_GRACE_SECS = 300
+MEMO_SECS = 60
+LOST_DRV_GRACE_SECS = 120
+
+# Reasons the waiting pass owns, and the ones it never touches (webhook and cache hooks own those).
+PASS_REASONS = frozenset({"eval_workers", "workers", "graph_stuck", "draining"})
+FOREIGN_REASONS = frozenset({"approval", "no_cache", "cache_storage_full"})
+
+PRE_BUILD = frozenset({"Queued", "Fetching", "EvaluatingFlake", "EvaluatingDerivation"})
+# Shared-build statuses that can still be wanted: a blocking build in one of these holds the evaluation.
+STILL_WANTED = frozenset({"Created", "Queued", "Building", "FailedTransient"})
+HANDABLE = frozenset({"Queued", "Building", "FailedTransient"})
+
+
+class Phase(StrEnum):
+    PRE_BUILD = "pre_build"
+    FINALIZE = "finalize"
+    BUILDING = "building"
+    ASSESS = "assess"
+
+
+@dataclass(frozen=True, slots=True)
+class Counters:
+    named: int  # shared builds linked to the evaluation
+    active: int  # of those, still wanted (not succeeded, no lasting failure)
+    building: int  # of those, Building right now
+
+    def key(self) -> tuple[int, int, int]:
+        return (self.named, self.active, self.building)
+
+
+def phase_from_counters(c: Counters) -> Phase:
+    """Counters first: decide without reading a shared build when they suffice."""
+    if c.named == 0:
+        return Phase.PRE_BUILD
+    if c.active == 0:
+        return Phase.FINALIZE
+    if c.building > 0:
+        return Phase.BUILDING
+    return Phase.ASSESS
+
+
+@dataclass(frozen=True, slots=True)
+class PoolWorker:
+    can_fetch: bool
+    can_eval: bool
+    can_build: bool
+    architectures: tuple[str, ...]
+    system_features: tuple[str, ...]
+    draining: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Pool:
+    workers: tuple[PoolWorker, ...]
+
+    def fingerprint(self) -> tuple[Any, ...]:
+        return tuple(
+            sorted(
+                (w.can_fetch, w.can_eval, w.can_build, w.architectures, w.system_features, w.draining)
+                for w in self.workers
+            )
+        )
+
+    @property
+    def available(self) -> tuple[PoolWorker, ...]:
+        return tuple(w for w in self.workers if not w.draining)
+
+    def available_architectures(self) -> list[str]:
+        return sorted({a for w in self.available if w.can_build for a in w.architectures})
+
+    def fits(self, system: str, features: Iterable[str]) -> bool:
+        needed = set(features)
+        return any(
+            w.can_build
+            and (system == BUILTIN or system in w.architectures)
+            and needed <= set(w.system_features)
+            for w in self.available
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class BlockingBuild:
+    build_id: str
+    status: str
+    system: str
+    required_features: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """What the waiting pass writes: a reason (None: not waiting) and where to unpark to."""
+
+    reason: dict[str, Any] | None
+    finalize: bool = False
+
+    @property
+    def name(self) -> str | None:
+        return None if self.reason is None else str(self.reason["reason"])
+
+
+NOT_WAITING = Verdict(None)
+
+
+def pre_build_verdict(status: str, has_open_job: bool, pool: Pool) -> Verdict:
+    """Fetching without a fetch worker; Queued or Evaluating* without an eval worker. An evaluation
+    whose job is on a worker right now is not waiting."""
+    if has_open_job or status not in PRE_BUILD:
+        return NOT_WAITING
+    capability = "fetch" if status in ("Queued", "Fetching") else "eval"
+    connected = len(pool.available)
+    if capability == "fetch" and not any(w.can_fetch for w in pool.available):
+        return Verdict({"reason": "eval_workers", "capability": "fetch", "connected_workers": connected})
+    if not any(w.can_eval for w in pool.available):
+        return Verdict({"reason": "eval_workers", "capability": "eval", "connected_workers": connected})
+    return NOT_WAITING
+
+
+def building_verdict(blocking: Sequence[BlockingBuild], pool: Pool) -> Verdict:
+    """Building with no worker fitting a blocking build: `workers` with the unmet (architecture,
+    features) sets; every blocking build fits a worker yet none can be handed out: `graph_stuck`."""
+    wanted = [b for b in blocking if b.status in STILL_WANTED]
+    if not wanted:
+        return Verdict(None, finalize=True)
+    unmet: dict[tuple[str, tuple[str, ...]], int] = {}
+    for b in wanted:
+        if b.status != "Building" and not pool.fits(b.system, b.required_features):
+            key = (b.system, tuple(sorted(b.required_features)))
+            unmet[key] = unmet.get(key, 0) + 1
+    if unmet:
+        return Verdict(
+            {
+                "reason": "workers",
+                "unmet": [
+                    {"architecture": arch, "required_features": list(feats), "builds": n}
+                    for (arch, feats), n in sorted(unmet.items())
+                ],
+                "connected_workers": len(pool.available),
+                "available_architectures": pool.available_architectures(),
+            }
+        )
+    if any(b.status in HANDABLE for b in wanted):
+        return NOT_WAITING
+    return Verdict({"reason": "graph_stuck", "pending_shared_builds": len(wanted)})
+
+
+def assess(
+    *,
+    status: str,
+    counters: Counters,
+    has_open_job: bool,
+    pool: Pool,
+    blocking: Sequence[BlockingBuild] | None,
+) -> Verdict:
+    """The whole decision for one evaluation. `blocking` may be None when the counters decide."""
+    phase = phase_from_counters(counters)
+    if status in PRE_BUILD or (status == "Waiting" and phase == Phase.PRE_BUILD):
+        return pre_build_verdict("Queued" if status == "Waiting" else status, has_open_job, pool)
+    if phase == Phase.FINALIZE:
+        return Verdict(None, finalize=True)
+    if phase == Phase.BUILDING:
+        return NOT_WAITING
+    return building_verdict(blocking or (), pool)
+
+
+def unpark_status(reason_name: str | None) -> str:
+    """Where an evaluation goes when its reason clears: before building to Queued, else Building."""
+    return "Queued" if reason_name in ("eval_workers", "draining") else "Building"
+
+
+def unbuildable_due(
+    *,
+    reason: dict[str, Any] | None,
+    waiting_since: datetime | None,
+    wait_for_workers: bool,
+    pool_stable_since: datetime,
+    now: datetime,
+    grace_secs: int = UNBUILDABLE_GRACE_SECS,
+) -> bool:
+    """A `workers` park with a non-empty unmet set, older than the grace, on a pool that has had the
+    grace to come back since the last server start: hand it back to be aborted. wait_for_workers opts out."""
+    if wait_for_workers or reason is None or reason.get("reason") != "workers" or not reason.get("unmet"):
+        return False
+    if waiting_since is None:
+        return False
+    grace = timedelta(seconds=grace_secs)
+    return now - waiting_since >= grace and now - pool_stable_since >= grace
+
+
+def unbuildable_warning(reason: dict[str, Any]) -> str:
+    parts = []
+    for u in reason.get("unmet", []):
+        features = ", ".join(u["required_features"]) or "no features"
+        parts.append(f"{u['architecture']} with {features} ({u['builds']} builds)")
+    return "aborted: no worker can build " + "; ".join(parts)
+
+
+def describe(reason: dict[str, Any] | None) -> str:
+    """The reason in words an operator understands."""
+    if not reason:
+        return ""
+    name = reason.get("reason")
+    if name == "eval_workers":
+        return (
+            f"Waiting for a worker that can {reason.get('capability')}: none of the "
+            f"{reason.get('connected_workers', 0)} connected workers can."
+        )
+    if name == "workers":
+        needs = "; ".join(
+            f"{u['architecture']}"
+            + (f" with {', '.join(u['required_features'])}" if u["required_features"] else "")
+            + f" ({u['builds']} builds)"
+            for u in reason.get("unmet", [])
+        )
+        archs = ", ".join(reason.get("available_architectures", [])) or "none"
+        return (
+            f"Waiting for workers: no connected worker can build {needs}. "
+            f"{reason.get('connected_workers', 0)} workers connected; architectures available: {archs}."
+        )
+    if name == "graph_stuck":
+        return (
+            f"Stuck: {reason.get('pending_shared_builds', 0)} shared builds are pending but none can start; "
+            "the graph repair is running."
+        )
+    if name == "draining":
+        return "Waiting: the server is draining; the evaluation resumes when it is back."
+    return f"Waiting: {name}."
+
+
+@dataclass
+class AssessmentMemo:
+    """Reuse a verdict for up to 60 s while the counters and the pool fingerprint stay equal."""
+
+    ttl_secs: float = MEMO_SECS
+    entries: dict[str, tuple[datetime, tuple[Any, ...], Verdict]] = field(default_factory=dict)
+
+    def get(self, key: str, fingerprint: tuple[Any, ...], now: datetime) -> Verdict | None:
+        hit = self.entries.get(key)
+        if hit is None:
+            return None
+        at, fp, verdict = hit
+        if fp != fingerprint or (now - at).total_seconds() > self.ttl_secs:
+            return None
+        return verdict
+
+    def put(self, key: str, fingerprint: tuple[Any, ...], verdict: Verdict, now: datetime) -> None:
+        self.entries[key] = (now, fingerprint, verdict)

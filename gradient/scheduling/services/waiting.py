@@ -1,0 +1,268 @@
+"""The waiting pass (refresh_waiting_state), the graph-stuck heal and the unbuildable abort.
+
+Runs at the end of every build assignment pass over every in-flight evaluation. A reason is written
+only when its JSON changes; the reasons other hooks own (approval, no_cache, cache_storage_full) are
+never touched.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from django.db import transaction
+from django.db.models import Count, Exists, OuterRef, Q
+
+from gradient.recovery.models import ServerBoot
+from gradient.scheduling.decisions import waiting as w
+from gradient.scheduling.models import (
+    BUILD_LASTING_FAILURE,
+    BUILD_SUCCESS,
+    EVALUATION_ACTIVE,
+    BuildStatus,
+    DerivationBuild,
+    DerivationBuildDependency,
+    DispatchedJob,
+    Evaluation,
+    EvaluationBuild,
+    EvaluationStatus,
+)
+from gradient.scheduling.services import graph
+from gradient.scheduling.services.evaluations import evaluation_cancel
+from gradient.workers.models import WorkerSession
+
+log = logging.getLogger("gradient.waiting")
+
+_MEMO = w.AssessmentMemo()
+
+
+@dataclass
+class WaitingPassResult:
+    assessed: int = 0
+    parked: int = 0
+    unparked: int = 0
+    changed: int = 0
+    finalized: int = 0
+    healed: int = 0
+    aborted: int = 0
+    reasons: dict[str, int] = field(default_factory=dict)
+
+
+def current_pool() -> w.Pool:
+    sessions = WorkerSession.objects.filter(closed_at__isnull=True, worker__active=True).select_related(
+        "worker"
+    )
+    return w.Pool(
+        tuple(
+            w.PoolWorker(
+                can_fetch=s.worker.can_fetch,
+                can_eval=s.worker.can_eval,
+                can_build=s.worker.can_build,
+                architectures=tuple(s.worker.architectures or ()),
+                system_features=tuple(s.worker.system_features or ()),
+                draining=s.draining,
+            )
+            for s in sessions
+        )
+    )
+
+
+def _counters(evaluation_ids: list[uuid.UUID]) -> dict[uuid.UUID, w.Counters]:
+    still_wanted = ~Q(build__status__in=[*BUILD_SUCCESS, *BUILD_LASTING_FAILURE, BuildStatus.ABORTED])
+    rows = (
+        EvaluationBuild.objects.filter(evaluation_id__in=evaluation_ids, blocks_evaluation=True)
+        .values("evaluation_id")
+        .annotate(
+            named=Count("id"),
+            active=Count("id", filter=still_wanted),
+            building=Count("id", filter=Q(build__status=BuildStatus.BUILDING)),
+        )
+    )
+    out = {e: w.Counters(0, 0, 0) for e in evaluation_ids}
+    for r in rows:
+        out[r["evaluation_id"]] = w.Counters(r["named"], r["active"], r["building"])
+    return out
+
+
+def _blocking(evaluation_id: uuid.UUID) -> list[w.BlockingBuild]:
+    return [
+        w.BlockingBuild(str(b), status, system, tuple(features or ()))
+        for b, status, system, features in EvaluationBuild.objects.filter(
+            evaluation_id=evaluation_id, blocks_evaluation=True
+        ).values_list("build_id", "build__status", "build__system", "build__required_features")
+    ]
+
+
+def pool_stable_since() -> datetime | None:
+    """When the newest live server started: the unbuildable grace counts from there too."""
+    boot = ServerBoot.objects.filter(stopped_at__isnull=True).order_by("-started_at").first()
+    return boot.started_at if boot else None
+
+
+def refresh_waiting_state(*, now: datetime, grace_secs: int, use_memo: bool = True) -> WaitingPassResult:
+    result = WaitingPassResult()
+    pool = current_pool()
+    fingerprint = pool.fingerprint()
+    stable_since = pool_stable_since() or now
+    open_job = DispatchedJob.objects.filter(evaluation_id=OuterRef("pk"), finished_at__isnull=True)
+    evaluations = list(
+        Evaluation.objects.filter(status__in=EVALUATION_ACTIVE)
+        .annotate(has_open_job=Exists(open_job))
+        .only("id", "status", "waiting_reason", "waiting_since", "wait_for_workers")
+    )
+    counters = _counters([e.id for e in evaluations])
+    for evaluation in evaluations:
+        if evaluation.waiting_reason and evaluation.waiting_reason.get("reason") in w.FOREIGN_REASONS:
+            continue
+        result.assessed += 1
+        c = counters[evaluation.id]
+        memo_key = f"{evaluation.id}:{c.key()}:{evaluation.status}:{evaluation.has_open_job}"
+        verdict = _MEMO.get(memo_key, fingerprint, now) if use_memo else None
+        if verdict is None:
+            blocking = _blocking(evaluation.id) if w.phase_from_counters(c) == w.Phase.ASSESS else None
+            verdict = w.assess(
+                status=evaluation.status,
+                counters=c,
+                has_open_job=evaluation.has_open_job,
+                pool=pool,
+                blocking=blocking,
+            )
+            _MEMO.put(memo_key, fingerprint, verdict, now)
+        _apply(evaluation, verdict, c, now, result)
+        if verdict.name:
+            result.reasons[verdict.name] = result.reasons.get(verdict.name, 0) + 1
+        if w.unbuildable_due(
+            reason=verdict.reason,
+            waiting_since=evaluation.waiting_since,
+            wait_for_workers=evaluation.wait_for_workers,
+            pool_stable_since=stable_since,
+            now=now,
+            grace_secs=grace_secs,
+        ):
+            abort_unbuildable_evaluation(evaluation_id=evaluation.id, reason=verdict.reason or {}, now=now)
+            result.aborted += 1
+    return result
+
+
+def _apply(
+    evaluation: Evaluation, verdict: w.Verdict, c: w.Counters, now: datetime, r: WaitingPassResult
+) -> None:
+    if verdict.finalize:
+        if graph.finish_evaluations(evaluation_ids=[evaluation.id], now=now):
+            r.finalized += 1
+        return
+    old = evaluation.waiting_reason
+    if verdict.reason is None:
+        if evaluation.status == EvaluationStatus.WAITING:
+            target = EvaluationStatus.BUILDING if c.named > 0 else EvaluationStatus.QUEUED
+            if Evaluation.objects.filter(id=evaluation.id, status=EvaluationStatus.WAITING).update(
+                status=target, waiting_reason=None, waiting_since=None, updated_at=now
+            ):
+                r.unparked += 1
+        elif old is not None:
+            Evaluation.objects.filter(id=evaluation.id).update(waiting_reason=None, waiting_since=None)
+        return
+    if old == verdict.reason and evaluation.status == EvaluationStatus.WAITING:
+        return  # unchanged: nothing is written
+    same_park = (
+        old is not None
+        and old.get("reason") == verdict.name
+        and old.get("unmet") == verdict.reason.get("unmet")
+    )
+    since = evaluation.waiting_since if same_park and evaluation.waiting_since else now
+    expected = evaluation.status
+    if Evaluation.objects.filter(id=evaluation.id, status=expected).update(
+        status=EvaluationStatus.WAITING, waiting_reason=verdict.reason, waiting_since=since, updated_at=now
+    ):
+        evaluation.waiting_since = since
+        r.changed += 1
+        if expected != EvaluationStatus.WAITING:
+            r.parked += 1
+        if verdict.name == "graph_stuck" and old != verdict.reason:
+            repair_build_graph(evaluation_id=evaluation.id, now=now)
+            r.healed += 1
+
+
+def abort_unbuildable_evaluation(
+    *, evaluation_id: uuid.UUID, reason: dict[str, object], now: datetime
+) -> None:
+    warning = w.unbuildable_warning(reason)
+    with transaction.atomic():
+        evaluation = Evaluation.objects.select_for_update(no_key=True).get(id=evaluation_id)
+        evaluation.warnings = [*evaluation.warnings, warning]
+        evaluation.save(update_fields=["warnings"])
+        evaluation_cancel(evaluation_id=evaluation_id, reason=warning, now=now)
+    log.warning("evaluation %s %s", evaluation_id, warning)
+
+
+def _closure(evaluation_id: uuid.UUID) -> set[uuid.UUID]:
+    """Every shared build the evaluation needs, with their dependencies, transitively."""
+    seen = set(EvaluationBuild.objects.filter(evaluation_id=evaluation_id).values_list("build_id", flat=True))
+    frontier = set(seen)
+    while frontier:
+        deps = set(
+            DerivationBuildDependency.objects.filter(build_id__in=frontier).values_list(
+                "dependency_id", flat=True
+            )
+        )
+        frontier = deps - seen
+        seen |= frontier
+    return seen
+
+
+def repair_build_graph(*, evaluation_id: uuid.UUID, now: datetime) -> dict[str, int]:
+    """The heal (RepairScope::Unstick), its five steps in order, in one transaction: the first failing
+    step fails the whole repair."""
+    with transaction.atomic():
+        closure = list(_closure(evaluation_id))
+        # 1. requeue_failed_closure: thaw retryable failures; deterministic failures stay as they are.
+        thawed = DerivationBuild.objects.filter(id__in=closure, status=BuildStatus.FAILED_TRANSIENT).update(
+            status=BuildStatus.CREATED, retry_at=None, updated_at=now
+        )
+        # 2. repair_cached_shared_builds_for_eval: builds whose outputs are all cached are done.
+        substituted = graph.substitute_cached_builds(build_ids=closure, now=now)
+        # 3. repair_dependency_failed: builds needing a lasting failure fail.
+        failed = graph.fail_dependents(build_ids=closure, now=now)
+        # 4. adopt_pending_closure: name orphaned pending builds of the closure for this evaluation.
+        linked = set(
+            EvaluationBuild.objects.filter(evaluation_id=evaluation_id).values_list("build_id", flat=True)
+        )
+        orphans = DerivationBuild.objects.filter(
+            id__in=[b for b in closure if b not in linked],
+            status__in=[BuildStatus.CREATED, BuildStatus.QUEUED],
+        ).values_list("id", flat=True)
+        adopted = EvaluationBuild.objects.bulk_create(
+            [EvaluationBuild(evaluation_id=evaluation_id, build_id=b) for b in orphans], ignore_conflicts=True
+        )
+        # 5. promote_closure: queue everything whose dependencies succeeded.
+        queued = graph.queue_ready_builds(build_ids=closure, now=now)
+    return {
+        "thawed": thawed,
+        "substituted": substituted,
+        "failed": failed,
+        "adopted": len(adopted),
+        "queued": queued,
+    }
+
+
+def reheal_pass(*, now: datetime) -> int:
+    """Every 300 s: the heal again for every graph_stuck evaluation."""
+    stuck = Evaluation.objects.filter(status=EvaluationStatus.WAITING, waiting_reason__reason="graph_stuck")
+    count = 0
+    for evaluation_id in stuck.values_list("id", flat=True):
+        repair_build_graph(evaluation_id=evaluation_id, now=now)
+        count += 1
+    return count
+
+
+def waiting_counts() -> dict[str, int]:
+    """Waiting evaluations grouped by reason, for the overview."""
+    counts: dict[str, int] = defaultdict(int)
+    for reason in Evaluation.objects.filter(status=EvaluationStatus.WAITING).values_list(
+        "waiting_reason", flat=True
+    ):
+        counts[(reason or {}).get("reason", "unknown")] += 1
+    return dict(counts)

@@ -1,0 +1,278 @@
+"""Waiting reasons: one test per reason and per unpark path, the unbuildable abort and its grace, and
+the heal."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from gradient.recovery.models import ServerBoot
+from gradient.scheduling.decisions import waiting as w
+from gradient.scheduling.models import BuildStatus, DerivationBuild, EvaluationBuild, EvaluationStatus
+from gradient.scheduling.services import graph
+from gradient.scheduling.services.waiting import refresh_waiting_state, repair_build_graph
+from gradient.workers.models import WorkerSession
+from tests.factories import EvaluationFactory, ProjectFactory, connected_worker
+from tests.scheduling_helpers import drv
+
+X86 = w.PoolWorker(True, True, True, ("x86_64-linux",), ())
+EVAL_ONLY = w.PoolWorker(False, True, False, (), ())
+
+
+def test_counters_decide_first() -> None:
+    assert w.phase_from_counters(w.Counters(0, 0, 0)) == w.Phase.PRE_BUILD
+    assert w.phase_from_counters(w.Counters(3, 0, 0)) == w.Phase.FINALIZE
+    assert w.phase_from_counters(w.Counters(3, 2, 1)) == w.Phase.BUILDING
+    assert w.phase_from_counters(w.Counters(3, 2, 0)) == w.Phase.ASSESS
+
+
+def test_a_queued_evaluation_without_a_fetch_worker_waits_for_eval_workers() -> None:
+    v = w.assess(
+        status="Queued",
+        counters=w.Counters(0, 0, 0),
+        has_open_job=False,
+        pool=w.Pool((EVAL_ONLY,)),
+        blocking=None,
+    )
+    assert v.reason == {"reason": "eval_workers", "capability": "fetch", "connected_workers": 1}
+
+
+def test_an_evaluating_evaluation_without_an_eval_worker_waits_for_eval_workers() -> None:
+    v = w.assess(
+        status="EvaluatingFlake",
+        counters=w.Counters(0, 0, 0),
+        has_open_job=False,
+        pool=w.Pool(()),
+        blocking=None,
+    )
+    assert v.reason == {"reason": "eval_workers", "capability": "eval", "connected_workers": 0}
+
+
+def test_an_evaluation_whose_job_is_on_a_worker_is_not_waiting() -> None:
+    v = w.assess(
+        status="Fetching", counters=w.Counters(0, 0, 0), has_open_job=True, pool=w.Pool(()), blocking=None
+    )
+    assert v.reason is None
+
+
+def test_a_building_evaluation_with_an_unmet_architecture_waits_for_workers_naming_it() -> None:
+    blocking = [
+        w.BlockingBuild("1", "Queued", "aarch64-linux", ("kvm",)),
+        w.BlockingBuild("2", "Queued", "aarch64-linux", ("kvm",)),
+        w.BlockingBuild("3", "Queued", "x86_64-linux", ()),
+    ]
+    v = w.assess(
+        status="Building",
+        counters=w.Counters(3, 3, 0),
+        has_open_job=False,
+        pool=w.Pool((X86,)),
+        blocking=blocking,
+    )
+    assert v.reason == {
+        "reason": "workers",
+        "unmet": [{"architecture": "aarch64-linux", "required_features": ["kvm"], "builds": 2}],
+        "connected_workers": 1,
+        "available_architectures": ["x86_64-linux"],
+    }
+    assert "aarch64-linux with kvm (2 builds)" in w.describe(v.reason)
+
+
+def test_every_blocking_build_fitting_but_none_handable_is_graph_stuck() -> None:
+    blocking = [w.BlockingBuild("1", "Created", "x86_64-linux", ())]
+    v = w.assess(
+        status="Building",
+        counters=w.Counters(1, 1, 0),
+        has_open_job=False,
+        pool=w.Pool((X86,)),
+        blocking=blocking,
+    )
+    assert v.reason == {"reason": "graph_stuck", "pending_shared_builds": 1}
+
+
+def test_a_draining_worker_is_no_capacity() -> None:
+    draining = w.PoolWorker(True, True, True, ("x86_64-linux",), (), draining=True)
+    blocking = [w.BlockingBuild("1", "Queued", "x86_64-linux", ())]
+    v = w.assess(
+        status="Building",
+        counters=w.Counters(1, 1, 0),
+        has_open_job=False,
+        pool=w.Pool((draining,)),
+        blocking=blocking,
+    )
+    assert v.name == "workers"
+
+
+def test_the_unbuildable_abort_waits_for_the_grace_and_for_the_pool_after_a_restart() -> None:
+    now = timezone.now()
+    reason = {"reason": "workers", "unmet": [{"architecture": "a", "required_features": [], "builds": 1}]}
+    old = now - timedelta(seconds=400)
+    assert w.unbuildable_due(
+        reason=reason, waiting_since=old, wait_for_workers=False, pool_stable_since=old, now=now
+    )
+    assert not w.unbuildable_due(
+        reason=reason,
+        waiting_since=now - timedelta(seconds=100),
+        wait_for_workers=False,
+        pool_stable_since=old,
+        now=now,
+    )
+    restarted = now - timedelta(seconds=60)
+    assert not w.unbuildable_due(
+        reason=reason, waiting_since=old, wait_for_workers=False, pool_stable_since=restarted, now=now
+    )
+    assert not w.unbuildable_due(
+        reason=reason, waiting_since=old, wait_for_workers=True, pool_stable_since=old, now=now
+    )
+    empty = {"reason": "workers", "unmet": []}
+    assert not w.unbuildable_due(
+        reason=empty, waiting_since=old, wait_for_workers=False, pool_stable_since=old, now=now
+    )
+
+
+def test_the_memo_reuses_a_verdict_only_while_the_pool_is_the_same_and_for_60_seconds() -> None:
+    memo = w.AssessmentMemo()
+    now = timezone.now()
+    v = w.Verdict({"reason": "graph_stuck", "pending_shared_builds": 1})
+    memo.put("k", ("fp",), v, now)
+    assert memo.get("k", ("fp",), now + timedelta(seconds=59)) == v
+    assert memo.get("k", ("fp",), now + timedelta(seconds=61)) is None
+    assert memo.get("k", ("other",), now) is None
+
+
+# --- the pass on the database ----------------------------------------------------------------------
+
+
+def _building(project, derivations):  # type: ignore[no-untyped-def]
+    evaluation = EvaluationFactory(project=project, status=EvaluationStatus.BUILDING)
+    graph.ingest_eval_result(evaluation=evaluation, derivations=derivations, now=timezone.now())
+    return evaluation
+
+
+@pytest.mark.django_db
+def test_the_pass_parks_a_building_evaluation_and_unparks_it_to_building_when_a_worker_fits() -> None:
+    project = ProjectFactory()
+    evaluation = _building(project, [drv("arm", system="aarch64-linux")])
+    connected_worker([project], architectures=["x86_64-linux"])
+    r = refresh_waiting_state(now=timezone.now(), grace_secs=300, use_memo=False)
+    evaluation.refresh_from_db()
+    assert (evaluation.status, evaluation.waiting_reason["reason"], r.parked) == ("Waiting", "workers", 1)
+    since = evaluation.waiting_since
+    refresh_waiting_state(now=timezone.now(), grace_secs=300, use_memo=False)
+    evaluation.refresh_from_db()
+    assert evaluation.waiting_since == since, "an unchanged reason is not rewritten"
+    connected_worker([project], architectures=["aarch64-linux"])
+    r = refresh_waiting_state(now=timezone.now(), grace_secs=300, use_memo=False)
+    evaluation.refresh_from_db()
+    assert (evaluation.status, evaluation.waiting_reason, r.unparked) == ("Building", None, 1)
+
+
+@pytest.mark.django_db
+def test_the_pass_parks_a_queued_evaluation_and_unparks_it_to_queued_when_the_capability_connects() -> None:
+    project = ProjectFactory()
+    evaluation = EvaluationFactory(project=project)
+    refresh_waiting_state(now=timezone.now(), grace_secs=300, use_memo=False)
+    evaluation.refresh_from_db()
+    assert evaluation.status == "Waiting" and evaluation.waiting_reason["reason"] == "eval_workers"
+    connected_worker([project])
+    refresh_waiting_state(now=timezone.now(), grace_secs=300, use_memo=False)
+    evaluation.refresh_from_db()
+    assert (evaluation.status, evaluation.waiting_reason) == ("Queued", None)
+
+
+@pytest.mark.django_db
+def test_the_pass_never_touches_reasons_owned_by_other_hooks() -> None:
+    evaluation = EvaluationFactory(status=EvaluationStatus.WAITING, waiting_reason={"reason": "approval"})
+    refresh_waiting_state(now=timezone.now(), grace_secs=300, use_memo=False)
+    evaluation.refresh_from_db()
+    assert evaluation.waiting_reason == {"reason": "approval"} and evaluation.status == "Waiting"
+
+
+@pytest.mark.django_db
+def test_an_unbuildable_evaluation_is_aborted_after_the_grace_with_a_warning_naming_what_is_missing() -> None:
+    project = ProjectFactory()
+    evaluation = _building(project, [drv("arm", system="aarch64-linux", features=["kvm"])])
+    ServerBoot.objects.create(
+        hostname="h", pid=1, started_at=timezone.now() - timedelta(hours=1), last_heartbeat=timezone.now()
+    )
+    connected_worker([project], architectures=["x86_64-linux"])
+    refresh_waiting_state(now=timezone.now(), grace_secs=300, use_memo=False)
+    later = timezone.now() + timedelta(seconds=301)
+    r = refresh_waiting_state(now=later, grace_secs=300, use_memo=False)
+    evaluation.refresh_from_db()
+    assert r.aborted == 1 and evaluation.status == "Aborted"
+    assert "aarch64-linux with kvm (1 builds)" in evaluation.warnings[-1]
+    assert DerivationBuild.objects.get().status == BuildStatus.ABORTED
+
+
+@pytest.mark.django_db
+def test_the_grace_survives_a_restart() -> None:
+    project = ProjectFactory()
+    evaluation = _building(project, [drv("arm", system="aarch64-linux")])
+    refresh_waiting_state(now=timezone.now(), grace_secs=300, use_memo=False)
+    evaluation.refresh_from_db()
+    assert evaluation.waiting_reason["reason"] == "workers"
+    # The server restarts 10 minutes later: the park is older than the grace, the pool is not.
+    restart = timezone.now() + timedelta(minutes=10)
+    ServerBoot.objects.create(hostname="h", pid=2, started_at=restart, last_heartbeat=restart)
+    r = refresh_waiting_state(now=restart + timedelta(seconds=30), grace_secs=300, use_memo=False)
+    evaluation.refresh_from_db()
+    assert r.aborted == 0 and evaluation.status == "Waiting"
+
+
+@pytest.mark.django_db
+def test_wait_for_workers_keeps_an_unbuildable_evaluation_waiting() -> None:
+    project = ProjectFactory()
+    evaluation = _building(project, [drv("arm", system="aarch64-linux")])
+    evaluation.wait_for_workers = True
+    evaluation.save()
+    refresh_waiting_state(now=timezone.now(), grace_secs=300, use_memo=False)
+    r = refresh_waiting_state(now=timezone.now() + timedelta(hours=2), grace_secs=300, use_memo=False)
+    evaluation.refresh_from_db()
+    assert r.aborted == 0 and evaluation.status == "Waiting"
+
+
+@pytest.mark.django_db
+def test_graph_stuck_runs_the_heal_which_frees_a_shared_build() -> None:
+    project = ProjectFactory()
+    evaluation = _building(project, [drv("base"), drv("top", "base")])
+    connected_worker([project])
+    base = DerivationBuild.objects.get(drv_path__endswith="base.drv")
+    top = DerivationBuild.objects.get(drv_path__endswith="top.drv")
+    # A drifted graph: base completed but top was never queued, and a dependency is not named.
+    DerivationBuild.objects.filter(id=base.id).update(status=BuildStatus.COMPLETED)
+    EvaluationBuild.objects.filter(build=base).delete()
+    r = refresh_waiting_state(now=timezone.now(), grace_secs=300, use_memo=False)
+    assert r.healed == 1
+    top.refresh_from_db()
+    assert top.status == BuildStatus.QUEUED
+    assert EvaluationBuild.objects.filter(evaluation=evaluation, build=base).exists() is False
+
+
+@pytest.mark.django_db
+def test_the_heal_thaws_retryable_failures_and_adopts_orphaned_pending_builds() -> None:
+    project = ProjectFactory()
+    evaluation = _building(project, [drv("dep"), drv("app", "dep")])
+    dep = DerivationBuild.objects.get(drv_path__endswith="dep.drv")
+    DerivationBuild.objects.filter(id=dep.id).update(status=BuildStatus.FAILED_TRANSIENT)
+    EvaluationBuild.objects.filter(build=dep).delete()
+    out = repair_build_graph(evaluation_id=evaluation.id, now=timezone.now())
+    assert out["thawed"] == 1 and out["adopted"] == 1 and out["queued"] == 1
+    dep.refresh_from_db()
+    assert dep.status == BuildStatus.QUEUED
+
+
+@pytest.mark.django_db
+def test_a_draining_worker_session_counts_as_no_capacity_for_parking() -> None:
+    project = ProjectFactory()
+    evaluation = EvaluationFactory(project=project)
+    worker = connected_worker([project])
+    WorkerSession.objects.filter(worker=worker).update(draining=True)
+    refresh_waiting_state(now=timezone.now(), grace_secs=300, use_memo=False)
+    evaluation.refresh_from_db()
+    assert evaluation.waiting_reason == {
+        "reason": "eval_workers",
+        "capability": "fetch",
+        "connected_workers": 0,
+    }
