@@ -24,6 +24,7 @@ class PassSpec:
 
 PASSES: tuple[PassSpec, ...] = (
     PassSpec("cluster-retention", "gradient.clusters.tasks.retention_pass", lambda: 3600.0),
+    PassSpec("records-check", "gradient.records.tasks.check_pass", lambda: 300.0),
 )
 
 
