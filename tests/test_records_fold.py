@@ -65,7 +65,7 @@ def _claim(n: int, a: uuid.UUID, attempt: int | None = None) -> AssignmentClaime
     return AssignmentClaimed(submission=n, assignment_id=a, worker=f"w{n}", attempt=attempt or n)
 
 
-# --- The page's semantics, one case at a time ------------------------------------------------------------
+# --- The page's semantics, one case at a time -------------------------------------------------------------
 
 
 def test_a_new_record_wants_to_run_and_has_no_outcome() -> None:
@@ -217,7 +217,7 @@ def test_fold_prefix_is_the_job_as_it_was_at_that_revision() -> None:
     assert fold_prefix(make_header(), history, 1, T0).outcome is Outcome.NONE
 
 
-# --- Properties over generated histories --------------------------------------------------------------------
+# --- Properties over generated histories ------------------------------------------------------------------
 
 
 @given(histories())
@@ -274,7 +274,7 @@ def test_a_cancel_after_success_stays_succeeded_whatever_came_before_or_after(
     assert job.controls[-1].effect is Effect.CANCEL_AFTER_OUTCOME
 
 
-# --- Histories the protocol could not have written, generated and refused ----------------------------------
+# --- Histories the protocol could not have written, generated and refused ---------------------------------
 
 
 def _refused(header: Header, history: tuple[RawEntry, ...]) -> InvalidHistory:

@@ -44,7 +44,7 @@ ENTRY_SCHEMAS: Final[Mapping[str, EntryKind]] = {
 }
 
 
-# --- Names ------------------------------------------------------------------------------------------
+# --- Names ------------------------------------------------------------------------------------------------
 
 
 class JobKind(enum.StrEnum):
@@ -163,7 +163,7 @@ class ObjectTable(enum.StrEnum):
     CLUSTER_ATTEMPT = "cluster_attempt"
 
 
-# --- Header -----------------------------------------------------------------------------------------
+# --- Header -----------------------------------------------------------------------------------------------
 
 
 class Plan(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
@@ -189,7 +189,7 @@ class Header(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=Tr
     generation: int  # 1, or one more than the job it supersedes
 
 
-# --- Control intents: gradient.control.v1 (FROZEN) -------------------------------------------------
+# --- Control intents: gradient.control.v1 (FROZEN) --------------------------------------------------------
 
 
 class _Control(msgspec.Struct, tag_field="intent", forbid_unknown_fields=True, frozen=True, kw_only=True):
@@ -238,7 +238,7 @@ CONTROL_INTENTS: Final[tuple[type[_Control], ...]] = (
 )
 
 
-# --- Facts: gradient.fact.v1 ------------------------------------------------------------------------
+# --- Facts: gradient.fact.v1 ------------------------------------------------------------------------------
 
 
 class ObjectRef(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
@@ -387,7 +387,7 @@ def fact_names() -> tuple[str, ...]:
     return tuple(str(t.__struct_config__.tag) for t in FACT_TYPES)
 
 
-# --- Encoding and strict decoding --------------------------------------------------------------------
+# --- Encoding and strict decoding -------------------------------------------------------------------------
 
 _encoder = msgspec.json.Encoder()
 _header_decoder = msgspec.json.Decoder(Header)
@@ -473,7 +473,7 @@ def schema_for(body: Body) -> tuple[EntryKind, str]:
     return EntryKind.FACT, FACT_SCHEMA
 
 
-# --- The history as it is read: raw entries ------------------------------------------------------------
+# --- The history as it is read: raw entries ---------------------------------------------------------------
 
 
 class RawEntry(msgspec.Struct, frozen=True, kw_only=True):

@@ -70,7 +70,7 @@ Spec = Mapping[str, Any] | msgspec.Struct
 OPTIMISTIC_CONTROL_TRIES = 2
 
 
-# --- Plan --------------------------------------------------------------------------------------------------
+# --- Plan -------------------------------------------------------------------------------------------------
 
 
 def plan_default(*, kind: JobKind, retry_budget: int | None = None) -> Plan:
@@ -86,7 +86,7 @@ def plan_default(*, kind: JobKind, retry_budget: int | None = None) -> Plan:
     )
 
 
-# --- Create ------------------------------------------------------------------------------------------------
+# --- Create -----------------------------------------------------------------------------------------------
 
 
 def _spec_object(spec: Spec) -> dict[str, Any]:
@@ -170,7 +170,7 @@ def record_create(
     return record, True
 
 
-# --- Commit ------------------------------------------------------------------------------------------------
+# --- Commit -----------------------------------------------------------------------------------------------
 
 
 def _entry_rows(
@@ -262,7 +262,7 @@ def record_commit(
     return int(revision)
 
 
-# --- Control intents ---------------------------------------------------------------------------------------
+# --- Control intents --------------------------------------------------------------------------------------
 
 
 class Receipt(msgspec.Struct, frozen=True, kw_only=True):
@@ -380,7 +380,7 @@ def commit_control(
     return receipt
 
 
-# --- Settle, tombstone -------------------------------------------------------------------------------------
+# --- Settle, tombstone ------------------------------------------------------------------------------------
 
 
 def record_settle(*, job_key: str, now: datetime) -> bool:
@@ -425,7 +425,7 @@ def record_tombstone(*, job_key: str, now: datetime) -> JobRecord:
     return record
 
 
-# --- The records pass --------------------------------------------------------------------------------------
+# --- The records pass -------------------------------------------------------------------------------------
 
 
 class RecordProblem(msgspec.Struct, frozen=True, kw_only=True):

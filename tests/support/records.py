@@ -120,7 +120,7 @@ def renumber(items: Iterable[RawEntry]) -> tuple[RawEntry, ...]:
     )
 
 
-# --- A protocol-respecting writer, as a Hypothesis strategy ---------------------------------------------
+# --- A protocol-respecting writer, as a Hypothesis strategy -----------------------------------------------
 
 
 @dataclass

@@ -218,7 +218,7 @@ class Job(msgspec.Struct, frozen=True, kw_only=True):
         return None
 
 
-# --- The fold ------------------------------------------------------------------------------------------
+# --- The fold ---------------------------------------------------------------------------------------------
 
 
 @dataclass
@@ -381,7 +381,7 @@ def fold_prefix(header: Header, entries: Sequence[RawEntry], revision: int, now:
     return fold(header, entries[:revision], now)
 
 
-# --- Control intents -------------------------------------------------------------------------------------
+# --- Control intents --------------------------------------------------------------------------------------
 
 
 def _apply_control(state: _State, intent: ControlIntent, entry: RawEntry) -> None:
@@ -475,7 +475,7 @@ def _control_effect(state: _State, intent: ControlIntent, entry: RawEntry) -> Ef
     return Effect.ABANDON_AFTER_OUTCOME
 
 
-# --- Facts -------------------------------------------------------------------------------------------------
+# --- Facts ------------------------------------------------------------------------------------------------
 
 
 def _open_submission(
