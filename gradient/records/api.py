@@ -6,7 +6,8 @@ import json
 import uuid
 from typing import Any
 
-from drf_spectacular.utils import OpenApiResponse, extend_schema
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import serializers
 from rest_framework.exceptions import NotFound, PermissionDenied
 from rest_framework.permissions import IsAuthenticated
@@ -58,6 +59,11 @@ class EvaluationHistoryView(APIView):
             "The header written when the evaluation was submitted and every entry appended since, "
             "oldest first: control intents (cancel, hold, ...) and the scheduler's facts."
         ),
+        parameters=[
+            OpenApiParameter(
+                "evaluation_id", OpenApiTypes.UUID, OpenApiParameter.PATH, description="The evaluation's id."
+            )
+        ],
         responses={
             200: HistorySerializer,
             401: OpenApiResponse(description="No valid token."),
