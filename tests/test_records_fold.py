@@ -421,3 +421,15 @@ def test_an_entry_with_an_unknown_schema_is_a_schema_error_not_a_guess() -> None
     good = entry(1, Cancel())
     with pytest.raises(SchemaError):
         fold(make_header(), (_replace(good, schema="gradient.control.v9"),), T0)
+
+
+def test_a_header_whose_kind_or_lineage_contradicts_itself_is_refused() -> None:
+    header = make_header(JobKind.EVALUATION)
+    wrong_kind = Header(
+        **{**{f: getattr(header, f) for f in header.__struct_fields__}, "kind": JobKind.CLUSTER}
+    )
+    with pytest.raises(InvalidHistory):
+        fold(wrong_kind, (), T0)
+    orphan = Header(**{**{f: getattr(header, f) for f in header.__struct_fields__}, "generation": 2})
+    with pytest.raises(InvalidHistory):
+        fold(orphan, (), T0)
