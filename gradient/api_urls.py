@@ -4,4 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.urls import include, path
+
 urlpatterns: list[Any] = []
+urlpatterns += [path("", include("gradient.records.urls"))]

@@ -1,29 +1,170 @@
-from django.contrib import admin
+"""Job records in the admin: read-only, with the folded status and the entries as a timeline (who,
+when, what), and actions that commit control intents as the signed-in operator."""
 
-from gradient.records.models import JobRecord, RecordEntry
+from __future__ import annotations
+
+from django.contrib import admin, messages
+from django.db.models import QuerySet
+from django.http import HttpRequest
+from django.utils import timezone
+from django.utils.html import format_html, format_html_join
+from django.utils.safestring import SafeString
+
+from gradient.records.decisions.fold import fold
+from gradient.records.decisions.project import project
+from gradient.records.errors import DecodeError, InvalidHistory, RecordError
+from gradient.records.models import JobRecord
+from gradient.records.schemas import (
+    Abandon,
+    Cancel,
+    ControlIntent,
+    GiveUp,
+    Hold,
+    Release,
+    Requeue,
+    Resubmit,
+    decode_header,
+)
+from gradient.records.selectors import record_discovery, record_entries
+from gradient.records.services import commit_control
+from gradient.records.timeline import timeline
 
 
-class RecordEntryInline(admin.TabularInline):
-    model = RecordEntry
-    fields = readonly_fields = (
-        "revision",
-        "kind",
-        "schema",
-        "body",
-        "actor",
-        "recorded_at",
-    )
-    extra = 0
-    can_delete = False
+def _commit_each(
+    modeladmin: JobRecordAdmin, request: HttpRequest, queryset: QuerySet[JobRecord], intent: ControlIntent
+) -> None:
+    actor = f"admin:{request.user.get_username()}"
+    for record in queryset.filter(tombstoned_at__isnull=True):
+        try:
+            receipt = commit_control(job_key=record.job_key, intent=intent, actor=actor, now=timezone.now())
+        except RecordError as exc:
+            modeladmin.message_user(request, f"{record.job_key}: {exc}", messages.ERROR)
+            continue
+        level = messages.SUCCESS if receipt.applied else messages.WARNING
+        modeladmin.message_user(request, f"{record.job_key}: {receipt.message}", level)
 
-    def has_add_permission(self, request, obj=None):  # type: ignore[no-untyped-def]
-        return False
+
+def _action(name: str, intent: ControlIntent, description: str):  # type: ignore[no-untyped-def]
+    def action(modeladmin: JobRecordAdmin, request: HttpRequest, queryset: QuerySet[JobRecord]) -> None:
+        _commit_each(modeladmin, request, queryset, intent)
+
+    action.__name__ = name
+    return admin.action(description=description, permissions=["change"])(action)
 
 
 @admin.register(JobRecord)
 class JobRecordAdmin(admin.ModelAdmin):
-    list_display = ["job_key", "revision", "settled", "created_at", "tombstoned_at"]
-    list_filter = ["settled"]
+    list_display = ["job_key", "revision", "settled", "settled_at", "created_at", "tombstoned_at"]
+    list_filter = ["settled", ("tombstoned_at", admin.EmptyFieldListFilter)]
     search_fields = ["job_key", "idempotency_key"]
-    readonly_fields = [f.name for f in JobRecord._meta.fields]
-    inlines = [RecordEntryInline]
+    date_hierarchy = "created_at"
+    readonly_fields = [
+        "job_key",
+        "revision",
+        "status_summary",
+        "header_summary",
+        "timeline_table",
+        "idempotency_key",
+        "digest",
+        "settled",
+        "settled_at",
+        "tombstoned_at",
+        "created_by",
+        "created_at",
+    ]
+    fields = tuple(readonly_fields)
+    actions = [
+        _action("cancel", Cancel(reason="from the admin"), "Cancel the selected jobs"),
+        _action("hold", Hold(reason="from the admin"), "Hold the selected jobs"),
+        _action("release", Release(), "Release the selected jobs"),
+        _action("requeue", Requeue(reason="from the admin"), "Requeue the selected jobs"),
+        _action("give_up", GiveUp(reason="from the admin"), "Give up on the selected jobs"),
+        _action("resubmit", Resubmit(reason="from the admin"), "Resubmit the selected jobs"),
+        _action("abandon", Abandon(reason="from the admin"), "Abandon the leftovers of the selected jobs"),
+    ]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: JobRecord | None = None) -> bool:
+        return False
+
+    @admin.display(description="Status (folded)")
+    def status_summary(self, obj: JobRecord) -> SafeString | str:
+        now = timezone.now()
+        try:
+            header = decode_header(obj.header, schema=obj.header_schema)
+            job = fold(header, record_entries(record=obj, upto=obj.revision), now)
+        except (DecodeError, InvalidHistory) as exc:
+            return f"cannot be folded by this build: {exc}"
+        status = project(
+            job,
+            record_discovery(job_key=obj.job_key, recorded=(s.object for s in job.submissions), now=now),
+            now,
+        )
+        lines = [
+            ("phase", status.phase.value),
+            ("desired", status.desired.value),
+            ("outcome", status.outcome.value + (f" ({status.cause})" if status.cause else "")),
+            ("row status", status.row_status.value if status.row_status else "row gone"),
+            (
+                "submissions",
+                f"{status.submissions}, current attempt {status.attempt or '-'} on {status.worker or '-'}",
+            ),
+            ("holds", "; ".join(status.holds) or "none"),
+            ("escalations", "; ".join(status.escalations) or "none"),
+            ("clean-up pending", "yes" if status.cleanup_pending else "no"),
+            ("not settled because", "; ".join(status.unsettled) or "-"),
+        ]
+        return format_html(
+            "<table>{}</table>", format_html_join("", "<tr><th>{}</th><td>{}</td></tr>", lines)
+        )
+
+    @admin.display(description="Header")
+    def header_summary(self, obj: JobRecord) -> SafeString | str:
+        try:
+            header = decode_header(obj.header, schema=obj.header_schema)
+        except DecodeError as exc:
+            return f"{obj.header_schema}: cannot be decoded by this build: {exc}"
+        plan = ", ".join(f"{name} {getattr(header.plan, name)}" for name in header.plan.__struct_fields__)
+        return format_html(
+            "generation {} (supersedes {}), created by {} at {}<br>plan: {}<br><pre>{}</pre>",
+            header.generation,
+            header.supersedes or "nothing",
+            header.created_by or "the system",
+            header.created_at,
+            plan,
+            obj.header,
+        )
+
+    @admin.display(description="Timeline")
+    def timeline_table(self, obj: JobRecord) -> SafeString | str:
+        entries = record_entries(record=obj, upto=obj.revision)
+        if not entries:
+            return "tombstoned: the entries were dropped" if obj.tombstoned_at else "no entries yet"
+        try:
+            job = fold(decode_header(obj.header, schema=obj.header_schema), entries, timezone.now())
+        except (DecodeError, InvalidHistory):
+            job = None
+        rows = [
+            (
+                row.revision,
+                row.at.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3],
+                row.actor or "-",
+                row.kind,
+                row.what,
+                row.effect,
+                row.body,
+            )
+            for row in timeline(entries, job)
+        ]
+        return format_html(
+            "<table><tr><th>#</th><th>when</th><th>who</th><th>kind</th><th>what</th><th>effect</th>"
+            "<th>body</th></tr>{}</table>",
+            format_html_join(
+                "",
+                "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td>"
+                "<td><details><summary>json</summary><pre>{}</pre></details></td></tr>",
+                rows,
+            ),
+        )

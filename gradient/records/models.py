@@ -49,9 +49,16 @@ class JobRecord(models.Model):
                 name="job_record-tombstone-only-settled",
                 violation_error_message="Only a settled record can be tombstoned.",
             ),
+            models.CheckConstraint(
+                condition=Q(settled=False, settled_at__isnull=True)
+                | Q(settled=True, settled_at__isnull=False),
+                name="job_record-settled_at-iff-settled",
+                violation_error_message="A record has settled_at exactly when it is settled.",
+            ),
         ]
         indexes = [
             models.Index(fields=["created_at"], name="idx-job_record-unsettled", condition=Q(settled=False)),
+            models.Index(fields=["settled_at"], name="idx-job_record-settled", condition=Q(settled=True)),
         ]
 
     def __str__(self) -> str:
@@ -78,6 +85,17 @@ class RecordEntry(models.Model):
                 fields=["record", "revision"],
                 name="idx-record_entry-revision",
                 violation_error_message="This revision of the record was already written.",
+            ),
+            models.CheckConstraint(
+                condition=Q(revision__gte=1),
+                name="record_entry-revision-positive",
+                violation_error_message="Revisions start at 1.",
+            ),
+            models.CheckConstraint(
+                condition=Q(kind=EntryKind.CONTROL, schema__startswith="gradient.control.")
+                | Q(kind=EntryKind.FACT, schema__startswith="gradient.fact."),
+                name="record_entry-one-kind",
+                violation_error_message="An entry is exactly one kind (control or fact), as its schema says.",
             ),
         ]
 
