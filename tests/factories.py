@@ -42,12 +42,24 @@ class WorkerFactory(factory.django.DjangoModelFactory):
 
 
 class EvaluationFactory(factory.django.DjangoModelFactory):
+    """An evaluation with its record, as the services create them (pass record=False to skip it)."""
+
     class Meta:
         model = Evaluation
+        skip_postgeneration_save = True
 
     project = factory.SubFactory(ProjectFactory)
     repository = "sim:chain?n=3"
     commit = factory.Sequence(lambda n: f"{n:040x}")
+
+    @factory.post_generation
+    def record(obj, create, extracted, **kwargs):  # type: ignore[no-untyped-def]  # noqa: N805
+        if create and extracted is not False:
+            from gradient.scheduling import history
+
+            history.evaluation_record_create(
+                evaluation=obj, created_by=None, idempotency_key=None, now=timezone.now()
+            )
 
 
 class DerivationBuildFactory(factory.django.DjangoModelFactory):

@@ -35,7 +35,7 @@ def _client(user: User | None) -> APIClient:
 
 
 def _evaluation_with_history(submitter: User | None = None) -> Evaluation:
-    evaluation = EvaluationFactory()
+    evaluation = EvaluationFactory(record=False)
     now = timezone.now()
     record_create(
         job_key=evaluation.job_key,
@@ -113,7 +113,7 @@ def test_an_unknown_evaluation_is_404_as_json() -> None:
 
 def test_an_evaluation_without_a_record_is_404() -> None:
     staff = User.objects.create_user("root", is_staff=True)
-    assert _client(staff).get(_url(EvaluationFactory().id)).status_code == 404
+    assert _client(staff).get(_url(EvaluationFactory(record=False).id)).status_code == 404
 
 
 def test_a_user_outside_the_project_is_403_and_staff_reads_everything() -> None:

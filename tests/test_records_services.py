@@ -289,7 +289,7 @@ def test_control_on_a_tombstoned_or_unknown_record_is_refused() -> None:
 
 
 def _evaluation_with_record(status: str = EvaluationStatus.QUEUED):  # type: ignore[no-untyped-def]
-    evaluation = EvaluationFactory(status=status)
+    evaluation = EvaluationFactory(status=status, record=False)
     record, _ = _create(evaluation.job_key)
     return evaluation, record
 

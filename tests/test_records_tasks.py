@@ -55,13 +55,15 @@ def _create(job_key: str, kind: JobKind = JobKind.EVALUATION) -> None:
 
 
 def _completed_without_an_outcome() -> str:
-    evaluation = EvaluationFactory(status=EvaluationStatus.COMPLETED, finished_at=timezone.now())
+    evaluation = EvaluationFactory(
+        status=EvaluationStatus.COMPLETED, finished_at=timezone.now(), record=False
+    )
     _create(evaluation.job_key)
     return evaluation.job_key
 
 
 def _open_assignment_never_recorded() -> str:
-    evaluation = EvaluationFactory(status=EvaluationStatus.FETCHING)
+    evaluation = EvaluationFactory(status=EvaluationStatus.FETCHING, record=False)
     _create(evaluation.job_key)
     DispatchedJobFactory(
         kind=DispatchKind.EVAL, evaluation=evaluation, derivation_build=None, job_id=evaluation.job_key
@@ -70,7 +72,7 @@ def _open_assignment_never_recorded() -> str:
 
 
 def _cancelled_and_cleaned_up() -> str:
-    evaluation = EvaluationFactory(status=EvaluationStatus.ABORTED, finished_at=timezone.now())
+    evaluation = EvaluationFactory(status=EvaluationStatus.ABORTED, finished_at=timezone.now(), record=False)
     _create(evaluation.job_key)
     assignment = DispatchedJobFactory(
         kind=DispatchKind.EVAL,

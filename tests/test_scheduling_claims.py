@@ -84,12 +84,9 @@ def test_after_close_the_job_can_be_claimed_again_and_a_second_close_changes_not
     worker = WorkerFactory()
     first = claim_assignment(request=build_claim(build, worker.id), now=timezone.now())
     assert first is not None
-    assert assignment_close(
-        assignment_id=first, outcome=DispatchOutcome.ABANDONED, reason="x", now=timezone.now()
-    )
-    assert not assignment_close(
-        assignment_id=first, outcome=DispatchOutcome.COMPLETED, reason="late", now=timezone.now()
-    )
+    row = DispatchedJob.objects.get(id=first)
+    assert assignment_close(row=row, outcome=DispatchOutcome.ABANDONED, reason="x", now=timezone.now())
+    assert not assignment_close(row=row, outcome=DispatchOutcome.COMPLETED, reason="late", now=timezone.now())
     assert DispatchedJob.objects.get(id=first).outcome == DispatchOutcome.ABANDONED
     assert claim_assignment(request=build_claim(build, worker.id), now=timezone.now()) is not None
 

@@ -43,8 +43,10 @@ def _listen(worker_id) -> str:  # type: ignore[no-untyped-def]
 @pytest.mark.django_db
 def test_a_cached_store_path_repository_is_a_cached_source() -> None:
     project = ProjectFactory()
-    e = evaluation_create(project=project, repository="/nix/store/abc-src", commit="x", now=timezone.now())
-    assert e.source_kind == "cached" and e.status == EvaluationStatus.QUEUED
+    e, created = evaluation_create(
+        project=project, repository="/nix/store/abc-src", commit="x", now=timezone.now()
+    )
+    assert created and e.source_kind == "cached" and e.status == EvaluationStatus.QUEUED
 
 
 @pytest.mark.django_db(transaction=True)

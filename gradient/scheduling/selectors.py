@@ -5,6 +5,7 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
 from django.db.models import Exists, OuterRef, Q, QuerySet
 
@@ -176,3 +177,8 @@ def input_paths(build_ids: list[uuid.UUID]) -> dict[uuid.UUID, list[str]]:
     for build_id, outputs in edges:
         out[build_id].extend(o["path"] for o in outputs or [])
     return out
+
+
+def build_visible_to(build_id: uuid.UUID, user: Any) -> bool:
+    """A submitter may read a shared build that an evaluation of one of its projects needs."""
+    return EvaluationBuild.objects.filter(build_id=build_id, evaluation__project__members=user).exists()

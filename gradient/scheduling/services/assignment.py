@@ -15,7 +15,7 @@ from typing import Any
 from django.conf import settings
 from django.db import transaction
 
-from gradient.scheduling import jobs, selectors
+from gradient.scheduling import history, jobs, selectors
 from gradient.scheduling.decisions.scoring import Candidate, Score, WorkerView, rank
 from gradient.scheduling.models import (
     BuildAttempt,
@@ -195,7 +195,9 @@ def _assign_eval(state: selectors.WorkerState, now: datetime) -> Assignment | No
             job=job,
             queued_at=evaluation.updated_at if evaluation.followup_pending else evaluation.created_at,
         )
-        assignment_id = _claim(request, now, lambda aid, e=evaluation, st=steps: _start_eval(e, st, now))
+        assignment_id = _claim(
+            request, now, lambda aid, e=evaluation, st=steps: _start_eval(e, st, aid, state.worker.name, now)
+        )
         if assignment_id is not None:
             return Assignment(assignment_id, evaluation.job_key, JobKind.EVAL, job, choice)
         lost += 1
@@ -234,10 +236,18 @@ def _start_build(
     )
 
 
-def _start_eval(evaluation: Evaluation, steps: tuple[str, ...], now: datetime) -> None:
+def _start_eval(
+    evaluation: Evaluation, steps: tuple[str, ...], assignment_id: uuid.UUID, worker_name: str, now: datetime
+) -> None:
     status = EvaluationStatus.FETCHING if jobs.FETCH_FLAKE in steps else EvaluationStatus.EVALUATING_FLAKE
-    changed = Evaluation.objects.filter(id=evaluation.id, status=EvaluationStatus.QUEUED).update(
-        status=status, updated_at=now, waiting_reason=None, waiting_since=None
-    )
-    if changed != 1:
+    if not history.evaluation_transition(
+        evaluation_id=evaluation.id,
+        to=status,
+        expect=[EvaluationStatus.QUEUED],
+        reason=f"assigned to {worker_name}: {', '.join(steps)}",
+        now=now,
+        waiting_reason=None,
+        waiting_since=None,
+    ):
         raise _ClaimLost
+    history.claimed(row_id=assignment_id, evaluation_id=evaluation.id, worker=worker_name, now=now)

@@ -17,6 +17,7 @@ from typing import Any
 
 from django.db import connection
 
+from gradient.scheduling import history
 from gradient.scheduling.models import (
     EVALUATION_TERMINAL,
     BuildStatus,
@@ -117,11 +118,12 @@ def claim_assignment(*, request: ClaimRequest, now: datetime) -> uuid.UUID | Non
     return assignment_id if row is not None else None
 
 
-def assignment_close(
-    *, assignment_id: uuid.UUID, outcome: DispatchOutcome, reason: str, now: datetime
-) -> bool:
-    """Close an open assignment. False (and nothing written) when it was closed already."""
-    closed = DispatchedJob.objects.filter(id=assignment_id, finished_at__isnull=True).update(
+def assignment_close(*, row: DispatchedJob, outcome: DispatchOutcome, reason: str, now: datetime) -> bool:
+    """Close an open assignment, with its fact on the evaluation's record. False (and nothing written)
+    when it was closed already: every close carries WHERE finished_at IS NULL."""
+    closed = DispatchedJob.objects.filter(id=row.id, finished_at__isnull=True).update(
         finished_at=now, outcome=outcome, reason=reason[:2000]
     )
+    if closed == 1:
+        history.closed(row=row, outcome=outcome, reason=reason, now=now)
     return closed == 1

@@ -13,8 +13,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from django.db.models import Exists, OuterRef, Q
+from django.db.models import Exists, OuterRef
 
+from gradient.scheduling import history
 from gradient.scheduling.decisions.graph import EvaluationVerdict, evaluation_verdict
 from gradient.scheduling.models import (
     BUILD_LASTING_FAILURE,
@@ -211,15 +212,20 @@ def finish_evaluations(*, evaluation_ids: Iterable[uuid.UUID], now: datetime) ->
         errors: tuple[str, ...] = ()
         if verdict == EvaluationVerdict.FAILED:
             errors = tuple(f"{path}: {status}" for path, status in needed if status in BUILD_LASTING_FAILURE)
-        changed = Evaluation.objects.filter(
-            Q(id=evaluation_id), Q(status=EvaluationStatus.BUILDING) | Q(status=EvaluationStatus.WAITING)
-        ).update(
-            status=verdict.value, finished_at=now, updated_at=now, waiting_reason=None, waiting_since=None
-        )
-        if changed:
-            if errors:
-                evaluation = Evaluation.objects.get(id=evaluation_id)
-                evaluation.errors = [*evaluation.errors, *errors][:200]
-                evaluation.save(update_fields=["errors"])
+        extra: dict[str, Any] = {}
+        if errors:
+            previous = (
+                Evaluation.objects.filter(id=evaluation_id).values_list("errors", flat=True).first() or []
+            )
+            extra["errors"] = [*previous, *errors][:200]
+        reason = "every needed build succeeded" if not errors else f"{len(errors)} builds failed lastingly"
+        if history.evaluation_transition(
+            evaluation_id=evaluation_id,
+            to=verdict.value,
+            expect=[EvaluationStatus.BUILDING, EvaluationStatus.WAITING],
+            reason=reason,
+            now=now,
+            **extra,
+        ):
             finished.append(EvaluationFinish(evaluation_id, verdict.value, errors))
     return finished

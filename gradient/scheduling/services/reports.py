@@ -16,7 +16,8 @@ from typing import Any
 
 from django.db import transaction
 
-from gradient.scheduling import jobs
+from gradient.records.schemas import ReportKind
+from gradient.scheduling import history, jobs
 from gradient.scheduling.decisions.failures import (
     BuildVerdict,
     EvalVerdict,
@@ -100,7 +101,26 @@ def handle_report(*, worker_id: uuid.UUID, message: dict[str, Any], now: datetim
         if row is None:
             return DROPPED
         DispatchedJob.objects.filter(id=row.id).update(last_report_at=now)
-        return handler(row, message, now)
+        outcome = handler(row, message, now)
+        _evidence(row, message, outcome, now)
+        return outcome
+
+
+def _evidence(row: DispatchedJob, message: dict[str, Any], outcome: ReportOutcome, now: datetime) -> None:
+    """What the worker showed goes onto the evaluation's record: answers, results and endings (not every
+    progress tick)."""
+    kind = message["type"]
+    report: ReportKind | None = None
+    if kind == "AssignJobResponse":
+        report = ReportKind.ACCEPTED if message.get("accepted") else ReportKind.DECLINED
+    elif kind == "JobCompleted":
+        report = ReportKind.COMPLETED
+    elif kind == "JobFailed":
+        report = ReportKind.FAILED
+    elif kind == "JobUpdate" and message["update"]["kind"] in ("fetch_result", "eval_result"):
+        report = ReportKind.UPDATE
+    if report is not None:
+        history.reported(row=row, worker=str(row.worker_id), kind=report, summary=outcome.detail, now=now)
 
 
 # --- AssignJobResponse --------------------------------------------------------------------------------
@@ -111,9 +131,7 @@ def _assign_job_response(row: DispatchedJob, message: dict[str, Any], now: datet
         DispatchedJob.objects.filter(id=row.id, accepted_at__isnull=True).update(accepted_at=now)
         return ReportOutcome(True, "accepted")
     reason = message.get("reason") or "declined"
-    assignment_close(
-        assignment_id=row.id, outcome=DispatchOutcome.ABANDONED, reason=f"declined: {reason}", now=now
-    )
+    assignment_close(row=row, outcome=DispatchOutcome.ABANDONED, reason=f"declined: {reason}", now=now)
     requeue_job(row, now=now, refund=True, reason=f"declined: {reason}")
     return ReportOutcome(True, "declined; requeued")
 
@@ -132,8 +150,12 @@ def requeue_job(row: DispatchedJob, *, now: datetime, refund: bool, reason: str)
             updated_at=now,
         )
     elif row.evaluation_id is not None:
-        Evaluation.objects.filter(id=row.evaluation_id, status__in=EVAL_RUNNING).update(
-            status=EvaluationStatus.QUEUED, updated_at=now
+        history.evaluation_transition(
+            evaluation_id=row.evaluation_id,
+            to=EvaluationStatus.QUEUED,
+            expect=EVAL_RUNNING,
+            reason=reason,
+            now=now,
         )
     forget_sent(row.job_id)
 
@@ -155,8 +177,13 @@ def _eval_update(row: DispatchedJob, kind: str, update: dict[str, Any], now: dat
         return ReportOutcome(False, f"{kind} does not belong to an evaluation job")
     DispatchedJob.objects.filter(id=row.id).update(phase=kind)
     if kind in EVAL_PHASES:
-        Evaluation.objects.filter(id=evaluation_id, status__in=EVAL_RUNNING).update(
-            status=EVAL_PHASES[kind], updated_at=now
+        target = EVAL_PHASES[kind]
+        history.evaluation_transition(
+            evaluation_id=evaluation_id,
+            to=target,
+            expect=[s for s in EVAL_RUNNING if s != target],
+            reason=f"worker reports {kind}",
+            now=now,
         )
         return ReportOutcome(True, kind)
     evaluation = Evaluation.objects.select_for_update(no_key=True).get(id=evaluation_id)
@@ -165,7 +192,7 @@ def _eval_update(row: DispatchedJob, kind: str, update: dict[str, Any], now: dat
     if kind == "fetch_result":
         evaluation.flake_source = update["flake_source"]
         evaluation.save(update_fields=["flake_source", "updated_at"])
-        return ReportOutcome(True, "fetch_result")
+        return ReportOutcome(True, f"fetched {evaluation.flake_source}")
     evaluation.warnings = [*evaluation.warnings, *update.get("warnings", [])][:500]
     evaluation.errors = [*evaluation.errors, *update.get("errors", [])][:500]
     evaluation.save(update_fields=["warnings", "errors", "updated_at"])
@@ -213,7 +240,7 @@ def complete_build(row: DispatchedJob, *, now: datetime, substituted: bool = Fal
 
 
 def _job_completed(row: DispatchedJob, message: dict[str, Any], now: datetime) -> ReportOutcome:
-    assignment_close(assignment_id=row.id, outcome=DispatchOutcome.COMPLETED, reason="completed", now=now)
+    assignment_close(row=row, outcome=DispatchOutcome.COMPLETED, reason="completed", now=now)
     if row.kind == JobKind.BUILD:
         complete_build(row, now=now)
         return ReportOutcome(True, "build completed")
@@ -235,33 +262,44 @@ def _eval_completed(row: DispatchedJob, now: datetime) -> ReportOutcome:
             _fail_evaluation(evaluation, now, "the fetch completed without a flake_source")
             return ReportOutcome(True, "fetch without source: evaluation failed")
         # The cached follow-up, under the same eval:{id} key, with the source as a required path.
-        evaluation.followup_pending = True
-        evaluation.status = EvaluationStatus.QUEUED
-        evaluation.save(update_fields=["followup_pending", "status", "updated_at"])
+        history.evaluation_transition(
+            evaluation_id=evaluation.id,
+            to=EvaluationStatus.QUEUED,
+            expect=EVAL_RUNNING,
+            reason="fetched; the cached follow-up is queued",
+            now=now,
+            followup_pending=True,
+        )
         forget_sent(evaluation.job_key)
         return ReportOutcome(True, "fetched; follow-up queued")
-    evaluation.followup_pending = False
     if evaluation.errors:
         _fail_evaluation(evaluation, now, None)
         return ReportOutcome(True, "evaluation errors: failed")
     if row.phase != "eval_result" and not evaluation.build_links.exists():
         _fail_evaluation(evaluation, now, "the evaluation job completed without an eval_result")
         return ReportOutcome(True, "no eval_result: failed")
-    evaluation.status = EvaluationStatus.BUILDING
-    evaluation.save(update_fields=["followup_pending", "status", "updated_at"])
+    history.evaluation_transition(
+        evaluation_id=evaluation.id,
+        to=EvaluationStatus.BUILDING,
+        expect=EVAL_RUNNING,
+        reason="evaluated",
+        now=now,
+        followup_pending=False,
+    )
     graph.finish_evaluations(evaluation_ids=[evaluation.id], now=now)
     return ReportOutcome(True, "evaluated; building")
 
 
 def _fail_evaluation(evaluation: Evaluation, now: datetime, error: str | None) -> None:
-    if error:
-        evaluation.errors = [*evaluation.errors, error]
-    evaluation.status = EvaluationStatus.FAILED
-    evaluation.finished_at = now
-    evaluation.followup_pending = False
-    evaluation.waiting_reason = None
-    evaluation.waiting_since = None
-    evaluation.save()
+    errors = [*evaluation.errors, error] if error else list(evaluation.errors)
+    history.evaluation_transition(
+        evaluation_id=evaluation.id,
+        to=EvaluationStatus.FAILED,
+        expect=None,
+        reason=error or (errors[-1] if errors else "evaluation failed"),
+        now=now,
+        errors=errors,
+    )
 
 
 # --- JobFailed ----------------------------------------------------------------------------------------
@@ -270,7 +308,7 @@ def _fail_evaluation(evaluation: Evaluation, now: datetime, error: str | None) -
 def _job_failed(row: DispatchedJob, message: dict[str, Any], now: datetime) -> ReportOutcome:
     kind = message["kind"]
     error = str(message.get("error") or "")
-    assignment_close(assignment_id=row.id, outcome=DispatchOutcome.FAILED, reason=f"{kind}: {error}", now=now)
+    assignment_close(row=row, outcome=DispatchOutcome.FAILED, reason=f"{kind}: {error}", now=now)
     if row.kind == JobKind.BUILD:
         return _build_failed(row, kind, error, now)
     evaluation = _locked_evaluation(row)

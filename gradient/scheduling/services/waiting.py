@@ -17,6 +17,7 @@ from django.db import transaction
 from django.db.models import Count, Exists, OuterRef, Q
 
 from gradient.recovery.models import ServerBoot
+from gradient.scheduling import history
 from gradient.scheduling.decisions import waiting as w
 from gradient.scheduling.models import (
     BUILD_LASTING_FAILURE,
@@ -158,8 +159,14 @@ def _apply(
     if verdict.reason is None:
         if evaluation.status == EvaluationStatus.WAITING:
             target = EvaluationStatus.BUILDING if c.named > 0 else EvaluationStatus.QUEUED
-            if Evaluation.objects.filter(id=evaluation.id, status=EvaluationStatus.WAITING).update(
-                status=target, waiting_reason=None, waiting_since=None, updated_at=now
+            if history.evaluation_transition(
+                evaluation_id=evaluation.id,
+                to=target,
+                expect=[EvaluationStatus.WAITING],
+                reason=f"no longer waiting ({(old or {}).get('reason', 'unknown')})",
+                now=now,
+                waiting_reason=None,
+                waiting_since=None,
             ):
                 r.unparked += 1
         elif old is not None:
@@ -174,8 +181,14 @@ def _apply(
     )
     since = evaluation.waiting_since if same_park and evaluation.waiting_since else now
     expected = evaluation.status
-    if Evaluation.objects.filter(id=evaluation.id, status=expected).update(
-        status=EvaluationStatus.WAITING, waiting_reason=verdict.reason, waiting_since=since, updated_at=now
+    if history.evaluation_transition(
+        evaluation_id=evaluation.id,
+        to=EvaluationStatus.WAITING,
+        expect=[expected],
+        reason=w.describe(verdict.reason),
+        now=now,
+        waiting_reason=verdict.reason,
+        waiting_since=since,
     ):
         evaluation.waiting_since = since
         r.changed += 1

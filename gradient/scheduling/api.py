@@ -1,0 +1,271 @@
+"""REST routes of ../shared/spec/rest.md that the scheduling app owns: evaluations and builds.
+
+A submitter may submit to and read the projects it is a member of; staff may do everything. Bad input
+is a 400 with field errors, an unknown id a 404, another project's job a 403, never a 500.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from django.db import transaction
+from django.db.models import QuerySet
+from django.utils import timezone
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, extend_schema_field
+from rest_framework import serializers, status
+from rest_framework.exceptions import NotFound, PermissionDenied
+from rest_framework.pagination import LimitOffsetPagination
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from gradient.records.errors import IdempotencyConflict
+from gradient.scheduling import selectors
+from gradient.scheduling.decisions.waiting import describe
+from gradient.scheduling.models import DerivationBuild, Evaluation, EvaluationStatus, Project
+from gradient.scheduling.services.evaluations import (
+    SubmissionGone,
+    evaluation_create,
+    evaluation_request_cancel,
+)
+
+IDEMPOTENCY_HEADER = "Idempotency-Key"
+
+
+class Pages(LimitOffsetPagination):
+    default_limit = 100
+    max_limit = 1000
+
+
+def visible_projects(user: Any) -> QuerySet[Project]:
+    return Project.objects.all() if user.is_staff else Project.objects.filter(members=user)
+
+
+def _parse_uuid(value: str) -> uuid.UUID:
+    try:
+        return uuid.UUID(value)
+    except ValueError:
+        raise NotFound("No such id.") from None
+
+
+def evaluation_for(user: Any, evaluation_id: str) -> Evaluation:
+    """The evaluation, 404 when unknown, 403 when it belongs to a project the user may not read."""
+    evaluation = Evaluation.objects.select_related("project").filter(id=_parse_uuid(evaluation_id)).first()
+    if evaluation is None:
+        raise NotFound("No evaluation with this id.")
+    if not user.is_staff and not evaluation.project.members.filter(id=user.id).exists():
+        raise PermissionDenied("You are not a member of this evaluation's project.")
+    return evaluation
+
+
+# --- Serializers -----------------------------------------------------------------------------------------
+
+
+class EvaluationCreateSerializer(serializers.Serializer[Any]):
+    project = serializers.CharField(max_length=200, help_text="The project's name.")
+    repository = serializers.CharField(
+        max_length=2048, help_text="A flake URL, a `sim:` URL or a store path."
+    )
+    commit = serializers.CharField(max_length=255)
+    wildcards = serializers.ListField(
+        child=serializers.CharField(max_length=500), default=list, max_length=100
+    )
+    wait_for_workers = serializers.BooleanField(default=False)
+    priority = serializers.BooleanField(
+        default=False, help_text="Prioritized (+5000 in scoring); staff only."
+    )
+
+    def validate_project(self, value: str) -> Project:
+        project = Project.objects.filter(name=value).first()
+        if project is None:
+            raise serializers.ValidationError(f"Unknown project: {value}.")
+        return project
+
+
+class BuildRefSerializer(serializers.Serializer[Any]):
+    id = serializers.UUIDField()
+    drv_path = serializers.CharField()
+    status = serializers.CharField()
+
+
+class EvaluationSerializer(serializers.Serializer[Any]):
+    id = serializers.UUIDField()
+    project = serializers.CharField(source="project.name")
+    kind = serializers.CharField()
+    status = serializers.CharField()
+    repository = serializers.CharField()
+    commit = serializers.CharField()
+    wildcards = serializers.ListField(child=serializers.CharField())
+    wait_for_workers = serializers.BooleanField()
+    priority = serializers.BooleanField()
+    waiting_reason = serializers.JSONField(allow_null=True)
+    waiting_reason_text = serializers.SerializerMethodField()
+    waiting_since = serializers.DateTimeField(allow_null=True)
+    warnings = serializers.ListField(child=serializers.CharField())
+    errors = serializers.ListField(child=serializers.CharField())  # type: ignore[assignment]
+    created_at = serializers.DateTimeField()
+    finished_at = serializers.DateTimeField(allow_null=True)
+    builds = serializers.SerializerMethodField()
+
+    def get_waiting_reason_text(self, obj: Evaluation) -> str:
+        return describe(obj.waiting_reason)
+
+    @extend_schema_field(BuildRefSerializer(many=True))
+    def get_builds(self, obj: Evaluation) -> list[dict[str, Any]]:
+        if not self.context.get("with_builds", True):
+            return []
+        rows = obj.build_links.select_related("build").order_by("build__created_at", "build__drv_path")
+        return [
+            {"id": link.build.id, "drv_path": link.build.drv_path, "status": link.build.status}
+            for link in rows
+        ]
+
+
+class BuildSerializer(serializers.Serializer[Any]):
+    id = serializers.UUIDField()
+    drv_path = serializers.CharField()
+    system = serializers.CharField()
+    status = serializers.CharField()
+    required_features = serializers.ListField(child=serializers.CharField())
+    outputs = serializers.JSONField()
+    attempts = serializers.IntegerField()
+    failure_kind = serializers.CharField(allow_null=True)
+    last_error = serializers.CharField()
+    dependencies = serializers.SerializerMethodField()
+    created_at = serializers.DateTimeField()
+    finished_at = serializers.DateTimeField(allow_null=True)
+
+    def get_dependencies(self, obj: DerivationBuild) -> list[uuid.UUID]:
+        return list(
+            obj.dependency_edges.order_by("dependency__drv_path").values_list("dependency_id", flat=True)
+        )
+
+
+# --- Views -----------------------------------------------------------------------------------------------
+
+
+class EvaluationsView(APIView):
+    @extend_schema(
+        parameters=[
+            OpenApiParameter("status", OpenApiTypes.STR, description="Filter by status, e.g. Waiting."),
+            OpenApiParameter("project", OpenApiTypes.STR, description="Filter by project name."),
+            OpenApiParameter("limit", OpenApiTypes.INT),
+            OpenApiParameter("offset", OpenApiTypes.INT),
+        ],
+        responses={200: EvaluationSerializer(many=True)},
+        summary="List evaluations you may read, newest first",
+    )
+    def get(self, request: Request) -> Response:
+        qs = Evaluation.objects.filter(project__in=visible_projects(request.user)).select_related("project")
+        wanted_status = request.query_params.get("status")
+        if wanted_status:
+            if wanted_status not in EvaluationStatus.values:
+                raise serializers.ValidationError({"status": [f"Unknown status: {wanted_status}."]})
+            qs = qs.filter(status=wanted_status)
+        if request.query_params.get("project"):
+            qs = qs.filter(project__name=request.query_params["project"])
+        paginator = Pages()
+        page = paginator.paginate_queryset(qs.order_by("-created_at", "id"), request, view=self) or []
+        data = EvaluationSerializer(page, many=True, context={"with_builds": False}).data
+        return paginator.get_paginated_response(data)
+
+    @extend_schema(
+        request=EvaluationCreateSerializer,
+        parameters=[
+            OpenApiParameter(
+                IDEMPOTENCY_HEADER,
+                OpenApiTypes.STR,
+                OpenApiParameter.HEADER,
+                description="A repeat with the same key and body returns the same evaluation (200); "
+                "the same key with another body is a 409.",
+            )
+        ],
+        responses={
+            201: EvaluationSerializer,
+            200: OpenApiResponse(EvaluationSerializer, description="An idempotent repeat"),
+            403: OpenApiResponse(description="Not a member of the project"),
+            409: OpenApiResponse(description="The Idempotency-Key names another submission"),
+        },
+        summary="Submit an evaluation",
+    )
+    def post(self, request: Request) -> Response:
+        serializer = EvaluationCreateSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        data = serializer.validated_data
+        project: Project = data["project"]
+        user = request.user
+        if not user.is_staff and not project.members.filter(pk=user.pk).exists():  # type: ignore[misc]
+            raise PermissionDenied("You may not submit to this project.")
+        if data["priority"] and not user.is_staff:
+            raise PermissionDenied("Only staff may submit prioritized evaluations.")
+        key = request.headers.get(IDEMPOTENCY_HEADER) or None
+        if key is not None and len(key) > 255:
+            raise serializers.ValidationError({IDEMPOTENCY_HEADER: ["At most 255 characters."]})
+        try:
+            with transaction.atomic():
+                evaluation, created = evaluation_create(
+                    project=project,
+                    repository=data["repository"],
+                    commit=data["commit"],
+                    wildcards=data["wildcards"],
+                    wait_for_workers=data["wait_for_workers"],
+                    priority=data["priority"],
+                    created_by=user,  # type: ignore[arg-type]
+                    idempotency_key=key,
+                    now=timezone.now(),
+                )
+        except SubmissionGone:
+            return Response(
+                {"detail": f"{IDEMPOTENCY_HEADER} {key!r} names a submission that was since deleted."},
+                status=status.HTTP_409_CONFLICT,
+            )
+        except IdempotencyConflict:
+            return Response(
+                {"detail": f"{IDEMPOTENCY_HEADER} {key!r} was used for another submission."},
+                status=status.HTTP_409_CONFLICT,
+            )
+        body = EvaluationSerializer(evaluation).data
+        return Response(body, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
+
+
+class EvaluationDetailView(APIView):
+    @extend_schema(responses={200: EvaluationSerializer}, summary="One evaluation, with its shared builds")
+    def get(self, request: Request, evaluation_id: str) -> Response:
+        return Response(EvaluationSerializer(evaluation_for(request.user, evaluation_id)).data)
+
+
+class EvaluationCancelView(APIView):
+    @extend_schema(
+        request=None,
+        responses={202: OpenApiResponse(description="Cancel recorded; the evaluation ends Aborted")},
+        summary="Cancel an evaluation: a control intent on its record; running jobs get AbortJob",
+    )
+    def post(self, request: Request, evaluation_id: str) -> Response:
+        evaluation = evaluation_for(request.user, evaluation_id)
+        receipt = evaluation_request_cancel(
+            evaluation_id=evaluation.id,
+            actor=request.user.get_username(),
+            now=timezone.now(),
+        )
+        evaluation.refresh_from_db()
+        return Response(
+            {
+                "id": evaluation.id,
+                "status": evaluation.status,
+                "message": receipt.message if receipt is not None else "cancelled",
+            },
+            status=status.HTTP_202_ACCEPTED,
+        )
+
+
+class BuildDetailView(APIView):
+    @extend_schema(responses={200: BuildSerializer}, summary="One shared build, with its dependencies")
+    def get(self, request: Request, build_id: str) -> Response:
+        build = DerivationBuild.objects.filter(id=_parse_uuid(build_id)).first()
+        if build is None:
+            raise NotFound("No build with this id.")
+        if not request.user.is_staff and not selectors.build_visible_to(build.id, request.user):
+            raise PermissionDenied("No evaluation of your projects needs this build.")
+        return Response(BuildSerializer(build).data)

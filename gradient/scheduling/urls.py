@@ -1,0 +1,16 @@
+"""/api/v1/ routes of the scheduling app (included by gradient.api_urls)."""
+
+from __future__ import annotations
+
+from django.urls import path
+
+from gradient.scheduling import api
+
+urlpatterns = [
+    path("evaluations", api.EvaluationsView.as_view(), name="evaluations"),
+    path("evaluations/<str:evaluation_id>", api.EvaluationDetailView.as_view(), name="evaluation-detail"),
+    path(
+        "evaluations/<str:evaluation_id>/cancel", api.EvaluationCancelView.as_view(), name="evaluation-cancel"
+    ),
+    path("builds/<str:build_id>", api.BuildDetailView.as_view(), name="build-detail"),
+]

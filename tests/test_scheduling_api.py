@@ -1,0 +1,176 @@
+"""The evaluation and build routes of rest.md: submit (with Idempotency-Key), read, cancel, builds; and
+401, 403, 400, 404 and 409 where they apply."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+from django.contrib.auth.models import User
+from django.utils import timezone
+from rest_framework.authtoken.models import Token
+from rest_framework.test import APIClient
+
+from gradient.records.models import RecordEntry
+from gradient.scheduling.models import DerivationBuild, Evaluation, EvaluationStatus
+from gradient.scheduling.services import graph
+from tests.factories import ProjectFactory
+from tests.scheduling_helpers import drv
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+BODY = {"project": "nixpkgs-ci", "repository": "sim:diamond", "commit": "abc123"}
+
+
+def client(user: User | None) -> APIClient:
+    c = APIClient()
+    if user is not None:
+        c.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.get_or_create(user=user)[0].key}")
+    return c
+
+
+@pytest.fixture
+def setup():  # type: ignore[no-untyped-def]
+    project = ProjectFactory(name="nixpkgs-ci")
+    member = User.objects.create_user("member", password="pw-member-1")
+    project.members.add(member)
+    stranger = User.objects.create_user("stranger", password="pw-stranger-1")
+    staff = User.objects.create_user("staff", password="pw-staff-1", is_staff=True)
+    return project, member, stranger, staff
+
+
+def test_a_member_submits_an_evaluation_and_reads_it_back(setup) -> None:  # type: ignore[no-untyped-def]
+    _, member, _, _ = setup
+    response = client(member).post(
+        "/api/v1/evaluations", {**BODY, "wildcards": ["packages.*.*"]}, format="json"
+    )
+    assert response.status_code == 201, response.content
+    body = response.json()
+    assert body["status"] == "Queued" and body["project"] == "nixpkgs-ci" and body["builds"] == []
+    evaluation = Evaluation.objects.get(id=body["id"])
+    assert evaluation.wildcards == ["packages.*.*"] and evaluation.created_by == member
+    read = client(member).get(f"/api/v1/evaluations/{body['id']}").json()
+    assert set(read) >= {"id", "project", "status", "waiting_reason", "created_at", "builds"}
+    history = client(member).get(f"/api/v1/evaluations/{body['id']}/history").json()
+    assert history["header"]["spec"]["repository"] == "sim:diamond"
+    assert [e["body"]["fact"] for e in history["entries"]] == ["status_changed"]
+
+
+def test_an_idempotent_repeat_returns_the_same_evaluation_and_another_body_is_a_conflict(setup) -> None:  # type: ignore[no-untyped-def]
+    _, member, _, _ = setup
+    c = client(member)
+    first = c.post("/api/v1/evaluations", BODY, format="json", HTTP_IDEMPOTENCY_KEY="k-1")
+    again = c.post("/api/v1/evaluations", BODY, format="json", HTTP_IDEMPOTENCY_KEY="k-1")
+    other = c.post(
+        "/api/v1/evaluations", {**BODY, "commit": "def"}, format="json", HTTP_IDEMPOTENCY_KEY="k-1"
+    )
+    assert (first.status_code, again.status_code, other.status_code) == (201, 200, 409)
+    assert first.json()["id"] == again.json()["id"]
+    assert Evaluation.objects.count() == 1
+
+
+def test_without_a_token_every_route_is_401(setup) -> None:  # type: ignore[no-untyped-def]
+    anonymous = client(None)
+    some = uuid.uuid4()
+    assert anonymous.post("/api/v1/evaluations", BODY, format="json").status_code == 401
+    assert anonymous.get("/api/v1/evaluations").status_code == 401
+    assert anonymous.get(f"/api/v1/evaluations/{some}").status_code == 401
+    assert anonymous.post(f"/api/v1/evaluations/{some}/cancel").status_code == 401
+    assert anonymous.get(f"/api/v1/builds/{some}").status_code == 401
+
+
+def test_a_stranger_may_neither_submit_to_nor_read_another_project(setup) -> None:  # type: ignore[no-untyped-def]
+    _, member, stranger, _ = setup
+    assert client(stranger).post("/api/v1/evaluations", BODY, format="json").status_code == 403
+    created = client(member).post("/api/v1/evaluations", BODY, format="json").json()
+    assert client(stranger).get(f"/api/v1/evaluations/{created['id']}").status_code == 403
+    assert client(stranger).post(f"/api/v1/evaluations/{created['id']}/cancel").status_code == 403
+    assert client(stranger).get("/api/v1/evaluations").json()["count"] == 0
+    assert Evaluation.objects.get().status == "Queued"
+
+
+def test_bad_input_is_a_400_with_field_errors_and_writes_nothing(setup) -> None:  # type: ignore[no-untyped-def]
+    _, member, _, _ = setup
+    c = client(member)
+    cases = [
+        ({}, {"project", "repository", "commit"}),
+        ({**BODY, "project": "nope"}, {"project"}),
+        ({**BODY, "wildcards": "packages.*"}, {"wildcards"}),
+        ({**BODY, "wait_for_workers": "maybe"}, {"wait_for_workers"}),
+    ]
+    for body, fields in cases:
+        response = c.post("/api/v1/evaluations", body, format="json")
+        assert response.status_code == 400, body
+        assert set(response.json()) == fields
+    assert c.get("/api/v1/evaluations?status=Nonsense").status_code == 400
+    assert Evaluation.objects.count() == 0
+
+
+def test_only_staff_may_prioritize(setup) -> None:  # type: ignore[no-untyped-def]
+    _, member, _, staff = setup
+    assert (
+        client(member).post("/api/v1/evaluations", {**BODY, "priority": True}, format="json").status_code
+        == 403
+    )
+    assert (
+        client(staff).post("/api/v1/evaluations", {**BODY, "priority": True}, format="json").status_code
+        == 201
+    )
+
+
+def test_unknown_ids_are_404(setup) -> None:  # type: ignore[no-untyped-def]
+    _, member, _, _ = setup
+    for url in (
+        f"/api/v1/evaluations/{uuid.uuid4()}",
+        "/api/v1/evaluations/not-a-uuid",
+        f"/api/v1/builds/{uuid.uuid4()}",
+    ):
+        assert client(member).get(url).status_code == 404
+    assert client(member).post(f"/api/v1/evaluations/{uuid.uuid4()}/cancel").status_code == 404
+
+
+def test_cancel_is_a_control_intent_and_the_evaluation_ends_aborted(setup) -> None:  # type: ignore[no-untyped-def]
+    _, member, _, _ = setup
+    created = client(member).post("/api/v1/evaluations", BODY, format="json").json()
+    response = client(member).post(f"/api/v1/evaluations/{created['id']}/cancel")
+    assert response.status_code == 202 and response.json()["status"] == "Aborted"
+    entries = list(RecordEntry.objects.filter(record__job_key=f"eval:{created['id']}").order_by("revision"))
+    kinds = [(e.kind, e.actor) for e in entries]
+    assert ("control", "member") in kinds
+    assert entries[-1].kind == "fact" and '"outcome":"cancelled"' in entries[-1].body
+    again = client(member).post(f"/api/v1/evaluations/{created['id']}/cancel")
+    assert again.status_code == 202 and "stays cancelled" in again.json()["message"]
+
+
+def test_a_build_shows_its_dependencies_to_members_of_a_project_that_needs_it(setup) -> None:  # type: ignore[no-untyped-def]
+    project, member, stranger, _ = setup
+    evaluation = Evaluation.objects.create(
+        project=project, repository="sim:x", commit="1", status=EvaluationStatus.BUILDING
+    )
+    graph.ingest_eval_result(
+        evaluation=evaluation,
+        derivations=[drv("lib"), drv("app", "lib", features=["big"])],
+        now=timezone.now(),
+    )
+    app = DerivationBuild.objects.get(drv_path__endswith="app.drv")
+    lib = DerivationBuild.objects.get(drv_path__endswith="lib.drv")
+    body = client(member).get(f"/api/v1/builds/{app.id}").json()
+    assert body["dependencies"] == [str(lib.id)]
+    assert (
+        body["required_features"] == ["big"]
+        and body["system"] == "x86_64-linux"
+        and body["status"] == "Created"
+    )
+    assert client(stranger).get(f"/api/v1/builds/{app.id}").status_code == 403
+    detail = client(member).get(f"/api/v1/evaluations/{evaluation.id}").json()
+    assert {b["drv_path"] for b in detail["builds"]} == {app.drv_path, lib.drv_path}
+
+
+def test_lists_filter_by_status_and_paginate(setup) -> None:  # type: ignore[no-untyped-def]
+    _, member, _, _ = setup
+    c = client(member)
+    for i in range(3):
+        c.post("/api/v1/evaluations", {**BODY, "commit": f"c{i}"}, format="json")
+    page = c.get("/api/v1/evaluations?limit=2").json()
+    assert page["count"] == 3 and len(page["results"]) == 2 and page["next"]
+    assert c.get("/api/v1/evaluations?status=Completed").json()["count"] == 0
