@@ -196,3 +196,33 @@ def test_build_output_caches_the_outputs_and_queues_the_dependents(setup) -> Non
     from gradient.scheduling.models import CachedPath
 
     assert CachedPath.objects.filter(path=a.job["builds"][0]["outputs"][0]["path"], nar_size=4096).exists()
+
+
+def test_a_lost_build_goes_back_to_the_queue_having_spent_its_attempt(setup) -> None:  # type: ignore[no-untyped-def]
+    from gradient.scheduling.services.reports import assignment_return_to_pool
+
+    _, _, worker, _ = setup
+    a = ask(worker.id)
+    assert a is not None
+    row = DispatchedJob.objects.get(id=a.assignment_id)
+    assert assignment_return_to_pool(row=row, reason="worker lost", lost=True, now=timezone.now())
+    assert not assignment_return_to_pool(row=row, reason="again", lost=True, now=timezone.now())
+    base = DerivationBuild.objects.get(id=a.job["builds"][0]["build_id"])
+    assert (base.status, base.attempts) == (BuildStatus.QUEUED, 1)
+    assert BuildAttempt.objects.get(dispatched_job_id=row.id).outcome == "Aborted"
+
+
+def test_an_evaluation_fails_after_ten_lost_dispatches() -> None:
+    from gradient.scheduling.services.reports import assignment_return_to_pool
+
+    project = ProjectFactory()
+    evaluation = EvaluationFactory(project=project)
+    worker = connected_worker([project])
+    for lost in range(1, 11):
+        a = ask(worker.id, "flake")
+        assert a is not None, lost
+        row = DispatchedJob.objects.get(id=a.assignment_id)
+        assignment_return_to_pool(row=row, reason="worker lost", lost=True, now=timezone.now())
+    evaluation.refresh_from_db()
+    assert (evaluation.status, evaluation.lost_dispatches) == (EvaluationStatus.FAILED, 10)
+    assert "10 evaluation dispatches were lost" in evaluation.errors[-1]

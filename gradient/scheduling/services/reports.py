@@ -15,6 +15,7 @@ from datetime import datetime
 from typing import Any
 
 from django.db import transaction
+from django.db.models import F
 
 from gradient.records.schemas import ReportKind
 from gradient.scheduling import history, jobs
@@ -131,9 +132,34 @@ def _assign_job_response(row: DispatchedJob, message: dict[str, Any], now: datet
         DispatchedJob.objects.filter(id=row.id, accepted_at__isnull=True).update(accepted_at=now)
         return ReportOutcome(True, "accepted")
     reason = message.get("reason") or "declined"
-    assignment_close(row=row, outcome=DispatchOutcome.ABANDONED, reason=f"declined: {reason}", now=now)
-    requeue_job(row, now=now, refund=True, reason=f"declined: {reason}")
+    assignment_return_to_pool(row=row, reason=f"declined: {reason}", lost=False, now=now)
     return ReportOutcome(True, "declined; requeued")
+
+
+def assignment_return_to_pool(*, row: DispatchedJob, reason: str, lost: bool, now: datetime) -> bool:
+    """Close an open single-job assignment as Abandoned and give its job back to the pool: declined
+    (no attempt spent), or lost with its worker (the attempt is spent; an evaluation counts a lost
+    dispatch and fails after 10). False, writing nothing, when it was closed already."""
+    with transaction.atomic():
+        if not assignment_close(row=row, outcome=DispatchOutcome.ABANDONED, reason=reason, now=now):
+            return False
+        if lost:
+            history.reported(
+                row=row, worker=str(row.worker_id), kind=ReportKind.LOST, summary=reason, now=now
+            )
+        if lost and row.evaluation_id is not None:
+            Evaluation.objects.filter(id=row.evaluation_id).update(lost_dispatches=F("lost_dispatches") + 1)
+            evaluation = _locked_evaluation(row)
+            if evaluation.status not in EVALUATION_TERMINAL and (
+                decide_eval_failure(kind="lost", lost_dispatches=evaluation.lost_dispatches)
+                == EvalVerdict.FAIL
+            ):
+                _fail_evaluation(
+                    evaluation, now, f"{evaluation.lost_dispatches} evaluation dispatches were lost"
+                )
+                return True
+        requeue_job(row, now=now, refund=not lost, reason=reason)
+    return True
 
 
 def requeue_job(row: DispatchedJob, *, now: datetime, refund: bool, reason: str) -> None:
