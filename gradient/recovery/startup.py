@@ -1,19 +1,184 @@
-"""Startup recovery, run by `serve` before it accepts connections."""
+"""Startup recovery (recover_interrupted_work), run by `serve` before it accepts connections.
+
+A server that crashed left rows claiming work that nobody is doing: assignments on workers whose
+socket died with it, running build attempts, Building shared builds, evaluations being evaluated,
+cluster attempts. The steps of waiting-and-recovery.md put them back, in order. Several `serve`
+processes may share the database, so only what belonged to a dead server boot is touched: a worker
+still connected to a live server keeps its jobs.
+
+No live effects: nothing is pushed to workers from here (step 7); the rows are consistent on their own.
+"""
 
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import uuid
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
 
+from django.db import transaction
+from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
 
 from gradient.recovery.models import ServerBoot
+from gradient.scheduling import history
+from gradient.scheduling.models import (
+    BuildAttempt,
+    BuildAttemptOutcome,
+    BuildStatus,
+    DerivationBuild,
+    DerivationBuildDependency,
+    DispatchedJob,
+    DispatchOutcome,
+    Evaluation,
+    EvaluationStatus,
+)
+from gradient.scheduling.services.claims import assignment_close
+from gradient.scheduling.services.reports import forget_sent
+from gradient.workers.models import IdleSlot, SentCandidate, WorkerSession
 
 log = logging.getLogger("gradient.recovery")
 
+# A boot that has not heartbeaten for this long is dead (serve heartbeats every 10 s).
+DEAD_BOOT_SECS = 30
+EVALUATING = (
+    EvaluationStatus.FETCHING,
+    EvaluationStatus.EVALUATING_FLAKE,
+    EvaluationStatus.EVALUATING_DERIVATION,
+)
 
-def run_startup_recovery(*, boot_id: uuid.UUID) -> None:
-    """Marks the boot recovered. The recovery steps of waiting-and-recovery.md (closing assignments and
-    attempts of earlier boots, requeueing work) are added here as the apps that own them land."""
+
+@dataclass
+class RecoveryReport:
+    dead_boots: int = 0
+    sessions_closed: int = 0
+    assignments_closed: int = 0
+    build_attempts_aborted: int = 0
+    builds_requeued: int = 0
+    builds_unpromoted: int = 0
+    evaluations_requeued: int = 0
+    clusters: dict[str, Any] = field(default_factory=dict)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def dead_boot_ids(*, current: uuid.UUID, now: datetime) -> list[uuid.UUID]:
+    """Boots that are gone: stopped, silent for DEAD_BOOT_SECS, or on this host with their process gone."""
+    host = socket.gethostname()
+    dead: list[uuid.UUID] = []
+    for boot in ServerBoot.objects.exclude(id=current).filter(
+        Q(stopped_at__isnull=True) | Q(stopped_at__gte=now - timedelta(days=1))
+    ):
+        if (
+            boot.stopped_at is not None
+            or boot.last_heartbeat < now - timedelta(seconds=DEAD_BOOT_SECS)
+            or (boot.hostname == host and not _pid_alive(boot.pid))
+        ):
+            dead.append(boot.id)
+    return dead
+
+
+def _live_workers(dead: list[uuid.UUID]) -> Any:
+    """Workers whose open session is held by a live server."""
+    return (
+        WorkerSession.objects.filter(closed_at__isnull=True).exclude(server_boot__in=dead).values("worker_id")
+    )
+
+
+def recover_interrupted_work(*, boot_id: uuid.UUID, now: datetime) -> RecoveryReport:
+    report = RecoveryReport()
+    dead = dead_boot_ids(current=boot_id, now=now)
+    report.dead_boots = len(dead)
+    ServerBoot.objects.filter(id__in=dead, stopped_at__isnull=True).update(stopped_at=now)
+
+    # Sessions held by dead servers are gone with their sockets.
+    orphaned_sessions = WorkerSession.objects.filter(closed_at__isnull=True, server_boot__in=dead)
+    orphaned_workers = list(orphaned_sessions.values_list("worker_id", flat=True))
+    report.sessions_closed = orphaned_sessions.update(closed_at=now, close_reason="its server stopped")
+    IdleSlot.objects.filter(worker_id__in=orphaned_workers).delete()
+    SentCandidate.objects.filter(worker_id__in=orphaned_workers).delete()
+
+    live = _live_workers(dead)
+
+    # 1. Assignments: open single-job rows on workers no live server holds close as Abandoned. Cluster
+    #    members are left to the cluster steps (5).
+    for row in DispatchedJob.objects.filter(finished_at__isnull=True, cluster_attempt__isnull=True).exclude(
+        worker_id__in=live
+    ):
+        with transaction.atomic():
+            if assignment_close(
+                row=row, outcome=DispatchOutcome.ABANDONED, reason="server restarted", now=now
+            ):
+                report.assignments_closed += 1
+                forget_sent(row.job_id)
+
+    open_row = DispatchedJob.objects.filter(
+        derivation_build_id=OuterRef("build_id"), finished_at__isnull=True
+    )
+    # 2. Running build attempts without an open assignment turn Aborted.
+    report.build_attempts_aborted = (
+        BuildAttempt.objects.filter(outcome=BuildAttemptOutcome.RUNNING)
+        .exclude(Exists(open_row))
+        .update(outcome=BuildAttemptOutcome.ABORTED, error="server restarted", finished_at=now)
+    )
+
+    # 3. Building shared builds without an open assignment turn Queued first; unpromote_ungated then moves
+    #    those whose dependencies are not all done back to Created.
+    open_build_row = DispatchedJob.objects.filter(
+        derivation_build_id=OuterRef("pk"), finished_at__isnull=True
+    )
+    requeued = list(
+        DerivationBuild.objects.filter(status=BuildStatus.BUILDING)
+        .exclude(Exists(open_build_row))
+        .values_list("id", flat=True)
+    )
+    report.builds_requeued = DerivationBuild.objects.filter(
+        id__in=requeued, status=BuildStatus.BUILDING
+    ).update(status=BuildStatus.QUEUED, queued_at=now, updated_at=now)
+    ungated = DerivationBuildDependency.objects.filter(build_id=OuterRef("pk")).exclude(
+        dependency__status__in=[BuildStatus.COMPLETED, BuildStatus.SUBSTITUTED]
+    )
+    report.builds_unpromoted = (
+        DerivationBuild.objects.filter(id__in=requeued, status=BuildStatus.QUEUED)
+        .filter(Exists(ungated))
+        .update(status=BuildStatus.CREATED, queued_at=None, updated_at=now)
+    )
+
+    # 4. Evaluations being fetched or evaluated on a worker that is gone turn Queued, with a phase event.
+    open_eval_row = DispatchedJob.objects.filter(evaluation_id=OuterRef("pk"), finished_at__isnull=True)
+    for evaluation_id in (
+        Evaluation.objects.filter(status__in=EVALUATING)
+        .exclude(Exists(open_eval_row))
+        .values_list("id", flat=True)
+    ):
+        if history.evaluation_transition(
+            evaluation_id=evaluation_id,
+            to=EvaluationStatus.QUEUED,
+            expect=EVALUATING,
+            reason="server restarted while its evaluation job was on a worker",
+            now=now,
+        ):
+            report.evaluations_requeued += 1
+            forget_sent(f"eval:{evaluation_id}")
+    return report
+
+
+def run_startup_recovery(*, boot_id: uuid.UUID) -> RecoveryReport:
+    """Recover, then mark the boot recovered. Draining evaluations are unparked after this (the waiting
+    pass sends them back to Queued)."""
+    now = timezone.now()
+    report = recover_interrupted_work(boot_id=boot_id, now=now)
     ServerBoot.objects.filter(id=boot_id).update(recovered_at=timezone.now())
-    log.info("startup recovery done for boot %s", boot_id)
+    log.info("startup recovery for boot %s: %s", boot_id, asdict(report))
+    return report

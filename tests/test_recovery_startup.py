@@ -1,0 +1,118 @@
+"""Startup recovery: what a crashed server left open goes back to the pool, in the design's order, and
+nothing a live server holds is touched."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from gradient.records.services import record_check_one
+from gradient.recovery.models import ServerBoot
+from gradient.recovery.startup import recover_interrupted_work
+from gradient.scheduling.models import (
+    BuildAttempt,
+    BuildStatus,
+    DerivationBuild,
+    DispatchedJob,
+    EvaluationStatus,
+)
+from gradient.scheduling.services import graph
+from gradient.workers.models import WorkerSession
+from tests.factories import EvaluationFactory, ProjectFactory, connected_worker
+from tests.scheduling_helpers import ask, build, drv
+
+pytestmark = pytest.mark.django_db
+
+
+def _boot(alive: bool) -> ServerBoot:
+    now = timezone.now()
+    return ServerBoot.objects.create(
+        hostname="elsewhere",
+        pid=4242,
+        started_at=now - timedelta(hours=1),
+        last_heartbeat=now if alive else now - timedelta(minutes=5),
+    )
+
+
+def _on(worker, boot: ServerBoot) -> None:  # type: ignore[no-untyped-def]
+    WorkerSession.objects.filter(worker=worker, closed_at__isnull=True).update(server_boot=boot.id)
+
+
+def test_recovery_returns_the_work_of_a_dead_server_and_keeps_a_live_servers() -> None:
+    project = ProjectFactory()
+    dead, live = _boot(alive=False), _boot(alive=True)
+    building = EvaluationFactory(project=project, status=EvaluationStatus.BUILDING)
+    graph.ingest_eval_result(
+        evaluation=building, derivations=[drv("base"), drv("mid", "base"), drv("other")], now=timezone.now()
+    )
+    evaluating = EvaluationFactory(project=project)
+    w_dead = connected_worker([project], max_concurrent_builds=2)
+    w_live = connected_worker([project])
+    _on(w_dead, dead)
+    _on(w_live, live)
+    eval_job = ask(w_dead.id, "flake")
+    assert eval_job is not None and eval_job.job_key == evaluating.job_key
+    first = ask(w_dead.id)
+    assert first is not None
+    kept = ask(w_live.id)
+    assert kept is not None
+    # A build whose dependencies are not all done but that is Building (a drifted row) is unpromoted.
+    mid = DerivationBuild.objects.get(drv_path__endswith="mid.drv")
+    DerivationBuild.objects.filter(id=mid.id).update(status=BuildStatus.BUILDING)
+
+    report = recover_interrupted_work(boot_id=uuid.uuid4(), now=timezone.now())
+
+    assert report.dead_boots == 1 and report.sessions_closed == 1
+    assert report.assignments_closed == 2 and report.evaluations_requeued == 1
+    assert not DispatchedJob.objects.filter(worker=w_dead, finished_at__isnull=True).exists()
+    assert DispatchedJob.objects.get(id=kept.assignment_id).finished_at is None
+    evaluating.refresh_from_db()
+    assert evaluating.status == EvaluationStatus.QUEUED
+    lost_build = DerivationBuild.objects.get(id=first.job["builds"][0]["build_id"])
+    assert lost_build.status == BuildStatus.QUEUED
+    assert BuildAttempt.objects.get(dispatched_job_id=first.assignment_id).outcome == "Aborted"
+    assert DerivationBuild.objects.get(id=kept.job["builds"][0]["build_id"]).status == BuildStatus.BUILDING
+    mid.refresh_from_db()
+    assert mid.status == BuildStatus.CREATED and report.builds_unpromoted == 1
+    for evaluation in (building, evaluating):
+        problems, _ = record_check_one(job_key=evaluation.job_key, now=timezone.now(), settle=False)
+        assert problems == ()
+
+
+def test_recovery_twice_changes_nothing_more() -> None:
+    project = ProjectFactory()
+    dead = _boot(alive=False)
+    EvaluationFactory(project=project)
+    worker = connected_worker([project])
+    _on(worker, dead)
+    assert ask(worker.id, "flake") is not None
+    first = recover_interrupted_work(boot_id=uuid.uuid4(), now=timezone.now())
+    second = recover_interrupted_work(boot_id=uuid.uuid4(), now=timezone.now())
+    assert first.assignments_closed == 1
+    assert (second.assignments_closed, second.evaluations_requeued, second.sessions_closed) == (0, 0, 0)
+
+
+def test_the_work_then_completes_with_the_same_worker_reconnected() -> None:
+    project = ProjectFactory()
+    dead = _boot(alive=False)
+    evaluation = EvaluationFactory(project=project, status=EvaluationStatus.BUILDING)
+    graph.ingest_eval_result(evaluation=evaluation, derivations=[drv("solo")], now=timezone.now())
+    worker = connected_worker([project])
+    _on(worker, dead)
+    assert ask(worker.id) is not None
+    recover_interrupted_work(boot_id=uuid.uuid4(), now=timezone.now())
+    WorkerSession.objects.create(
+        worker=worker,
+        channel_name="again",
+        server_boot=uuid.uuid4(),
+        opened_at=timezone.now(),
+        last_seen=timezone.now(),
+    )
+    again = ask(worker.id)
+    assert again is not None
+    build(worker.id, again)
+    evaluation.refresh_from_db()
+    assert evaluation.status == EvaluationStatus.COMPLETED
