@@ -33,6 +33,8 @@ PASSES: tuple[PassSpec, ...] = (
     PassSpec("build-resync", "gradient.scheduling.tasks.build_resync_pass", lambda: 60.0),
     PassSpec("graph-reheal", "gradient.scheduling.tasks.graph_reheal_pass", lambda: 300.0),
     PassSpec("cluster-retention", "gradient.clusters.tasks.retention_pass", lambda: 3600.0),
+    PassSpec("abandoned-dispatch-sweep", "gradient.recovery.tasks.abandoned_dispatch_sweep", lambda: 60.0),
+    PassSpec("evaluation-watchdog", "gradient.recovery.tasks.evaluation_watchdog", lambda: 60.0),
     PassSpec("records-check", "gradient.records.tasks.check_pass", lambda: 300.0),
 )
 

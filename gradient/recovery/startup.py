@@ -26,6 +26,7 @@ from django.utils import timezone
 from gradient.recovery.models import ServerBoot
 from gradient.scheduling import history
 from gradient.scheduling.models import (
+    EVALUATION_EVALUATING,
     BuildAttempt,
     BuildAttemptOutcome,
     BuildStatus,
@@ -44,11 +45,6 @@ log = logging.getLogger("gradient.recovery")
 
 # A boot that has not heartbeaten for this long is dead (serve heartbeats every 10 s).
 DEAD_BOOT_SECS = 30
-EVALUATING = (
-    EvaluationStatus.FETCHING,
-    EvaluationStatus.EVALUATING_FLAKE,
-    EvaluationStatus.EVALUATING_DERIVATION,
-)
 
 
 @dataclass
@@ -158,14 +154,14 @@ def recover_interrupted_work(*, boot_id: uuid.UUID, now: datetime) -> RecoveryRe
     # 4. Evaluations being fetched or evaluated on a worker that is gone turn Queued, with a phase event.
     open_eval_row = DispatchedJob.objects.filter(evaluation_id=OuterRef("pk"), finished_at__isnull=True)
     for evaluation_id in (
-        Evaluation.objects.filter(status__in=EVALUATING)
+        Evaluation.objects.filter(status__in=EVALUATION_EVALUATING)
         .exclude(Exists(open_eval_row))
         .values_list("id", flat=True)
     ):
         if history.evaluation_transition(
             evaluation_id=evaluation_id,
             to=EvaluationStatus.QUEUED,
-            expect=EVALUATING,
+            expect=EVALUATION_EVALUATING,
             reason="server restarted while its evaluation job was on a worker",
             now=now,
         ):

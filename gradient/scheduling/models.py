@@ -42,6 +42,12 @@ EVALUATION_ACTIVE = (
     EvaluationStatus.WAITING,
 )
 EVALUATION_TERMINAL = (EvaluationStatus.COMPLETED, EvaluationStatus.FAILED, EvaluationStatus.ABORTED)
+# Its evaluation job is on a worker.
+EVALUATION_EVALUATING = (
+    EvaluationStatus.FETCHING,
+    EvaluationStatus.EVALUATING_FLAKE,
+    EvaluationStatus.EVALUATING_DERIVATION,
+)
 
 
 class EvaluationKind(models.TextChoices):
