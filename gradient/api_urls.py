@@ -4,4 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-urlpatterns: list[Any] = []
+from django.urls import include, path
+
+urlpatterns: list[Any] = [
+    path("", include("gradient.workers.urls")),
+]

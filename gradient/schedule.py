@@ -22,8 +22,17 @@ class PassSpec:
         return float(self.interval())
 
 
+def _worker_liveness_interval() -> float:
+    """Every max(5, timeout / 3) s; disabled (0) with a heartbeat timeout of 0."""
+    from django.conf import settings
+
+    timeout = float(settings.GRADIENT_PROTO_WORKER_HEARTBEAT_TIMEOUT_SECS)
+    return 0.0 if timeout <= 0 else max(5.0, timeout / 3)
+
+
 PASSES: tuple[PassSpec, ...] = (
     PassSpec("cluster-retention", "gradient.clusters.tasks.retention_pass", lambda: 3600.0),
+    PassSpec("worker-liveness", "gradient.workers.tasks.worker_liveness_pass", _worker_liveness_interval),
 )
 
 

@@ -6,7 +6,9 @@ With REDIS_URL they are Celery beat's (`celery -A gradient worker -B`).
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import socket
 import threading
 from typing import Any
 
@@ -25,6 +27,25 @@ log = logging.getLogger("gradient.serve")
 # Error{400} and close code 4400 (uvicorn itself would only close with 1009).
 WS_MAX_SIZE = 4 * 1024 * 1024
 BOOT_HEARTBEAT_SECS = 10.0
+WORKER_DRAIN_SECS = 18.0  # Draining, then every session closed, within the 20 s the contract allows
+
+
+class GradientServer(uvicorn.Server):
+    """uvicorn, with the worker drain in front of its shutdown: on SIGTERM stop accepting, send
+    Draining to every worker session of this process and close them (within 20 s), then let uvicorn
+    finish the remaining HTTP requests."""
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        from gradient.workers.consumer import drain_local_sessions
+
+        for server in self.servers:
+            server.close()
+        try:
+            closed = await asyncio.wait_for(drain_local_sessions(), timeout=WORKER_DRAIN_SECS)
+            log.info("drained %d worker session(s)", closed)
+        except Exception:
+            log.exception("draining worker sessions failed")
+        await super().shutdown(sockets)
 
 
 class Command(BaseCommand):
@@ -80,7 +101,7 @@ class Command(BaseCommand):
             timeout_graceful_shutdown=20,
         )
         try:
-            uvicorn.Server(config).run()
+            GradientServer(config).run()
         finally:
             stop_heartbeat.set()
             if runner is not None:
