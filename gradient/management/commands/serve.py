@@ -7,9 +7,12 @@ With REDIS_URL they are Celery beat's (`celery -A gradient worker -B`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import signal
 import socket
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 import uvicorn
@@ -46,6 +49,20 @@ class GradientServer(uvicorn.Server):
         except Exception:
             log.exception("draining worker sessions failed")
         await super().shutdown(sockets)
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        """uvicorn's, without re-raising SIGTERM/SIGINT once shut down: `serve` then finishes its own
+        cleanup (the boot's stopped_at) and exits 0 after a graceful stop."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        original = {sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield
+        finally:
+            for sig, handler in original.items():
+                signal.signal(sig, handler)
 
 
 class Command(BaseCommand):
