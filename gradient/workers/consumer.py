@@ -152,21 +152,32 @@ class WorkerConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]  # channels 
                 400, f"unsupported protocol {message.protocol}: this server speaks {PROTOCOL_VERSION}"
             )
             return
-        result = await database_sync_to_async(services.worker_session_open)(
-            worker_id=message.worker_id,
-            token=message.token,
-            capabilities=message.capabilities,
-            channel_name=self.channel_name,
-            server_boot=current_boot(),
-            now=timezone.now(),
-        )
+        try:
+            result = await database_sync_to_async(services.worker_session_open)(
+                worker_id=message.worker_id,
+                token=message.token,
+                capabilities=message.capabilities,
+                channel_name=self.channel_name,
+                server_boot=current_boot(),
+                now=timezone.now(),
+            )
+        except Exception:
+            log.exception("handshake of %s failed", self._peer())
+            await self._close(1011, "internal error")
+            return
         if isinstance(result, HandshakeRejected):
             await self._reject(result.code, result.reason)
             return
         self.session = result.session
         self._seen_at = time.monotonic()
         self.group = worker_group(result.session.worker_id)
-        await self.channel_layer.group_add(self.group, self.channel_name)
+        try:
+            await self.channel_layer.group_add(self.group, self.channel_name)
+        except Exception:  # no channel layer, no pushes: refuse the session rather than half-serve it
+            log.exception("joining the channel-layer group of worker %s failed", result.session.worker_id)
+            self.group = None
+            await self._close(1011, "internal error: channel layer unavailable")
+            return
         self._grouped_at = time.monotonic()
         await self._send(
             InitAck(
