@@ -6,6 +6,8 @@ from typing import Any
 
 from django.urls import include, path
 
-urlpatterns: list[Any] = []
-urlpatterns += [path("", include("gradient.records.urls"))]
-urlpatterns += [path("", include("gradient.scheduling.urls"))]
+urlpatterns: list[Any] = [
+    path("", include("gradient.workers.urls")),
+    path("", include("gradient.records.urls")),
+    path("", include("gradient.scheduling.urls")),
+]

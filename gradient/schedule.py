@@ -28,6 +28,12 @@ def _pass_interval() -> float:
     return float(settings.GRADIENT_SCHEDULER_PASS_INTERVAL_SECS)
 
 
+def _worker_liveness_interval() -> float:
+    """Every max(5, timeout / 3) s; disabled (0) with a heartbeat timeout of 0."""
+    timeout = float(settings.GRADIENT_PROTO_WORKER_HEARTBEAT_TIMEOUT_SECS)
+    return 0.0 if timeout <= 0 else max(5.0, timeout / 3)
+
+
 PASSES: tuple[PassSpec, ...] = (
     PassSpec("assignment", "gradient.scheduling.tasks.assignment_pass", _pass_interval),
     PassSpec("build-resync", "gradient.scheduling.tasks.build_resync_pass", lambda: 60.0),
@@ -36,6 +42,7 @@ PASSES: tuple[PassSpec, ...] = (
     PassSpec("abandoned-dispatch-sweep", "gradient.recovery.tasks.abandoned_dispatch_sweep", lambda: 60.0),
     PassSpec("evaluation-watchdog", "gradient.recovery.tasks.evaluation_watchdog", lambda: 60.0),
     PassSpec("records-check", "gradient.records.tasks.check_pass", lambda: 300.0),
+    PassSpec("worker-liveness", "gradient.workers.tasks.worker_liveness_pass", _worker_liveness_interval),
 )
 
 

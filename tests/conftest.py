@@ -11,3 +11,25 @@ from django.db import connection
 def postgres_only(db: None) -> None:
     if connection.vendor != "postgresql":
         pytest.skip("needs PostgreSQL (set DATABASE_URL)")
+
+
+@pytest.fixture
+def make_worker() -> object:
+    """Register a worker as an operator would (token shown once, stored hashed): returns a function
+    `make(name=None, projects=(), active=True) -> (worker, token)`. Needs a django_db mark."""
+    from gradient.scheduling.models import Project
+    from gradient.workers.services import worker_register
+
+    counter = iter(range(1_000_000))
+
+    def make(
+        name: str | None = None, projects: tuple[str, ...] = (), active: bool = True
+    ) -> tuple[object, str]:
+        rows = [Project.objects.get_or_create(name=p)[0] for p in projects]
+        worker, token = worker_register(name=name or f"worker-{next(counter)}", projects=rows)
+        if not active:
+            worker.active = False
+            worker.save(update_fields=["active"])
+        return worker, token
+
+    return make

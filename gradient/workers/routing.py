@@ -1,7 +1,13 @@
-"""WebSocket routes. The worker protocol's consumer is mounted at /proto."""
+"""WebSocket routes. The worker protocol's consumer is mounted at /proto (exactly)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-websocket_urlpatterns: list[Any] = []
+from django.urls import re_path
+
+from gradient.workers.consumer import WorkerConsumer
+
+websocket_urlpatterns: list[Any] = [
+    re_path(r"^proto$", WorkerConsumer.as_asgi()),
+]

@@ -1,8 +1,9 @@
-"""Real processes for end-to-end tests: `manage.py serve` and, later, reference workers, on loopback."""
+"""Real processes for end-to-end tests: `manage.py serve` and reference workers, on loopback."""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import socket
@@ -11,9 +12,12 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -120,3 +124,105 @@ def serve(
         yield server
     finally:
         server.stop()
+
+
+def http_json(
+    method: str, url: str, body: Any = None, token: str | None = None, timeout: float = 10.0
+) -> tuple[int, Any]:
+    """A JSON request (with `Authorization: Token ...` when given); returns (status, decoded body)."""
+    data = json.dumps(body).encode() if body is not None else None
+    request = urllib.request.Request(url, data=data, method=method)  # noqa: S310 (loopback only)
+    request.add_header("Content-Type", "application/json")
+    if token:
+        request.add_header("Authorization", f"Token {token}")
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310
+            status, raw = response.status, response.read()
+    except urllib.error.HTTPError as exc:
+        status, raw = exc.code, exc.read()
+    return status, json.loads(raw) if raw else None
+
+
+def wait_until(predicate: Callable[[], T], timeout: float = 30.0, interval: float = 0.2, what: str = "") -> T:
+    """Poll until `predicate()` is truthy; returns its value, or fails naming `what`."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what or predicate}")
+        time.sleep(interval)
+
+
+@dataclass
+class WorkerProcess:
+    """A reference worker, `python -m gradient.workers.client`."""
+
+    name: str
+    process: subprocess.Popen[bytes]
+    log_path: Path
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def pause(self) -> None:
+        """SIGSTOP: it stops heartbeating, its socket stays open."""
+        self.process.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        self.process.send_signal(signal.SIGCONT)
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30.0) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGCONT)
+            self.process.send_signal(sig)
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(10)
+        return self.process.returncode
+
+
+@contextlib.contextmanager
+def reference_worker(
+    server_url: str,
+    worker_id: str,
+    token: str,
+    log_dir: Path,
+    *,
+    name: str = "worker",
+    extra_args: list[str] | None = None,
+    env: dict[str, str] | None = None,
+) -> Iterator[WorkerProcess]:
+    """Start a reference worker with the sim executor against `server_url` (ws://.../proto); stopped
+    with SIGTERM on exit."""
+    log_path = log_dir / f"{name}.log"
+    with open(log_path, "wb") as log_file:
+        process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "gradient.workers.client",
+                "--server",
+                server_url,
+                "--worker-id",
+                worker_id,
+                "--token",
+                token,
+                "--executor",
+                "sim",
+                *(extra_args or []),
+            ],
+            cwd=ROOT,
+            env=env if env is not None else base_env(),
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    worker = WorkerProcess(name=name, process=process, log_path=log_path)
+    try:
+        yield worker
+    finally:
+        worker.stop()

@@ -6,8 +6,13 @@ With REDIS_URL they are Celery beat's (`celery -A gradient worker -B`).
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
+import signal
+import socket
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 import uvicorn
@@ -25,6 +30,39 @@ log = logging.getLogger("gradient.serve")
 # Error{400} and close code 4400 (uvicorn itself would only close with 1009).
 WS_MAX_SIZE = 4 * 1024 * 1024
 BOOT_HEARTBEAT_SECS = 10.0
+WORKER_DRAIN_SECS = 18.0  # Draining, then every session closed, within the 20 s the contract allows
+
+
+class GradientServer(uvicorn.Server):
+    """uvicorn, with the worker drain in front of its shutdown: on SIGTERM stop accepting, send
+    Draining to every worker session of this process and close them (within 20 s), then let uvicorn
+    finish the remaining HTTP requests."""
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        from gradient.workers.consumer import drain_local_sessions
+
+        for server in self.servers:
+            server.close()
+        try:
+            closed = await asyncio.wait_for(drain_local_sessions(), timeout=WORKER_DRAIN_SECS)
+            log.info("drained %d worker session(s)", closed)
+        except Exception:
+            log.exception("draining worker sessions failed")
+        await super().shutdown(sockets)
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        """uvicorn's, without re-raising SIGTERM/SIGINT once shut down: `serve` then finishes its own
+        cleanup (the boot's stopped_at) and exits 0 after a graceful stop."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        original = {sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield
+        finally:
+            for sig, handler in original.items():
+                signal.signal(sig, handler)
 
 
 class Command(BaseCommand):
@@ -80,7 +118,7 @@ class Command(BaseCommand):
             timeout_graceful_shutdown=20,
         )
         try:
-            uvicorn.Server(config).run()
+            GradientServer(config).run()
         finally:
             stop_heartbeat.set()
             if runner is not None:

@@ -1,0 +1,273 @@
+"""REST routes of ../shared/spec/rest.md that the workers app owns: the token login, users, projects
+and workers (register, list, deactivate).
+
+Users and projects live here too, with the first routes that need them; the views only validate and
+call services. Bad input is a 400 with field errors, an unknown id a 404, never a 500.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib.auth import get_user_model
+from django.contrib.auth.validators import UnicodeUsernameValidator
+from django.db import IntegrityError
+from django.utils import timezone
+from drf_spectacular.utils import OpenApiResponse, extend_schema
+from rest_framework import serializers, status
+from rest_framework.authtoken.views import ObtainAuthToken
+from rest_framework.exceptions import NotFound
+from rest_framework.permissions import IsAdminUser
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from gradient.scheduling.models import Project
+from gradient.workers import services
+from gradient.workers.models import Worker
+from gradient.workers.selectors import parse_uuid, workers_with_session_state
+
+# --- Serializers -----------------------------------------------------------------------------------
+
+
+class ProjectNamesField(serializers.ListField):
+    """A list of project names, resolved to Project rows; an unknown name is a field error."""
+
+    child = serializers.CharField(max_length=200)
+
+    def to_internal_value(self, data: Any) -> list[Project]:
+        names: list[str] = list(dict.fromkeys(super().to_internal_value(data)))
+        projects = {p.name: p for p in Project.objects.filter(name__in=names)}
+        unknown = [n for n in names if n not in projects]
+        if unknown:
+            raise serializers.ValidationError(f"Unknown project(s): {', '.join(unknown)}.")
+        return [projects[n] for n in names]
+
+
+class TokenRequestSerializer(serializers.Serializer[Any]):
+    username = serializers.CharField()
+    password = serializers.CharField(style={"input_type": "password"}, trim_whitespace=False)
+
+
+class TokenSerializer(serializers.Serializer[Any]):
+    token = serializers.CharField()
+
+
+class UserCreateSerializer(serializers.Serializer[Any]):
+    username = serializers.CharField(max_length=150, validators=[UnicodeUsernameValidator()])
+    password = serializers.CharField(write_only=True, trim_whitespace=False, max_length=4096)
+    is_staff = serializers.BooleanField(default=False)
+    projects = ProjectNamesField(default=list)
+
+    def validate_username(self, value: str) -> str:
+        if get_user_model().objects.filter(username=value).exists():
+            raise serializers.ValidationError("A user with that username already exists.")
+        return value
+
+
+class UserSerializer(serializers.Serializer[Any]):
+    id = serializers.IntegerField()
+    username = serializers.CharField()
+    is_staff = serializers.BooleanField()
+    projects = serializers.ListField(child=serializers.CharField())
+
+
+class ProjectCreateSerializer(serializers.Serializer[Any]):
+    name = serializers.CharField(max_length=200)
+
+    def validate_name(self, value: str) -> str:
+        if Project.objects.filter(name=value).exists():
+            raise serializers.ValidationError("A project with that name already exists.")
+        return value
+
+
+class ProjectSerializer(serializers.Serializer[Any]):
+    id = serializers.UUIDField()
+    name = serializers.CharField()
+
+
+class WorkerCreateSerializer(serializers.Serializer[Any]):
+    name = serializers.CharField(max_length=200)
+    projects = ProjectNamesField(default=list)
+
+    def validate_name(self, value: str) -> str:
+        if Worker.objects.filter(name=value).exists():
+            raise serializers.ValidationError("A worker with that name already exists.")
+        return value
+
+
+class WorkerCreatedSerializer(serializers.Serializer[Any]):
+    id = serializers.UUIDField()
+    token = serializers.CharField(help_text="The worker's token: shown only here, stored hashed.")
+
+
+class WorkerSerializer(serializers.Serializer[Any]):
+    id = serializers.UUIDField()
+    name = serializers.CharField()
+    connected = serializers.BooleanField(help_text="The worker has an open session.")
+    draining = serializers.BooleanField(help_text="Its open session said Draining.")
+    architectures = serializers.ListField(child=serializers.CharField())
+    system_features = serializers.ListField(child=serializers.CharField())
+    zone = serializers.CharField(allow_null=True)
+    last_seen = serializers.DateTimeField(allow_null=True)
+    active = serializers.BooleanField()
+    projects = serializers.SerializerMethodField()
+    capabilities = serializers.SerializerMethodField()
+    max_concurrent_builds = serializers.IntegerField()
+    cpu_count = serializers.IntegerField(allow_null=True)
+    ram_total_mb = serializers.IntegerField(allow_null=True)
+    cpu_core_score = serializers.IntegerField(allow_null=True)
+    endpoint = serializers.CharField(allow_null=True)
+    metrics = serializers.SerializerMethodField()
+
+    def get_projects(self, worker: Worker) -> list[str]:
+        return sorted(p.name for p in worker.projects.all())
+
+    def get_capabilities(self, worker: Worker) -> dict[str, bool]:
+        return {"fetch": worker.can_fetch, "eval": worker.can_eval, "build": worker.can_build}
+
+    def get_metrics(self, worker: Worker) -> dict[str, Any]:
+        return {
+            "cpu_usage_pct": worker.cpu_usage_pct,
+            "ram_free_mb": worker.ram_free_mb,
+            "disk_speed_mbps": worker.disk_speed_mbps,
+            "upload_speed_mbps": worker.upload_speed_mbps,
+            "download_speed_mbps": worker.download_speed_mbps,
+            "build_peak_ram_mb": worker.build_peak_ram_mb,
+            "reported_at": worker.metrics_at.isoformat() if worker.metrics_at else None,
+        }
+
+
+# --- Views -----------------------------------------------------------------------------------------
+
+
+class AuthTokenView(ObtainAuthToken):
+    """POST /api/v1/auth/token: {username, password} -> {token}; send it as `Authorization: Token ...`."""
+
+    @extend_schema(
+        request=TokenRequestSerializer,
+        responses={200: TokenSerializer, 400: OpenApiResponse(description="Bad credentials")},
+        auth=[],
+        summary="Exchange a username and password for an API token",
+    )
+    def post(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        return super().post(request, *args, **kwargs)
+
+
+def _user_data(user: Any) -> dict[str, Any]:
+    return {
+        "id": user.id,
+        "username": user.username,
+        "is_staff": user.is_staff,
+        "projects": sorted(user.gradient_projects.values_list("name", flat=True)),
+    }
+
+
+class UsersView(APIView):
+    permission_classes = [IsAdminUser]
+
+    @extend_schema(request=UserCreateSerializer, responses={201: UserSerializer}, summary="Create a user")
+    def post(self, request: Request) -> Response:
+        serializer = UserCreateSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        data = serializer.validated_data
+        try:
+            user = services.user_create(
+                username=data["username"],
+                password=data["password"],
+                is_staff=data["is_staff"],
+                projects=data["projects"],
+            )
+        except IntegrityError:  # a concurrent create won the name
+            raise serializers.ValidationError(
+                {"username": ["A user with that username already exists."]}
+            ) from None
+        return Response(_user_data(user), status=status.HTTP_201_CREATED)
+
+
+class ProjectsView(APIView):
+    permission_classes = [IsAdminUser]
+
+    @extend_schema(responses={200: ProjectSerializer(many=True)}, summary="List projects")
+    def get(self, request: Request) -> Response:
+        return Response([{"id": p.id, "name": p.name} for p in Project.objects.order_by("name")])
+
+    @extend_schema(
+        request=ProjectCreateSerializer, responses={201: ProjectSerializer}, summary="Create a project"
+    )
+    def post(self, request: Request) -> Response:
+        serializer = ProjectCreateSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        try:
+            project = services.project_create(name=serializer.validated_data["name"])
+        except IntegrityError:
+            raise serializers.ValidationError(
+                {"name": ["A project with that name already exists."]}
+            ) from None
+        return Response({"id": project.id, "name": project.name}, status=status.HTTP_201_CREATED)
+
+
+def _worker_or_404(worker_id: str) -> Worker:
+    parsed = parse_uuid(worker_id)
+    worker = workers_with_session_state().filter(id=parsed).first() if parsed is not None else None
+    if worker is None:
+        raise NotFound("No worker with this id.")
+    return worker
+
+
+class WorkersView(APIView):
+    permission_classes = [IsAdminUser]
+
+    @extend_schema(responses={200: WorkerSerializer(many=True)}, summary="List workers")
+    def get(self, request: Request) -> Response:
+        return Response(WorkerSerializer(workers_with_session_state().order_by("name"), many=True).data)
+
+    @extend_schema(
+        request=WorkerCreateSerializer,
+        responses={201: WorkerCreatedSerializer},
+        summary="Register a worker; its token is shown only in this answer",
+    )
+    def post(self, request: Request) -> Response:
+        serializer = WorkerCreateSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        try:
+            worker, token = services.worker_register(
+                name=serializer.validated_data["name"], projects=serializer.validated_data["projects"]
+            )
+        except IntegrityError:
+            raise serializers.ValidationError({"name": ["A worker with that name already exists."]}) from None
+        return Response({"id": worker.id, "token": token}, status=status.HTTP_201_CREATED)
+
+
+class WorkerDetailView(APIView):
+    permission_classes = [IsAdminUser]
+
+    @extend_schema(responses={200: WorkerSerializer}, summary="One worker")
+    def get(self, request: Request, worker_id: str) -> Response:
+        return Response(WorkerSerializer(_worker_or_404(worker_id)).data)
+
+
+class WorkerDeactivateView(APIView):
+    permission_classes = [IsAdminUser]
+
+    @extend_schema(
+        request=None,
+        responses={200: WorkerSerializer},
+        summary="Deactivate a worker: it is refused from now on (403) and its open session is closed",
+    )
+    def post(self, request: Request, worker_id: str) -> Response:
+        worker = _worker_or_404(worker_id)
+        services.worker_deactivate(worker_id=worker.id, now=timezone.now())
+        return Response(WorkerSerializer(_worker_or_404(str(worker.id))).data)
+
+
+class WorkerActivateView(APIView):
+    permission_classes = [IsAdminUser]
+
+    @extend_schema(
+        request=None, responses={200: WorkerSerializer}, summary="Allow a deactivated worker again"
+    )
+    def post(self, request: Request, worker_id: str) -> Response:
+        worker = _worker_or_404(worker_id)
+        services.worker_activate(worker_id=worker.id)
+        return Response(WorkerSerializer(_worker_or_404(str(worker.id))).data)

@@ -1,0 +1,1 @@
+"""The reference worker, `python -m gradient.workers.client`: see docs/workers.md."""

@@ -1,0 +1,509 @@
+"""The worker protocol (v1) as typed messages: ../shared/spec/protocol.md, word for word.
+
+Every frame is one JSON object whose `type` names the message; fields sit beside it in snake_case.
+Decoding is strict: an unknown `type`, an unknown or missing field, or a wrong type is a
+`ProtocolError`, which the server answers with `Error{400}` and close code 4400. Optional fields may be
+omitted or `null`; this module encodes them as `null`.
+
+This module is plain msgspec with no Django import, so the reference worker (gradient.workers.client)
+uses the very same structs as the server.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Annotated, Final, Literal, TypeAlias
+
+import msgspec
+from msgspec import Meta
+
+PROTOCOL_VERSION: Final = 1
+MAX_FRAME_BYTES: Final = 1024 * 1024  # 1 MiB: anything larger is a protocol violation
+MAX_CANDIDATES_PER_FRAME: Final = 1000  # JobListChunk and JobOffer pages
+MAX_SIGNAL_PAYLOAD_BYTES: Final = 64 * 1024  # ClusterSignal.payload
+
+# Close codes: a Reject closes with 4000 + its code; every protocol violation with 4400.
+CLOSE_PROTOCOL_ERROR: Final = 4400
+
+# Integers stored in 32-bit columns are bounded here, so a value the database cannot hold is a wrong
+# type (400) instead of a database error.
+_I32_MAX = 2**31 - 1
+_I64_MAX = 2**63 - 1
+NonNegInt32 = Annotated[int, Meta(ge=0, le=_I32_MAX)]
+NonNegInt64 = Annotated[int, Meta(ge=0, le=_I64_MAX)]
+NonNegFloat = Annotated[float, Meta(ge=0)]
+
+JobKindName: TypeAlias = Literal["flake", "build"]
+FlakeStep: TypeAlias = Literal["FetchFlake", "EvaluateFlake", "EvaluateDerivations"]
+
+
+class ProtocolError(ValueError):
+    """A frame that is not a valid message: invalid JSON, unknown type, unknown or missing field,
+    wrong type, or too large."""
+
+
+class BuildFailureKind(enum.StrEnum):
+    TRANSIENT = "transient"
+    PERMANENT = "permanent"
+    TIMEOUT = "timeout"
+    SUBSTITUTE_UNAVAILABLE = "substitute_unavailable"
+    INPUTS_UNAVAILABLE = "inputs_unavailable"
+    ABORTED = "aborted"
+    CANCELED = "canceled"  # the worker is stopping: requeue without spending an attempt
+
+
+class Shape(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """Base of every nested shape: unknown fields are refused."""
+
+
+# --- Shapes ----------------------------------------------------------------------------------------
+
+
+class InitCapabilities(Shape):
+    fetch: bool
+    eval: bool
+    build: bool
+
+
+class RequiredPath(Shape):
+    path: str
+    nar_size: NonNegInt64 | None = None  # present when the path is in the cache
+
+
+class BuildRequirement(Shape):
+    architecture: str  # "builtin" skips the system check
+    required_features: list[str]
+
+
+class JobCandidate(Shape):
+    job_id: str
+    kind: JobKindName
+    required_paths: list[RequiredPath]
+    drv_paths: list[str]
+    output_paths: list[str]
+    requirement: BuildRequirement | None = None  # only on build candidates
+
+
+class CandidateScore(Shape):
+    job_id: str
+    missing_count: NonNegInt32
+    missing_nar_size: NonNegInt64
+    outputs_present: bool
+
+
+class FlakeSourceBase(Shape, tag_field="kind"):
+    pass
+
+
+class RepositorySource(FlakeSourceBase, tag="repository"):
+    url: str
+    commit: str
+
+
+class CachedSource(FlakeSourceBase, tag="cached"):
+    store_path: str
+
+
+FlakeSource: TypeAlias = RepositorySource | CachedSource
+
+
+class OutputPath(Shape):
+    name: str
+    path: str
+
+
+class BuiltOutput(Shape):
+    name: str
+    path: str
+    nar_size: NonNegInt64
+
+
+class CachedOutput(Shape):
+    path: str
+    nar_size: NonNegInt64
+
+
+class BuildSpec(Shape):
+    build_id: str
+    drv_path: str
+    outputs: list[OutputPath]
+    timeout_secs: NonNegInt32
+    max_silent_secs: NonNegInt32
+
+
+class JobBase(Shape, tag_field="kind"):
+    pass
+
+
+class FlakeJob(JobBase, tag="flake"):
+    steps: list[FlakeStep]
+    source: FlakeSource
+    wildcards: list[str]
+    timeout_secs: NonNegInt32
+
+
+class BuildJob(JobBase, tag="build"):
+    builds: list[BuildSpec]
+    requirement: BuildRequirement
+
+
+Job: TypeAlias = FlakeJob | BuildJob
+
+
+class ClusterMembership(Shape):
+    attempt: str
+    role: str
+    index: NonNegInt32
+    hold_secs: NonNegInt32
+
+
+class ClusterAddress(Shape):
+    role: str
+    index: NonNegInt32
+
+
+class ClusterPeer(Shape):
+    role: str
+    index: NonNegInt32
+    worker_id: str
+    zone: str | None = None
+    endpoint: str | None = None
+
+
+class DiscoveredDerivation(Shape):
+    drv_path: str
+    system: str
+    required_features: list[str]
+    outputs: list[OutputPath]
+    input_drvs: list[str]
+    cached_outputs: list[CachedOutput]
+    attr: str | None = None
+
+
+class JobUpdateKindBase(Shape, tag_field="kind"):
+    pass
+
+
+class Fetching(JobUpdateKindBase, tag="fetching"):
+    pass
+
+
+class EvaluatingFlake(JobUpdateKindBase, tag="evaluating_flake"):
+    pass
+
+
+class EvaluatingDerivations(JobUpdateKindBase, tag="evaluating_derivations"):
+    pass
+
+
+class FetchResult(JobUpdateKindBase, tag="fetch_result"):
+    flake_source: str  # the store path the fetch produced
+
+
+class EvalResult(JobUpdateKindBase, tag="eval_result"):
+    derivations: list[DiscoveredDerivation]
+    warnings: list[str]
+    errors: list[str]
+
+
+class Building(JobUpdateKindBase, tag="building"):
+    build_id: str
+
+
+class BuildOutput(JobUpdateKindBase, tag="build_output"):
+    build_id: str
+    outputs: list[BuiltOutput]
+    substituted: bool
+
+
+JobUpdateKind: TypeAlias = (
+    Fetching | EvaluatingFlake | EvaluatingDerivations | FetchResult | EvalResult | Building | BuildOutput
+)
+
+
+# --- Messages --------------------------------------------------------------------------------------
+
+
+class Message(Shape, tag_field="type", tag=True):
+    """Base of every frame; the tag (`type`) is the class name unless a subclass says otherwise."""
+
+
+# Worker -> server
+
+
+class InitConnection(Message):
+    worker_id: str
+    token: str
+    capabilities: InitCapabilities
+    protocol: int
+
+
+class WorkerCapabilities(Message):
+    architectures: list[str]
+    system_features: list[str]
+    max_concurrent_builds: NonNegInt32
+    cpu_count: NonNegInt32
+    ram_total_mb: NonNegInt32
+    cpu_core_score: NonNegInt32
+    zone: Annotated[str, Meta(max_length=200)] | None = None
+    endpoint: Annotated[str, Meta(max_length=500)] | None = None
+
+
+class WorkerMetrics(Message):
+    """The 10 s heartbeat."""
+
+    cpu_usage_pct: NonNegFloat | None = None
+    ram_free_mb: NonNegInt32 | None = None
+    disk_speed_mbps: NonNegFloat | None = None
+    upload_speed_mbps: NonNegFloat | None = None
+    download_speed_mbps: NonNegFloat | None = None
+    build_peak_ram_mb: NonNegInt32 | None = None
+
+
+class RequestJobList(Message):
+    pass
+
+
+class RequestJobChunk(Message):
+    scores: list[CandidateScore]
+    is_final: bool
+
+
+class RequestJob(Message):
+    kind: JobKindName
+
+
+class AssignJobResponse(Message):
+    job_id: str
+    assignment_id: str
+    accepted: bool
+    reason: str | None = None
+
+
+class JobUpdate(Message):
+    job_id: str
+    assignment_id: str
+    update: JobUpdateKind
+
+
+class JobCompleted(Message):
+    job_id: str
+    assignment_id: str
+    elapsed_ms: NonNegInt64
+
+
+class JobFailed(Message):
+    job_id: str
+    assignment_id: str
+    error: str
+    kind: BuildFailureKind
+    elapsed_ms: NonNegInt64
+    missing_paths: list[str] | None = None
+
+
+class BuildProgress(Message):
+    job_id: str
+    assignment_id: str
+    build_id: str
+    phase: Literal["download", "prefetch", "upload"]
+    bytes_done: NonNegInt64
+    bytes_total: NonNegInt64 | None = None
+
+
+class EvalProgress(Message):
+    job_id: str
+    assignment_id: str
+    phase: Literal["fetching", "evaluating"]
+    done: NonNegInt64
+    total: NonNegInt64 | None = None
+
+
+class ClusterSignal(Message):
+    """A worker's signal to the other members of its started attempt (`to` absent: all of them)."""
+
+    attempt: str
+    payload: str
+    to: ClusterAddress | None = None
+
+    def __post_init__(self) -> None:
+        # Checked in bytes, as the wire carries it; raising here makes it a ValidationError.
+        if len(self.payload) * 4 > MAX_SIGNAL_PAYLOAD_BYTES and (
+            len(self.payload.encode()) > MAX_SIGNAL_PAYLOAD_BYTES
+        ):
+            raise ValueError(f"payload is larger than {MAX_SIGNAL_PAYLOAD_BYTES} bytes")
+
+
+class Draining(Message):
+    """Worker -> server: assign me nothing more. Server -> worker: the server is draining."""
+
+
+# Server -> worker
+
+
+class InitAck(Message):
+    worker_id: str
+    protocol: int
+    authorized_projects: list[str]
+
+
+class Reject(Message):
+    code: int
+    reason: str
+
+
+class Error(Message):
+    code: int
+    message: str
+
+
+class JobListChunk(Message):
+    candidates: Annotated[list[JobCandidate], Meta(max_length=MAX_CANDIDATES_PER_FRAME)]
+    is_final: bool
+
+
+class JobOffer(Message):
+    candidates: Annotated[list[JobCandidate], Meta(max_length=MAX_CANDIDATES_PER_FRAME)]
+
+
+class AssignJob(Message):
+    job_id: str
+    assignment_id: str
+    job: Job
+    cluster: ClusterMembership | None = None
+
+
+class AbortJob(Message):
+    job_id: str
+    assignment_id: str
+    reason: str
+
+
+class StartCluster(Message):
+    attempt: str
+    roster: list[ClusterPeer]
+
+
+class AbortCluster(Message):
+    attempt: str
+    reason: str
+
+
+class ClusterSignalDelivery(Message, tag="ClusterSignal"):
+    """Server -> worker ClusterSignal: a member's signal, forwarded with its sender's address."""
+
+    attempt: str
+    from_: ClusterAddress = msgspec.field(name="from")
+    payload: str
+
+
+WorkerMessage: TypeAlias = (
+    InitConnection
+    | WorkerCapabilities
+    | WorkerMetrics
+    | RequestJobList
+    | RequestJobChunk
+    | RequestJob
+    | AssignJobResponse
+    | JobUpdate
+    | JobCompleted
+    | JobFailed
+    | BuildProgress
+    | EvalProgress
+    | ClusterSignal
+    | Draining
+)
+"""Every message a worker may send."""
+
+ServerMessage: TypeAlias = (
+    InitAck
+    | Reject
+    | Error
+    | JobListChunk
+    | JobOffer
+    | AssignJob
+    | AbortJob
+    | StartCluster
+    | AbortCluster
+    | ClusterSignalDelivery
+    | Draining
+)
+"""Every message the server may send."""
+
+ReportMessage: TypeAlias = JobUpdate | JobCompleted | JobFailed | BuildProgress | EvalProgress
+"""Reports echo an assignment_id; one that is not the job's open assignment on this worker is dropped."""
+
+WORKER_MESSAGE_TYPES: Final[tuple[type[Message], ...]] = (
+    InitConnection,
+    WorkerCapabilities,
+    WorkerMetrics,
+    RequestJobList,
+    RequestJobChunk,
+    RequestJob,
+    AssignJobResponse,
+    JobUpdate,
+    JobCompleted,
+    JobFailed,
+    BuildProgress,
+    EvalProgress,
+    ClusterSignal,
+    Draining,
+)
+SERVER_MESSAGE_TYPES: Final[tuple[type[Message], ...]] = (
+    InitAck,
+    Reject,
+    Error,
+    JobListChunk,
+    JobOffer,
+    AssignJob,
+    AbortJob,
+    StartCluster,
+    AbortCluster,
+    ClusterSignalDelivery,
+    Draining,
+)
+
+_worker_decoder: msgspec.json.Decoder[WorkerMessage] = msgspec.json.Decoder(WorkerMessage)
+_server_decoder: msgspec.json.Decoder[ServerMessage] = msgspec.json.Decoder(ServerMessage)
+_encoder = msgspec.json.Encoder()
+
+
+def frame_too_large(frame: str | bytes) -> bool:
+    """True when the frame is over MAX_FRAME_BYTES in UTF-8 (checked without encoding when possible)."""
+    if isinstance(frame, bytes):
+        return len(frame) > MAX_FRAME_BYTES
+    if len(frame) > MAX_FRAME_BYTES:
+        return True
+    if len(frame) * 4 <= MAX_FRAME_BYTES:
+        return False
+    return len(frame.encode()) > MAX_FRAME_BYTES
+
+
+def _decode(decoder: msgspec.json.Decoder[object], frame: str | bytes) -> object:
+    if frame_too_large(frame):
+        raise ProtocolError(f"frame is larger than {MAX_FRAME_BYTES} bytes")
+    try:
+        return decoder.decode(frame)
+    except msgspec.DecodeError as exc:  # ValidationError is a DecodeError too
+        raise ProtocolError(str(exc)) from None
+
+
+def decode_worker_message(frame: str | bytes) -> WorkerMessage:
+    """Decode one worker -> server frame strictly, or raise ProtocolError."""
+    return _decode(_worker_decoder, frame)  # type: ignore[arg-type,return-value]
+
+
+def decode_server_message(frame: str | bytes) -> ServerMessage:
+    """Decode one server -> worker frame strictly (the reference worker's side), or raise ProtocolError."""
+    return _decode(_server_decoder, frame)  # type: ignore[arg-type,return-value]
+
+
+def encode(message: Message) -> str:
+    """The JSON text frame of a message (either direction)."""
+    return _encoder.encode(message).decode()
+
+
+def tag_of(message_type: type[msgspec.Struct]) -> str:
+    """The tag a tagged struct is sent with: a message's `type`, a JobUpdateKind's `kind`, ..."""
+    tag = message_type.__struct_config__.tag
+    assert isinstance(tag, str)
+    return tag

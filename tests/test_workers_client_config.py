@@ -1,0 +1,82 @@
+"""The reference worker's settings: flags over GRADIENT_WORKER_* variables over defaults."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gradient.workers.client.config import ConfigError, parse_config
+
+BASE = ["--server", "ws://h/proto", "--worker-id", "w", "--token", "t"]
+
+
+def test_defaults_are_the_designs() -> None:
+    config = parse_config(BASE, {})
+    assert (config.max_concurrent_builds, config.max_concurrent_evals) == (1, 1)
+    assert (config.heartbeat_secs, config.idle_request_secs, config.stop_grace_secs) == (10.0, 10.0, 5.0)
+    assert (config.fetch, config.eval, config.build) == (True, True, True)
+    assert config.architectures is None and config.system_features is None  # detected
+    assert config.executor == "nix" and config.zone is None and config.job_kinds == ["flake", "build"]
+
+
+def test_variables_configure_everything_and_flags_win() -> None:
+    env = {
+        "GRADIENT_WORKER_SERVER": "ws://env/proto",
+        "GRADIENT_WORKER_ID": "id-env",
+        "GRADIENT_WORKER_TOKEN": "tok-env",
+        "GRADIENT_WORKER_EXECUTOR": "sim",
+        "GRADIENT_WORKER_SYSTEM_ARCHITECTURES": "x86_64-linux i686-linux",
+        "GRADIENT_WORKER_SYSTEM_FEATURES": "",
+        "GRADIENT_WORKER_BUILD_MAX_CONCURRENT": "4",
+        "GRADIENT_WORKER_ZONE": "eu",
+        "GRADIENT_WORKER_ENDPOINT": "10.0.0.2:9000",
+        "GRADIENT_WORKER_SYSTEM_CPU_CORE_SCORE": "1234",
+        "GRADIENT_WORKER_HEARTBEAT_SECS": "0.5",
+    }
+    config = parse_config([], env)
+    assert (config.server, config.worker_id, config.token, config.executor) == (
+        "ws://env/proto",
+        "id-env",
+        "tok-env",
+        "sim",
+    )
+    assert config.architectures == ["x86_64-linux", "i686-linux"] and config.system_features == []
+    assert (config.max_concurrent_builds, config.zone, config.endpoint) == (4, "eu", "10.0.0.2:9000")
+    assert config.cpu_core_score == 1234 and config.heartbeat_secs == 0.5
+
+    flagged = parse_config(
+        ["--slots", "2", "--arch", "aarch64-linux", "--arch", "armv7l-linux,riscv64-linux"], env
+    )
+    assert flagged.max_concurrent_builds == 2
+    assert flagged.architectures == ["aarch64-linux", "armv7l-linux", "riscv64-linux"]
+
+
+def test_an_eval_only_worker_neither_fetches_nor_builds() -> None:
+    config = parse_config([*BASE, "--eval-only"], {})
+    assert (config.fetch, config.eval, config.build) == (False, True, False)
+    assert config.job_kinds == ["flake"]
+    assert parse_config(BASE, {"GRADIENT_WORKER_EVAL_ONLY": "true"}).build is False
+    assert parse_config([*BASE, "--capabilities", "build"], {}).job_kinds == ["build"]
+
+
+def test_the_token_can_come_from_a_file(tmp_path: Path) -> None:
+    (tmp_path / "token").write_text("secret\n")
+    config = parse_config(
+        ["--server", "ws://h/proto", "--worker-id", "w", "--token-file", str(tmp_path / "token")], {}
+    )
+    assert config.token == "secret"
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--worker-id", "w", "--token", "t"],
+        [*BASE, "--capabilities", "fetch,teleport"],
+        [*BASE, "--slots", "-1"],
+        ["--server", "ws://h/proto", "--worker-id", "w", "--token-file", "/no/such/file"],
+    ],
+)
+def test_missing_or_bad_settings_are_a_config_error(argv: list[str]) -> None:
+    with pytest.raises(ConfigError):
+        parse_config(argv, {})

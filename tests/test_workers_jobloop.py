@@ -1,0 +1,262 @@
+"""The job-loop seam: candidate pages, idle slots, scores, and reports fenced by their assignment."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from gradient.scheduling.models import (
+    BuildStatus,
+    CachedPath,
+    DerivationBuild,
+    DerivationBuildDependency,
+    DispatchedJob,
+    DispatchOutcome,
+    Evaluation,
+    EvaluationBuild,
+    EvaluationStatus,
+    JobKind,
+    Project,
+    build_key,
+    eval_key,
+)
+from gradient.workers import jobloop
+from gradient.workers.models import CandidateScore, IdleSlot, SentCandidate, Worker, WorkerSession
+from gradient.workers.protocol import (
+    AssignJobResponse,
+    BuildProgress,
+    EvalProgress,
+    Fetching,
+    JobCompleted,
+    JobFailed,
+    JobListChunk,
+    JobUpdate,
+    RequestJob,
+    RequestJobChunk,
+    RequestJobList,
+)
+from gradient.workers.protocol import (
+    CandidateScore as Score,
+)
+from gradient.workers.services import SessionRef
+from tests.factories import DerivationBuildFactory, DispatchedJobFactory, EvaluationFactory, WorkerFactory
+
+pytestmark = pytest.mark.django_db
+
+
+def _connected(worker: Worker, draining: bool = False) -> SessionRef:
+    now = timezone.now()
+    session = WorkerSession.objects.create(
+        worker=worker,
+        channel_name="c",
+        server_boot=uuid.uuid4(),
+        opened_at=now,
+        last_seen=now,
+        draining=draining,
+    )
+    return SessionRef(session.id, worker.id)
+
+
+def _pages(session: SessionRef) -> list[JobListChunk]:
+    pages = jobloop.request_job_list(session=session, message=RequestJobList())
+    assert all(isinstance(p, JobListChunk) for p in pages)
+    return pages  # type: ignore[return-value]
+
+
+def _needed_by(project: Project, **build_fields: object) -> DerivationBuild:
+    build = DerivationBuildFactory(status=BuildStatus.QUEUED, queued_at=timezone.now(), **build_fields)
+    EvaluationBuild.objects.create(
+        evaluation=EvaluationFactory(project=project, status="Building"), build=build
+    )
+    return build
+
+
+def test_an_empty_job_list_is_one_final_page() -> None:
+    pages = _pages(_connected(WorkerFactory()))
+    assert [(p.candidates, p.is_final) for p in pages] == [([], True)]
+
+
+def test_the_job_list_comes_in_pages_of_1000_the_last_one_final() -> None:
+    project = Project.objects.create(name="p")
+    worker = WorkerFactory(can_build=False)
+    worker.projects.add(project)
+    Evaluation.objects.bulk_create(
+        [Evaluation(project=project, repository="sim:chain", commit=f"{i:040x}") for i in range(2300)]
+    )
+
+    pages = _pages(_connected(worker))
+
+    assert [len(p.candidates) for p in pages] == [1000, 1000, 300]
+    assert [p.is_final for p in pages] == [False, False, True]
+    job_ids = [c.job_id for p in pages for c in p.candidates]
+    assert len(set(job_ids)) == 2300
+    assert SentCandidate.objects.filter(worker=worker).count() == 2300
+
+
+def test_candidates_are_the_queued_jobs_of_the_workers_projects_that_it_can_run() -> None:
+    mine, theirs = Project.objects.create(name="mine"), Project.objects.create(name="theirs")
+    worker = WorkerFactory(architectures=["x86_64-linux"], system_features=["kvm"])
+    worker.projects.add(mine)
+    queued = EvaluationFactory(project=mine)
+    EvaluationFactory(project=theirs)
+    EvaluationFactory(project=mine, status=EvaluationStatus.FETCHING)
+    assigned = EvaluationFactory(project=mine)
+    DispatchedJobFactory(kind=JobKind.EVAL, evaluation=assigned, derivation_build=None)
+    dependency = DerivationBuildFactory(
+        status=BuildStatus.COMPLETED, outputs=[{"name": "out", "path": "/nix/store/aaa-dep"}]
+    )
+    buildable = _needed_by(
+        mine, required_features=["kvm"], outputs=[{"name": "out", "path": "/nix/store/bbb-pkg"}]
+    )
+    DerivationBuildDependency.objects.create(build=buildable, dependency=dependency)
+    CachedPath.objects.create(path="/nix/store/aaa-dep", nar_size=4096)
+    builtin = _needed_by(mine, system="builtin")
+    _needed_by(mine, system="aarch64-linux")
+    _needed_by(mine, required_features=["big-parallel"])
+    _needed_by(theirs)
+    _needed_by(mine, retry_at=timezone.now() + timedelta(minutes=5))
+
+    [page] = _pages(_connected(worker))
+
+    by_id = {c.job_id: c for c in page.candidates}
+    assert set(by_id) == {eval_key(queued.id), build_key(buildable.id), build_key(builtin.id)}
+    build = by_id[build_key(buildable.id)]
+    assert build.kind == "build" and build.drv_paths == [buildable.drv_path]
+    assert build.output_paths == ["/nix/store/bbb-pkg"]
+    assert [(p.path, p.nar_size) for p in build.required_paths] == [("/nix/store/aaa-dep", 4096)]
+    assert build.requirement is not None and build.requirement.required_features == ["kvm"]
+    assert by_id[eval_key(queued.id)].kind == "flake" and by_id[eval_key(queued.id)].requirement is None
+
+
+def test_request_job_records_an_idle_slot_and_sends_nothing() -> None:
+    worker = WorkerFactory()
+    session = _connected(worker)
+
+    assert jobloop.request_job(session=session, message=RequestJob(kind="build")) == []
+    assert jobloop.request_job(session=session, message=RequestJob(kind="build")) == []
+
+    assert list(IdleSlot.objects.filter(worker=worker).values_list("kind", flat=True)) == [JobKind.BUILD]
+
+
+def test_a_draining_session_records_no_idle_slot() -> None:
+    worker = WorkerFactory()
+    jobloop.request_job(session=_connected(worker, draining=True), message=RequestJob(kind="flake"))
+    assert not IdleSlot.objects.filter(worker=worker).exists()
+
+
+def test_scores_replace_earlier_ones_and_ignore_what_is_not_a_job_key() -> None:
+    worker = WorkerFactory()
+    session = _connected(worker)
+    job = build_key(uuid.uuid4())
+
+    for missing in (3, 1):
+        jobloop.request_job_chunk(
+            session=session,
+            message=RequestJobChunk(
+                scores=[
+                    Score(
+                        job_id=job, missing_count=missing, missing_nar_size=missing * 10, outputs_present=True
+                    ),
+                    Score(job_id="nonsense", missing_count=0, missing_nar_size=0, outputs_present=False),
+                ],
+                is_final=True,
+            ),
+        )
+
+    assert list(CandidateScore.objects.values_list("job_id", "missing_count", "missing_nar_size")) == [
+        (job, 1, 10)
+    ]
+
+
+def _reports(dispatch: DispatchedJob, assignment_id: str) -> list[object]:
+    job = dispatch.job_id
+    return [
+        JobUpdate(job_id=job, assignment_id=assignment_id, update=Fetching()),
+        EvalProgress(job_id=job, assignment_id=assignment_id, phase="fetching", done=1),
+        BuildProgress(job_id=job, assignment_id=assignment_id, build_id="b", phase="download", bytes_done=1),
+        JobCompleted(job_id=job, assignment_id=assignment_id, elapsed_ms=1),
+        JobFailed(job_id=job, assignment_id=assignment_id, error="e", kind="transient", elapsed_ms=1),
+        AssignJobResponse(job_id=job, assignment_id=assignment_id, accepted=False),
+    ]
+
+
+HANDLERS = {
+    JobUpdate: jobloop.job_update,
+    EvalProgress: jobloop.eval_progress,
+    BuildProgress: jobloop.build_progress,
+    JobCompleted: jobloop.job_completed,
+    JobFailed: jobloop.job_failed,
+    AssignJobResponse: jobloop.assign_job_response,
+}
+
+
+@pytest.mark.parametrize("stale", ["closed", "another worker's", "another job's", "garbage", "unknown"])
+def test_a_report_that_is_not_the_jobs_open_assignment_on_this_worker_changes_nothing(stale: str) -> None:
+    worker = WorkerFactory()
+    session = _connected(worker)
+    build = DerivationBuildFactory(status=BuildStatus.BUILDING)
+    mine = DispatchedJobFactory(worker=worker, derivation_build=build)
+    other = DispatchedJobFactory()
+    closed = DispatchedJobFactory(
+        worker=worker, finished_at=timezone.now(), outcome=DispatchOutcome.FAILED, job_id=mine.job_id
+    )
+    assignment = {
+        "closed": str(closed.id),
+        "another worker's": str(other.id),
+        "another job's": str(other.id),
+        "garbage": "'; DROP TABLE dispatched_job; --",
+        "unknown": str(uuid.uuid4()),
+    }[stale]
+    if stale == "another job's":
+        DispatchedJob.objects.filter(id=other.id).update(worker=worker)
+    before = list(DispatchedJob.objects.order_by("id").values())
+
+    for report in _reports(mine, assignment):
+        assert HANDLERS[type(report)](session=session, message=report) == []
+
+    assert list(DispatchedJob.objects.order_by("id").values()) == before
+    build.refresh_from_db()
+    assert build.status == BuildStatus.BUILDING
+
+
+def test_a_report_for_the_open_assignment_is_recorded() -> None:
+    worker = WorkerFactory()
+    session = _connected(worker)
+    dispatch = DispatchedJobFactory(worker=worker)
+
+    jobloop.job_update(
+        session=session,
+        message=JobUpdate(job_id=dispatch.job_id, assignment_id=str(dispatch.id), update=Fetching()),
+    )
+
+    dispatch.refresh_from_db()
+    assert dispatch.phase == "fetching" and dispatch.last_report_at is not None
+
+
+def test_an_accepted_assignment_is_noted_and_a_declined_one_returns_to_the_pool() -> None:
+    worker = WorkerFactory()
+    session = _connected(worker)
+    accepted = DispatchedJobFactory(worker=worker)
+    build = DerivationBuildFactory(status=BuildStatus.BUILDING)
+    declined = DispatchedJobFactory(worker=worker, derivation_build=build)
+
+    jobloop.assign_job_response(
+        session=session,
+        message=AssignJobResponse(job_id=accepted.job_id, assignment_id=str(accepted.id), accepted=True),
+    )
+    jobloop.assign_job_response(
+        session=session,
+        message=AssignJobResponse(
+            job_id=declined.job_id, assignment_id=str(declined.id), accepted=False, reason="full"
+        ),
+    )
+
+    accepted.refresh_from_db()
+    declined.refresh_from_db()
+    build.refresh_from_db()
+    assert accepted.accepted_at is not None and accepted.finished_at is None
+    assert declined.outcome == DispatchOutcome.ABANDONED and "full" in declined.reason
+    assert build.status == BuildStatus.QUEUED
