@@ -3,6 +3,8 @@ that another evaluation still needs keep running."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
@@ -77,7 +79,7 @@ def test_cancel_aborts_the_evaluation_and_its_unshared_builds_and_sends_abort_jo
     assert only.status == BuildStatus.ABORTED
     worker, a = running[only.job_key]
     messages = _receive_all(channels[worker.id])
-    assert [m["message"] for m in messages] == [
+    assert [json.loads(m["frame"]) for m in messages] == [
         {
             "type": "AbortJob",
             "job_id": only.job_key,

@@ -63,3 +63,12 @@ def test_a_cancel_by_the_scheduler_commits_the_cancelled_outcome() -> None:
     job = record_job(job_key=evaluation.job_key, now=timezone.now())
     assert job.outcome is Outcome.CANCELLED
     assert _problems(evaluation) == ()
+
+
+def test_an_evaluation_made_outside_the_services_gets_its_record_on_its_first_fact() -> None:
+    evaluation = EvaluationFactory(record=False)
+    project = evaluation.project
+    worker = connected_worker([project])
+    assert ask(worker.id, "flake") is not None
+    job = record_job(job_key=evaluation.job_key, now=timezone.now())
+    assert len(job.submissions) == 1 and job.created_by is None

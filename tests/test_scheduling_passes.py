@@ -4,6 +4,7 @@ pass queues whatever missed its kick."""
 from __future__ import annotations
 
 import asyncio
+import json
 from datetime import timedelta
 
 import pytest
@@ -46,8 +47,8 @@ def test_the_assignment_pass_pushes_each_connected_worker_its_offer_delta_once()
 
     assert (result.workers, result.offers) == (2, 1)
     pushed = _next(mine)
-    assert pushed is not None and pushed["message"]["type"] == "JobOffer"
-    assert [c["job_id"] for c in pushed["message"]["candidates"]] == [evaluation.job_key]
+    assert pushed is not None and json.loads(pushed["frame"])["type"] == "JobOffer"
+    assert [c["job_id"] for c in json.loads(pushed["frame"])["candidates"]] == [evaluation.job_key]
     assert _next(theirs) is None
     assert assignment_pass(now=timezone.now()).offers == 0  # a delta: nothing new
 

@@ -222,10 +222,13 @@ def test_a_report_that_is_not_the_jobs_open_assignment_on_this_worker_changes_no
     assert build.status == BuildStatus.BUILDING
 
 
-def test_a_report_for_the_open_assignment_is_recorded() -> None:
+def test_a_report_for_the_open_assignment_is_recorded_and_moves_the_job_on() -> None:
     worker = WorkerFactory()
     session = _connected(worker)
-    dispatch = DispatchedJobFactory(worker=worker)
+    evaluation = EvaluationFactory(status=EvaluationStatus.QUEUED)
+    dispatch = DispatchedJobFactory(
+        worker=worker, kind=JobKind.EVAL, evaluation=evaluation, derivation_build=None
+    )
 
     jobloop.job_update(
         session=session,
@@ -233,7 +236,9 @@ def test_a_report_for_the_open_assignment_is_recorded() -> None:
     )
 
     dispatch.refresh_from_db()
+    evaluation.refresh_from_db()
     assert dispatch.phase == "fetching" and dispatch.last_report_at is not None
+    assert evaluation.status == EvaluationStatus.FETCHING
 
 
 def test_an_accepted_assignment_is_noted_and_a_declined_one_returns_to_the_pool() -> None:

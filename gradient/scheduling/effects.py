@@ -1,29 +1,28 @@
-"""Messages to workers, sent only once the transaction that decided them has committed.
-
-Each worker's session listens on its own group of the channel layer, so a pass running in a Celery
-worker or in another `serve` process reaches a worker connected anywhere.
-"""
+"""Messages from the scheduler to workers, sent only once the transaction that decided them has
+committed, through gradient.workers.push (a pass in a Celery worker or another `serve` reaches a
+worker connected anywhere). The scheduler builds plain dicts with the protocol's names; they are
+checked against the strict server-message schema here, on their way out."""
 
 from __future__ import annotations
 
 import uuid
 from typing import Any
 
-from asgiref.sync import async_to_sync
-from channels.layers import get_channel_layer
-from django.db import transaction
+import msgspec
+
+from gradient.workers.protocol import ServerMessage, decode_server_message
+from gradient.workers.push import push_to_worker, push_to_worker_on_commit, worker_group
+
+__all__ = ["send_to_worker_now", "send_to_worker_on_commit", "to_server_message", "worker_group"]
 
 
-def worker_group(worker_id: uuid.UUID | str) -> str:
-    return f"worker.{worker_id}"
+def to_server_message(message: dict[str, Any]) -> ServerMessage:
+    return decode_server_message(msgspec.json.encode(message))
 
 
 def send_to_worker_now(worker_id: uuid.UUID | str, message: dict[str, Any]) -> None:
-    layer = get_channel_layer()
-    if layer is None:
-        return
-    async_to_sync(layer.group_send)(worker_group(worker_id), {"type": "gradient.push", "message": message})
+    push_to_worker(worker_id, to_server_message(message))
 
 
 def send_to_worker_on_commit(worker_id: uuid.UUID | str, message: dict[str, Any]) -> None:
-    transaction.on_commit(lambda: send_to_worker_now(worker_id, message))
+    push_to_worker_on_commit(worker_id, to_server_message(message))

@@ -16,6 +16,7 @@ from typing import Any
 from django.contrib.auth.models import User
 from django.db import transaction
 
+from gradient.records.models import JobRecord
 from gradient.records.schemas import (
     AssignmentClaimed,
     AssignmentClosed,
@@ -94,8 +95,15 @@ def existing_submission(*, idempotency_key: str, spec: dict[str, Any]) -> Evalua
 
 
 def append(evaluation_id: uuid.UUID, facts: list[Fact], now: datetime, actor: str = "scheduler") -> None:
-    if facts:
-        record_append_facts(job_key=eval_key(evaluation_id), facts=facts, now=now, actor=actor)
+    """Append in the caller's transaction. An evaluation made outside the services (the admin's add form,
+    SQL) gets its record on its first fact, so it is never a job without a history."""
+    if not facts:
+        return
+    key = eval_key(evaluation_id)
+    if not JobRecord.objects.filter(job_key=key).exists():
+        evaluation = Evaluation.objects.select_related("project").get(id=evaluation_id)
+        evaluation_record_create(evaluation=evaluation, created_by=None, idempotency_key=None, now=now)
+    record_append_facts(job_key=key, facts=facts, now=now, actor=actor)
 
 
 def status_facts(status: str, reason: str) -> list[Fact]:

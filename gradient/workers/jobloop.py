@@ -3,24 +3,26 @@ consumer (transport) and the scheduler.
 
 Each function is synchronous (the consumer calls it through database_sync_to_async), takes the
 speaking session and the strictly decoded message as keyword arguments, and returns the messages to
-send back on this socket, possibly none. Whatever it returns is sent after it returned, so a message
-about a row (AssignJob) must only be returned once the row's transaction committed. Messages for
-other workers go through gradient.workers.push on commit.
+send back on this socket, possibly none. Whatever it returns is sent after it returned, and every
+service called here commits its own transaction first, so an AssignJob only goes out once its claim
+is committed. Messages for other workers go through gradient.workers.push on commit.
 
 The consumer has already checked the message is allowed in the session's state and marked the worker
-seen. What is here now is what the workers app owns: storing capabilities, metrics, scores and idle
-slots, answering RequestJobList from `candidates_for_worker`, fencing reports, forwarding cluster
-signals. Scoring, claims and the effect of reports on builds and evaluations belong to the scheduler,
-which fills in the bodies marked below.
+seen. Reports are fenced by the scheduler (gradient.scheduling.services.reports): a report whose
+assignment_id is not the job's open assignment on this worker changes nothing.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
+import msgspec
 from django.utils import timezone
 
+from gradient.scheduling.effects import to_server_message
+from gradient.scheduling.services import assignment, offers, reports
 from gradient.workers import services
 from gradient.workers.protocol import (
-    MAX_CANDIDATES_PER_FRAME,
     AssignJobResponse,
     BuildProgress,
     ClusterSignal,
@@ -28,27 +30,30 @@ from gradient.workers.protocol import (
     EvalProgress,
     JobCompleted,
     JobFailed,
-    JobListChunk,
     JobUpdate,
-    ReportMessage,
     RequestJob,
     RequestJobChunk,
     RequestJobList,
     ServerMessage,
     WorkerCapabilities,
     WorkerMetrics,
-    tag_of,
 )
-from gradient.workers.selectors import candidates_for_worker, dispatch_open_for_report
 from gradient.workers.services import SessionRef
+
+
+def server_messages(messages: list[dict[str, Any]]) -> list[ServerMessage]:
+    return [to_server_message(m) for m in messages]
+
 
 NO_REPLY: list[ServerMessage] = []
 
 
 def worker_capabilities(*, session: SessionRef, message: WorkerCapabilities) -> list[ServerMessage]:
-    """Replace the stored capabilities. (Scheduler: kick build assignment here.)"""
-    services.worker_capabilities_replace(session=session, capabilities=message, now=timezone.now())
-    return []
+    """Replace the stored capabilities and trigger assignment: offer the worker what it can run now
+    (running jobs and earlier offers stay)."""
+    now = timezone.now()
+    services.worker_capabilities_replace(session=session, capabilities=message, now=now)
+    return server_messages(offers.job_offers(worker_id=session.worker_id, now=now))
 
 
 def worker_metrics(*, session: SessionRef, message: WorkerMetrics) -> list[ServerMessage]:
@@ -66,15 +71,7 @@ def draining(*, session: SessionRef, message: Draining) -> list[ServerMessage]:
 def request_job_list(*, session: SessionRef, message: RequestJobList) -> list[ServerMessage]:
     """The full candidate list in pages of 1 000, the last one is_final (one empty final page when
     there is nothing); the worker has then been offered exactly these."""
-    candidates = candidates_for_worker(worker_id=session.worker_id, now=timezone.now())
-    services.sent_candidates_reset(worker_id=session.worker_id, job_ids=(c.job_id for c in candidates))
-    pages: list[ServerMessage] = []
-    for start in range(0, max(len(candidates), 1), MAX_CANDIDATES_PER_FRAME):
-        page = candidates[start : start + MAX_CANDIDATES_PER_FRAME]
-        pages.append(
-            JobListChunk(candidates=page, is_final=start + MAX_CANDIDATES_PER_FRAME >= len(candidates))
-        )
-    return pages
+    return server_messages(offers.job_list(worker_id=session.worker_id, now=timezone.now()))
 
 
 def request_job_chunk(*, session: SessionRef, message: RequestJobChunk) -> list[ServerMessage]:
@@ -84,66 +81,48 @@ def request_job_chunk(*, session: SessionRef, message: RequestJobChunk) -> list[
 
 
 def request_job(*, session: SessionRef, message: RequestJob) -> list[ServerMessage]:
-    """One free slot. (Scheduler: score the pending jobs of this kind, claim the best, return its
-    AssignJob after the claim committed.) Unanswered, it becomes an idle slot and gets no reply."""
-    services.idle_slot_record(session=session, kind=message.kind, now=timezone.now())
-    return []
+    """One free slot: score the pending jobs of this kind for this worker, claim the best and answer
+    with its AssignJob (the claim has committed when this returns). Unanswered, the request is an idle
+    slot for cluster placement and gets no reply."""
+    handed = assignment.request_job(
+        worker_id=session.worker_id, protocol_kind=message.kind, now=timezone.now()
+    )
+    if handed is None:
+        return []
+    return server_messages([handed.message()])
 
 
 def assign_job_response(*, session: SessionRef, message: AssignJobResponse) -> list[ServerMessage]:
     """Accepted: note it. Declined (draining or full): the job goes back to the pool and is offered
     again. A response naming anything but the job's open assignment on this worker is dropped."""
-    dispatch = dispatch_open_for_report(
-        worker_id=session.worker_id, job_id=message.job_id, assignment_id=message.assignment_id
+    return _report(session, message)
+
+
+def _report(session: SessionRef, message: Any) -> list[ServerMessage]:
+    reports.handle_report(
+        worker_id=session.worker_id, message=msgspec.to_builtins(message), now=timezone.now()
     )
-    if dispatch is None:
-        return []
-    now = timezone.now()
-    if message.accepted:
-        services.dispatch_accept(dispatch_id=dispatch.id, now=now)
-    elif dispatch.cluster_attempt_id is None:  # a declined member fails its cluster's prepare instead
-        reason = f"declined by the worker: {message.reason}" if message.reason else "declined by the worker"
-        services.dispatch_return_to_pool(dispatch_id=dispatch.id, reason=reason, lost=False, now=now)
     return []
-
-
-def _fenced_report(*, session: SessionRef, message: ReportMessage, phase: str | None = None) -> bool:
-    """True when the report names the job's open assignment on this worker (and records it); a stale,
-    foreign or garbage assignment_id is dropped with no state change, no error and no close."""
-    dispatch = dispatch_open_for_report(
-        worker_id=session.worker_id, job_id=message.job_id, assignment_id=message.assignment_id
-    )
-    if dispatch is None:
-        return False
-    return services.dispatch_report_record(dispatch_id=dispatch.id, phase=phase, now=timezone.now())
 
 
 def job_update(*, session: SessionRef, message: JobUpdate) -> list[ServerMessage]:
-    """(Scheduler: fetch_result, eval_result, building and build_output move the job on.)"""
-    _fenced_report(session=session, message=message, phase=tag_of(type(message.update)))
-    return []
+    return _report(session, message)
 
 
 def job_completed(*, session: SessionRef, message: JobCompleted) -> list[ServerMessage]:
-    """(Scheduler: close the assignment Completed and settle the job.)"""
-    _fenced_report(session=session, message=message)
-    return []
+    return _report(session, message)
 
 
 def job_failed(*, session: SessionRef, message: JobFailed) -> list[ServerMessage]:
-    """(Scheduler: close the assignment Failed and apply the failure kind.)"""
-    _fenced_report(session=session, message=message)
-    return []
+    return _report(session, message)
 
 
 def build_progress(*, session: SessionRef, message: BuildProgress) -> list[ServerMessage]:
-    _fenced_report(session=session, message=message)
-    return []
+    return _report(session, message)
 
 
 def eval_progress(*, session: SessionRef, message: EvalProgress) -> list[ServerMessage]:
-    _fenced_report(session=session, message=message)
-    return []
+    return _report(session, message)
 
 
 def cluster_signal(*, session: SessionRef, message: ClusterSignal) -> list[ServerMessage]:

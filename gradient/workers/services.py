@@ -15,22 +15,17 @@ from datetime import datetime, timedelta
 
 from django.contrib.auth.models import User
 from django.db import IntegrityError, transaction
-from django.db.models import Exists, F, OuterRef, Q
+from django.db.models import Exists, OuterRef, Q
 
 from gradient.clusters.models import ClusterAttempt
 from gradient.recovery.models import ServerBoot
 from gradient.scheduling.models import (
-    BuildAttempt,
-    BuildAttemptOutcome,
-    BuildStatus,
-    DerivationBuild,
     DispatchedJob,
-    DispatchOutcome,
-    Evaluation,
     EvaluationStatus,
     JobKind,
     Project,
 )
+from gradient.scheduling.services.reports import assignment_return_to_pool
 from gradient.workers.models import CandidateScore, IdleSlot, SentCandidate, Worker, WorkerSession
 from gradient.workers.protocol import (
     CandidateScore as CandidateScoreMessage,
@@ -360,68 +355,17 @@ def candidate_scores_store(
     return len(latest)
 
 
-def sent_candidates_reset(*, worker_id: uuid.UUID, job_ids: Iterable[str]) -> None:
-    """After a full offer the worker has seen exactly these candidates."""
-    with transaction.atomic():
-        SentCandidate.objects.filter(worker_id=worker_id).delete()
-        SentCandidate.objects.bulk_create(
-            [SentCandidate(worker_id=worker_id, job_id=j) for j in dict.fromkeys(job_ids)],
-            ignore_conflicts=True,
-        )
-
-
 # --- Assignments -----------------------------------------------------------------------------------
 
 
-def dispatch_report_record(*, dispatch_id: uuid.UUID, phase: str | None, now: datetime) -> bool:
-    """A fenced report arrived for an open assignment: note when (and the JobUpdate kind)."""
-    fields: dict[str, object] = {"last_report_at": now}
-    if phase is not None:
-        fields["phase"] = phase
-    return bool(DispatchedJob.objects.filter(id=dispatch_id, finished_at__isnull=True).update(**fields))
-
-
-def dispatch_accept(*, dispatch_id: uuid.UUID, now: datetime) -> bool:
-    return bool(
-        DispatchedJob.objects.filter(
-            id=dispatch_id, finished_at__isnull=True, accepted_at__isnull=True
-        ).update(accepted_at=now, last_report_at=now)
-    )
-
-
 def dispatch_return_to_pool(*, dispatch_id: uuid.UUID, reason: str, lost: bool, now: datetime) -> bool:
-    """Close an open assignment as Abandoned and give its job back: a build goes Building -> Queued
-    (its running attempt Aborted), an evaluation that had not finished evaluating goes back to Queued
-    (counting a lost dispatch when `lost`). The job's sent flags are cleared so it is offered again.
-    False, with nothing written, when the assignment was closed already."""
-    with transaction.atomic():
-        row = (
-            DispatchedJob.objects.filter(id=dispatch_id, finished_at__isnull=True)
-            .values("job_id", "evaluation_id", "derivation_build_id")
-            .first()
-        )
-        if row is None:
-            return False
-        closed = DispatchedJob.objects.filter(id=dispatch_id, finished_at__isnull=True).update(
-            finished_at=now, outcome=DispatchOutcome.ABANDONED, reason=reason
-        )
-        if not closed:
-            return False
-        if row["derivation_build_id"] is not None:
-            BuildAttempt.objects.filter(
-                dispatched_job_id=dispatch_id, outcome=BuildAttemptOutcome.RUNNING
-            ).update(outcome=BuildAttemptOutcome.ABORTED, finished_at=now, error=reason)
-            DerivationBuild.objects.filter(id=row["derivation_build_id"], status=BuildStatus.BUILDING).update(
-                status=BuildStatus.QUEUED, queued_at=now, updated_at=now
-            )
-        if row["evaluation_id"] is not None:
-            Evaluation.objects.filter(id=row["evaluation_id"], status__in=EVAL_RETURNABLE).update(
-                status=EvaluationStatus.QUEUED,
-                lost_dispatches=F("lost_dispatches") + (1 if lost else 0),
-                updated_at=now,
-            )
-        SentCandidate.objects.filter(job_id=row["job_id"]).delete()
-    return True
+    """Close an open single-job assignment as Abandoned and give its job back to the pool (the
+    scheduler's assignment_return_to_pool, with its facts). False, with nothing written, when the
+    assignment was closed already."""
+    row = DispatchedJob.objects.filter(id=dispatch_id, finished_at__isnull=True).first()
+    if row is None:
+        return False
+    return assignment_return_to_pool(row=row, reason=reason, lost=lost, now=now)
 
 
 def worker_jobs_return_lost(*, worker_id: uuid.UUID, reason: str, now: datetime) -> int:

@@ -65,6 +65,7 @@ class ReportOutcome:
 
 
 DROPPED = ReportOutcome(False, "dropped: not the job's open assignment on this worker")
+MEMBER = ReportOutcome(False, "a cluster member's report: the cluster code settles it")
 
 
 def _parse_uuid(value: Any) -> uuid.UUID | None:
@@ -101,6 +102,8 @@ def handle_report(*, worker_id: uuid.UUID, message: dict[str, Any], now: datetim
         )
         if row is None:
             return DROPPED
+        if row.cluster_attempt_id is not None:
+            return MEMBER
         DispatchedJob.objects.filter(id=row.id).update(last_report_at=now)
         outcome = handler(row, message, now)
         _evidence(row, message, outcome, now)
