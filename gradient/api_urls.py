@@ -9,3 +9,4 @@ from django.urls import include, path
 urlpatterns: list[Any] = []
 urlpatterns += [path("", include("gradient.records.urls"))]
 urlpatterns += [path("", include("gradient.scheduling.urls"))]
+urlpatterns += [path("", include("gradient.clusters.urls"))]

@@ -34,6 +34,7 @@ PASSES: tuple[PassSpec, ...] = (
     PassSpec("graph-reheal", "gradient.scheduling.tasks.graph_reheal_pass", lambda: 300.0),
     PassSpec("cluster-retention", "gradient.clusters.tasks.retention_pass", lambda: 3600.0),
     PassSpec("records-check", "gradient.records.tasks.check_pass", lambda: 300.0),
+    PassSpec("cluster-dispatch", "gradient.clusters.tasks.dispatch_pass", _pass_interval),
 )
 
 
