@@ -123,6 +123,10 @@ def cluster_member_answer(
             return []
         worker = str(worker_id)
         if accepted:
+            # the coordinator decides on the seats as they were before this answer
+            pushes = attempt_event(
+                cluster=cluster, attempt=attempt, event=MemberAccepted(row.job_id, worker), now=now
+            )
             DispatchedJob.objects.filter(id=row.id).update(last_report_at=now)
             DispatchedJob.objects.filter(id=row.id, accepted_at__isnull=True).update(accepted_at=now)
             ClusterSeat.objects.filter(
@@ -135,9 +139,7 @@ def cluster_member_answer(
                 summary="holding for the cluster start",
                 now=now,
             )
-            return attempt_event(
-                cluster=cluster, attempt=attempt, event=MemberAccepted(row.job_id, worker), now=now
-            )
+            return pushes
         why = reason or "declined"
         scheduling_history.reported(
             row=row, worker=worker, kind=ReportKind.DECLINED, summary=f"cluster prepare: {why}", now=now
