@@ -12,8 +12,8 @@ from django.utils import timezone
 from gradient.clusters.decisions.types import Placement, Seat, SlotKind
 from gradient.clusters.models import ClusterJob, ClusterMember
 from gradient.clusters.services.attempts import ClaimedAttempt, claim_cluster
-from gradient.clusters.services.clusters import MemberSpec, cluster_create
 from gradient.clusters.services.common import Push
+from gradient.clusters.services.lifecycle import MemberSpec, cluster_create
 from gradient.clusters.services.members import cluster_member_answer, cluster_member_report
 from gradient.scheduling.models import (
     BuildStatus,

@@ -17,8 +17,8 @@ from gradient.clusters.models import (
     ClusterSeat,
 )
 from gradient.clusters.selectors import worker_reserved_for
-from gradient.clusters.services.clusters import cluster_abort
 from gradient.clusters.services.dispatch import cluster_dispatch_kick, cluster_dispatch_pass
+from gradient.clusters.services.lifecycle import cluster_abort
 from gradient.recovery.models import PassState
 from gradient.scheduling.models import BuildStatus, DerivationBuild, DispatchedJob
 from gradient.workers.models import CandidateScore, IdleSlot, Worker, WorkerSession
@@ -121,7 +121,7 @@ def test_draining_workers_and_idle_slots_older_than_25_seconds_are_no_capacity(p
 
 
 def test_a_pinned_member_sits_on_the_worker_it_names(project) -> None:  # type: ignore[no-untyped-def]
-    from gradient.clusters.services.clusters import MemberSpec, cluster_create
+    from gradient.clusters.services.lifecycle import MemberSpec, cluster_create
 
     a, b = seat_worker(project), seat_worker(project)
     build = queued_build(project)

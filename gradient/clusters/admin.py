@@ -22,7 +22,7 @@ from gradient.clusters.models import (
     ClusterSeat,
     ClusterWorkerPenalty,
 )
-from gradient.clusters.services.clusters import cluster_request_abort
+from gradient.clusters.services.lifecycle import cluster_request_abort
 from gradient.records.errors import RecordError
 
 

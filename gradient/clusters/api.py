@@ -21,7 +21,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from gradient.clusters.models import ClusterJob, ClusterMember
-from gradient.clusters.services.clusters import (
+from gradient.clusters.services.lifecycle import (
     MAX_MEMBERS,
     ClusterInputError,
     MemberSpec,

@@ -7,7 +7,7 @@ class ClustersConfig(AppConfig):
     verbose_name = "Cluster jobs"
 
     def ready(self) -> None:
-        from gradient.clusters.services.clusters import on_control
+        from gradient.clusters.services.lifecycle import on_control
         from gradient.records.schemas import JobKind
         from gradient.records.services import register_control_hook
 

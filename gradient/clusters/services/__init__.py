@@ -6,7 +6,7 @@
   (what the worker session's job loop calls for members);
 - `settle`: resolving a started attempt with its verdict and settling every member;
 - `dispatch`: the cluster-dispatch pass and cluster_dispatch_kick;
-- `clusters`: cluster_create, cluster_request_abort, cluster_abort, the control hook;
+- `lifecycle`: cluster_create, cluster_request_abort, cluster_abort, the control hook;
 - `recovery`: recover_clusters_at_startup;
 - `retention`: cluster_jobs_delete_expired.
 """
@@ -18,7 +18,7 @@ from gradient.clusters.services.attempts import (
     expire_overdue_prepares,
     start_cluster_attempt,
 )
-from gradient.clusters.services.clusters import (
+from gradient.clusters.services.lifecycle import (
     ClusterInputError,
     MemberSpec,
     cluster_abort,
