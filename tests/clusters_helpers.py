@@ -121,3 +121,15 @@ def member_report(
 
 def types(pushes: Sequence[Push]) -> list[str]:
     return [m["type"] for _, m in pushes]
+
+
+def record_problems(*job_keys: str) -> dict[str, tuple[str, ...]]:
+    """The records check for these jobs: where a folded record disagrees with its rows (empty: none)."""
+    from gradient.records.services import record_check_one
+
+    out = {}
+    for key in job_keys:
+        problems, _ = record_check_one(job_key=key, now=timezone.now(), settle=False)
+        if problems:
+            out[key] = problems
+    return out

@@ -43,6 +43,7 @@ from tests.clusters_helpers import (
     member_report,
     queued_build,
     queued_evaluation,
+    record_problems,
     seat_worker,
     started,
     types,
@@ -115,6 +116,7 @@ def test_the_last_accept_starts_the_attempt_and_sends_start_cluster_with_the_ros
     t.refresh()
     assert (t.cluster.status, t.cluster.attempts) == (ClusterStatus.RUNNING, 1)
     assert _attempt(claimed).started_at is not None
+    assert record_problems(t.cluster.job_key, t.client.job_key) == {}
 
 
 def test_a_repeated_accept_counts_once() -> None:
@@ -153,6 +155,7 @@ def test_a_reject_closes_the_attempt_prepare_failed_aborts_every_member_and_spen
         "prepare_failures": 1,
     }
     assert list(ClusterWorkerPenalty.objects.values_list("worker_id", flat=True)) == [t.ws.id]
+    assert record_problems(t.cluster.job_key, t.client.job_key) == {}
 
 
 def test_past_the_prepare_failure_cap_the_cluster_parks_instead_of_retrying() -> None:
@@ -289,6 +292,7 @@ def test_the_primary_succeeding_completes_the_cluster_and_still_running_members_
     assert t.client.status == EvaluationStatus.ABORTED  # still running when the primary decided
     job = record_job(job_key=t.cluster.job_key, now=timezone.now())
     assert job.outcome is Outcome.SUCCEEDED and job.current is not None and not job.current.open
+    assert record_problems(t.cluster.job_key, t.client.job_key) == {}
 
 
 def test_still_running_members_get_abort_job_once_the_verdict_committed(  # type: ignore[no-untyped-def]
@@ -319,6 +323,7 @@ def test_every_member_succeeding_completes_a_cluster_without_a_primary() -> None
     assert t.cluster.status == ClusterStatus.COMPLETED
     assert (t.primary.status, t.server.status) == (BuildStatus.COMPLETED, BuildStatus.COMPLETED)
     assert t.client.status == EvaluationStatus.BUILDING  # evaluated; its own builds follow as usual
+    assert record_problems(t.cluster.job_key, t.client.job_key) == {}
 
 
 def test_a_failure_with_budget_left_retries_every_member_through_the_book() -> None:
@@ -343,6 +348,7 @@ def test_a_failure_with_budget_left_retries_every_member_through_the_book() -> N
         ClusterMember.objects.filter(cluster_job=t.cluster).count() == 3
     )  # still members: never single jobs
     assert record_job(job_key=t.cluster.job_key, now=timezone.now()).status.value == "Queued"
+    assert record_problems(t.cluster.job_key, t.client.job_key) == {}
 
 
 def test_a_failure_without_budget_fails_the_cluster_with_requeueing_kinds_made_permanent() -> None:
@@ -357,6 +363,7 @@ def test_a_failure_without_budget_fails_the_cluster_with_requeueing_kinds_made_p
     assert "made permanent" in t.server.last_error
     assert (t.primary.status, t.client.status) == (BuildStatus.ABORTED, EvaluationStatus.ABORTED)  # survivors
     assert record_job(job_key=t.cluster.job_key, now=timezone.now()).outcome is Outcome.FAILED
+    assert record_problems(t.cluster.job_key, t.client.job_key) == {}
 
 
 def test_a_member_that_can_no_longer_start_turns_a_retry_into_a_fail() -> None:
@@ -381,6 +388,7 @@ def test_an_evaluation_abort_reaching_a_member_aborts_the_cluster() -> None:
     t.refresh()
     assert t.cluster.status == ClusterStatus.ABORTED
     assert (t.primary.status, t.server.status) == (BuildStatus.ABORTED, BuildStatus.ABORTED)
+    assert record_problems(t.cluster.job_key, t.client.job_key) == {}
 
 
 def test_a_job_failed_canceled_counts_as_a_lost_member() -> None:
@@ -417,6 +425,7 @@ def test_a_lost_worker_loses_its_member_into_the_verdict_and_never_requeues_it_a
     t.refresh()
     assert (t.cluster.status, t.server.status) == (ClusterStatus.QUEUED, BuildStatus.QUEUED)
     assert ClusterMember.objects.filter(derivation_build=t.server).exists()
+    assert record_problems(t.cluster.job_key, t.client.job_key) == {}
 
 
 def test_a_lost_worker_without_budget_fails_its_member_permanently() -> None:
