@@ -18,6 +18,7 @@ from gradient.clusters.services.attempts import (
     expire_overdue_prepares,
     start_cluster_attempt,
 )
+from gradient.clusters.services.dispatch import cluster_dispatch_kick, cluster_dispatch_pass
 from gradient.clusters.services.lifecycle import (
     ClusterInputError,
     MemberSpec,
@@ -25,7 +26,6 @@ from gradient.clusters.services.lifecycle import (
     cluster_create,
     cluster_request_abort,
 )
-from gradient.clusters.services.dispatch import cluster_dispatch_kick, cluster_dispatch_pass
 from gradient.clusters.services.members import (
     cluster_member_answer,
     cluster_member_report,
