@@ -128,7 +128,11 @@ class ClusterJobAdmin(admin.ModelAdmin):
     list_filter = ["status", "priority", "same_zone"]
     search_fields = ["id"]
     date_hierarchy = "created_at"
-    readonly_fields = [
+    # read-only: the record's plan and the rows must agree, so a cluster changes through its services
+    fields = readonly_fields = (
+        "same_zone",
+        "priority",
+        "retry_budget",
         "status",
         "attempts",
         "prepare_failures",
@@ -139,8 +143,7 @@ class ClusterJobAdmin(admin.ModelAdmin):
         "created_by",
         "created_at",
         "finished_at",
-    ]
-    fields = ["same_zone", "priority", "retry_budget", *readonly_fields]
+    )
     inlines = [ClusterMemberInline, ClusterAttemptInline]
     actions = [abort_clusters]
 
