@@ -512,3 +512,31 @@ def test_a_signal_from_a_worker_that_is_no_member_or_malformed_is_dropped() -> N
         )
         == []
     )
+
+
+def test_every_message_the_services_push_fits_the_protocols_strict_server_schema() -> None:
+    protocol = pytest.importorskip("gradient.workers.protocol")  # the wire structs of the workers app
+    import msgspec
+
+    t = Trio()
+    claimed = t.claim()
+    pushes = list(claimed.pushes)  # AssignJob with cluster, an evaluation's and builds' jobs
+    by_key = {t.client.job_key: t.wc, t.primary.job_key: t.wp, t.server.job_key: t.ws}
+    for job_key, aid in claimed.assignments.items():
+        pushes += answer(by_key[job_key], aid)  # StartCluster with the roster
+    pushes += cluster_signal_forward(
+        worker_id=t.wp.id, attempt_id=claimed.attempt_id, to=None, payload="p", now=timezone.now()
+    )
+    pushes += cluster_worker_lost(worker_id=t.ws.id, now=timezone.now())  # AbortJob to the survivors
+    other = Trio()
+    held = other.claim()
+    pushes += answer(other.wc, held.assignments[other.client.job_key], accepted=False)  # AbortCluster
+    assert {m["type"] for _, m in pushes} == {
+        "AssignJob",
+        "StartCluster",
+        "ClusterSignal",
+        "AbortJob",
+        "AbortCluster",
+    }
+    for _, message in pushes:
+        protocol.decode_server_message(msgspec.json.encode(message))

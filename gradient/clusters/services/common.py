@@ -28,7 +28,7 @@ from gradient.clusters.decisions.planner import PlannerPolicy
 from gradient.clusters.decisions.reservation import ReservationPolicy
 from gradient.clusters.decisions.types import MemberAddress, SlotKind
 from gradient.clusters.models import ClusterAttempt, ClusterJob, ClusterSeat
-from gradient.scheduling.effects import send_to_worker_on_commit
+from gradient.scheduling import effects
 
 Push = tuple[str, dict[str, Any]]
 """A message to one worker (its id as text, the message dict). Services send every push themselves,
@@ -71,7 +71,7 @@ def reservation_policy() -> ReservationPolicy:
 
 def push(worker_id: uuid.UUID | str, message: dict[str, Any]) -> Push:
     """Send `message` to the worker once the current transaction commits."""
-    send_to_worker_on_commit(worker_id, message)
+    effects.send_to_worker_on_commit(worker_id, message)
     return (str(worker_id), message)
 
 

@@ -56,14 +56,9 @@ from gradient.scheduling.models import (
     JobKind,
 )
 from gradient.scheduling.services import graph
+from gradient.scheduling.services import reports as scheduling_reports
 from gradient.scheduling.services.claims import assignment_close
-from gradient.scheduling.services.reports import (
-    DROPPED,
-    REPORT_TYPES,
-    ReportOutcome,
-    fenced_assignment,
-    handle_report,
-)
+from gradient.scheduling.services.reports import DROPPED, REPORT_TYPES, ReportOutcome, fenced_assignment
 from gradient.workers.models import IdleSlot
 
 log = logging.getLogger("gradient.clusters")
@@ -176,7 +171,7 @@ def cluster_member_report(
             return _before_start(cluster, attempt, row, message, now)
         if message["type"] in ("JobCompleted", "JobFailed"):
             return _member_finished(cluster, attempt, row, message, now)
-        return _progress(row, worker_id, message, now)
+        return _progress(row, message, now)
 
 
 def _before_start(
@@ -201,13 +196,14 @@ def _before_start(
     return ReportOutcome(True, "held member failed: the prepare failed")
 
 
-def _progress(
-    row: DispatchedJob, worker_id: uuid.UUID, message: Mapping[str, Any], now: datetime
-) -> ReportOutcome:
-    """Progress of a started member is applied like a single job's, except a build's result: its
-    build_output is kept on the seat and the build completes only by the verdict."""
+def _progress(row: DispatchedJob, message: Mapping[str, Any], now: datetime) -> ReportOutcome:
+    """Progress of a started member is applied like a single job's (the scheduling app's own JobUpdate
+    handler, and its evidence on the evaluation's record), except a build's result: its build_output is
+    kept on the seat and the build completes only by the verdict."""
     update = message.get("update") or {}
-    if message["type"] == "JobUpdate" and row.kind == JobKind.BUILD and update.get("kind") == "build_output":
+    if message["type"] != "JobUpdate":
+        return ReportOutcome(True, "progress")
+    if row.kind == JobKind.BUILD and update.get("kind") == "build_output":
         if str(update.get("build_id")) != str(row.derivation_build_id):
             return ReportOutcome(False, "build_id is not this job's build")
         DispatchedJob.objects.filter(id=row.id).update(phase="build_output")
@@ -215,7 +211,10 @@ def _progress(
         graph.cache_paths(paths=((o["path"], o.get("nar_size") or 0) for o in outputs))
         ClusterSeat.objects.filter(assignment_id=row.id).update(substituted=bool(update.get("substituted")))
         return ReportOutcome(True, "build_output: held until the cluster attempt is decided")
-    return handle_report(worker_id=worker_id, message=dict(message), now=now)
+    report = dict(message)
+    outcome = scheduling_reports._job_update(row, report, now)
+    scheduling_reports._evidence(row, report, outcome, now)
+    return outcome
 
 
 def _job_aborted(row: DispatchedJob) -> bool:
