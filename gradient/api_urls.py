@@ -10,4 +10,5 @@ urlpatterns: list[Any] = [
     path("", include("gradient.workers.urls")),
     path("", include("gradient.records.urls")),
     path("", include("gradient.scheduling.urls")),
+    path("", include("gradient.clusters.urls")),
 ]

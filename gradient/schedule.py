@@ -43,6 +43,7 @@ PASSES: tuple[PassSpec, ...] = (
     PassSpec("evaluation-watchdog", "gradient.recovery.tasks.evaluation_watchdog", lambda: 60.0),
     PassSpec("records-check", "gradient.records.tasks.check_pass", lambda: 300.0),
     PassSpec("worker-liveness", "gradient.workers.tasks.worker_liveness_pass", _worker_liveness_interval),
+    PassSpec("cluster-dispatch", "gradient.clusters.tasks.dispatch_pass", _pass_interval),
 )
 
 

@@ -33,3 +33,21 @@ def make_worker() -> object:
         return worker, token
 
     return make
+
+
+@pytest.fixture
+def sent(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, dict[str, object]]]:
+    """Messages the clusters services push to workers (scheduling.effects.send_to_worker_on_commit), as
+    (worker id, message), recorded once their transaction commits: run the code under
+    `django_capture_on_commit_callbacks(execute=True)` in a non-transactional test."""
+    from django.db import transaction
+
+    from gradient.scheduling import effects
+
+    out: list[tuple[str, dict[str, object]]] = []
+
+    def record(worker_id: object, message: dict[str, object]) -> None:
+        transaction.on_commit(lambda: out.append((str(worker_id), message)))
+
+    monkeypatch.setattr(effects, "send_to_worker_on_commit", record)
+    return out

@@ -34,6 +34,13 @@ class AttemptOutcome(models.TextChoices):
     ABORTED = "Aborted"
 
 
+class Verdict(models.TextChoices):
+    COMPLETE = "Complete"
+    RETRY = "Retry"
+    FAIL = "Fail"
+    ABORT = "Abort"
+
+
 class ClusterJob(models.Model):
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     status = models.CharField(max_length=16, choices=ClusterStatus.choices, default=ClusterStatus.QUEUED)
@@ -51,6 +58,11 @@ class ClusterJob(models.Model):
         null=True, blank=True, help_text="Why the last placement found no seats."
     )
     waiting_since = models.DateTimeField(null=True, blank=True)
+    queued_at = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text="When it last entered the queue (created, or requeued by a Retry): orders and ages it.",
+    )
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
@@ -165,6 +177,13 @@ class ClusterAttempt(models.Model):
     finished_at = models.DateTimeField(null=True, blank=True)
     outcome = models.CharField(max_length=16, choices=AttemptOutcome.choices, null=True, blank=True)
     reason = models.TextField(blank=True, default="")
+    verdict = models.CharField(
+        max_length=16,
+        choices=Verdict.choices,
+        null=True,
+        blank=True,
+        help_text="The recovery verdict that closed a started attempt.",
+    )
     seats = models.JSONField(default=list, blank=True, help_text="[{role, index, worker_id, zone}] at claim.")
 
     class Meta:
@@ -222,3 +241,93 @@ class ClusterReservation(models.Model):
 
     def __str__(self) -> str:
         return f"reservation for {self.cluster_job_id} until {self.expires_at:%H:%M:%S}"
+
+
+class SeatResult(models.TextChoices):
+    """What a seat's member showed so far (settlement.MemberOutcome values)."""
+
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    LOST = "lost"
+    EVALUATION_ABORTED = "evaluation_aborted"
+
+
+class ClusterSeat(models.Model):
+    """One member seated on one worker for one attempt: what the coordinator and the settlement read.
+
+    The member's assignment row (dispatched_job) is the fenced object every report names; this row keeps
+    what those rows cannot: the acceptance during the prepare and the member's held-back result until the
+    attempt's verdict settles it. Deleted with its attempt (ON DELETE CASCADE in PostgreSQL itself,
+    migration 0005); the worker and assignment references carry no constraint, so deleting those rows
+    never blocks on telemetry.
+    """
+
+    attempt = models.ForeignKey(ClusterAttempt, on_delete=models.CASCADE, related_name="seat_rows")
+    member = models.ForeignKey(ClusterMember, on_delete=models.CASCADE, related_name="seats")
+    role = models.CharField(max_length=100)
+    index = models.PositiveIntegerField()
+    kind = models.CharField(max_length=8, help_text="eval or build: the member's job kind.")
+    job_key = models.CharField(max_length=64)
+    worker = models.ForeignKey(
+        "workers.Worker", on_delete=models.DO_NOTHING, db_constraint=False, related_name="+"
+    )
+    zone = models.CharField(max_length=200, null=True, blank=True)
+    endpoint = models.CharField(max_length=500, null=True, blank=True)
+    assignment = models.ForeignKey(
+        "scheduling.DispatchedJob",
+        on_delete=models.DO_NOTHING,
+        db_constraint=False,
+        null=True,
+        blank=True,
+        related_name="+",
+    )
+    accepted_at = models.DateTimeField(null=True, blank=True)
+    result = models.CharField(max_length=24, choices=SeatResult.choices, default=SeatResult.RUNNING)
+    failure_kind = models.CharField(max_length=32, null=True, blank=True)
+    error = models.TextField(blank=True, default="")
+    substituted = models.BooleanField(
+        default=False, help_text="build_output said the outputs were substituted."
+    )
+    reported_at = models.DateTimeField(null=True, blank=True)
+    settlement = models.CharField(
+        max_length=16, null=True, blank=True, help_text="How the verdict settled it."
+    )
+    settled_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        db_table = "cluster_seat"
+        ordering = ["attempt", "role", "index"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["attempt", "member"],
+                name="cluster_seat-one-per-member",
+                violation_error_message="A member has one seat per attempt.",
+            ),
+            models.UniqueConstraint(
+                fields=["attempt", "worker"],
+                name="cluster_seat-one-per-worker",
+                violation_error_message="Members of one attempt sit on distinct workers.",
+            ),
+        ]
+        indexes = [models.Index(fields=["assignment"], name="idx-cluster_seat-assignment")]
+
+    def __str__(self) -> str:
+        return f"{self.role}[{self.index}] on {self.worker_id}"
+
+
+class ClusterWorkerPenalty(models.Model):
+    """A worker rejected a prepare or let a hold expire: the matcher down-ranks it for a while."""
+
+    worker = models.ForeignKey("workers.Worker", on_delete=models.CASCADE, related_name="+")
+    at = models.DateTimeField()
+    reason = models.TextField(blank=True, default="")
+    attempt_id = models.UUIDField(null=True, blank=True)
+
+    class Meta:
+        db_table = "cluster_worker_penalty"
+        ordering = ["-at"]
+        indexes = [models.Index(fields=["at"], name="idx-cluster_worker_penalty-at")]
+
+    def __str__(self) -> str:
+        return f"{self.worker_id} penalised at {self.at:%H:%M:%S}"

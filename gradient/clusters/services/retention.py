@@ -1,4 +1,4 @@
-"""Writes on cluster jobs. (Claims, closes and settlement arrive with the cluster issue.)"""
+"""Retention of finished cluster jobs (cluster-jobs.md, Tables)."""
 
 from __future__ import annotations
 

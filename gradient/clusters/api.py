@@ -1,0 +1,250 @@
+"""REST routes of ../shared/spec/rest.md that the clusters app owns: create, read and abort a cluster.
+
+Anyone signed in may create a cluster of jobs they may read (staff: any job; a submitter: the jobs of
+its projects); staff alone may make it prioritized, and abort. A cluster is readable by staff, by its
+creator and by members of a project one of its jobs belongs to. Bad input is a 400 with field errors, an
+unknown id a 404, never a 500.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from django.utils import timezone
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, extend_schema_field
+from rest_framework import serializers, status
+from rest_framework.exceptions import NotFound, PermissionDenied
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from gradient.clusters.models import ClusterJob, ClusterMember
+from gradient.clusters.services.lifecycle import (
+    MAX_MEMBERS,
+    ClusterInputError,
+    MemberSpec,
+    cluster_create,
+    cluster_request_abort,
+)
+from gradient.scheduling.models import DerivationBuild, Evaluation, EvaluationBuild, Project
+
+# --- Serializers -----------------------------------------------------------------------------------------
+
+
+class MemberInputSerializer(serializers.Serializer[Any]):
+    evaluation = serializers.UUIDField(required=False, allow_null=True, help_text="An evaluation's id.")
+    build = serializers.UUIDField(required=False, allow_null=True, help_text="A shared build's id.")
+    role = serializers.CharField(
+        max_length=100, help_text="The member's role; members of one role are indexed 0, 1, ..."
+    )
+    primary = serializers.BooleanField(
+        default=False, help_text="The cluster completes when the primary succeeds."
+    )
+    pin = serializers.CharField(
+        max_length=200, required=False, allow_null=True, help_text="Name of the only worker that may seat it."
+    )
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        if (attrs.get("evaluation") is None) == (attrs.get("build") is None):
+            raise serializers.ValidationError("A member names exactly one job: evaluation or build.")
+        return attrs
+
+
+class ClusterCreateSerializer(serializers.Serializer[Any]):
+    members = MemberInputSerializer(many=True, allow_empty=False, max_length=MAX_MEMBERS)  # type: ignore[call-arg]
+    same_zone = serializers.BooleanField(default=False, help_text="Seat every member in one zone.")
+    retry_budget = serializers.IntegerField(
+        default=2, min_value=0, max_value=100, help_text="Bounds started attempts: 0 or 1 allow one."
+    )
+    priority = serializers.BooleanField(default=False, help_text="Placed before other clusters; staff only.")
+
+
+class MemberSerializer(serializers.Serializer[Any]):
+    role = serializers.CharField()
+    index = serializers.IntegerField()
+    evaluation = serializers.UUIDField(source="evaluation_id", allow_null=True)
+    build = serializers.UUIDField(source="derivation_build_id", allow_null=True)
+    primary = serializers.BooleanField()
+    pin = serializers.CharField(allow_null=True)
+
+
+class SeatSerializer(serializers.Serializer[Any]):
+    role = serializers.CharField()
+    index = serializers.IntegerField()
+    worker_id = serializers.CharField()
+    zone = serializers.CharField(allow_null=True, required=False)
+
+
+class AttemptSerializer(serializers.Serializer[Any]):
+    id = serializers.UUIDField()
+    number = serializers.IntegerField()
+    created_at = serializers.DateTimeField()
+    prepare_deadline = serializers.DateTimeField(allow_null=True)
+    started_at = serializers.DateTimeField(allow_null=True)
+    finished_at = serializers.DateTimeField(allow_null=True)
+    outcome = serializers.CharField(allow_null=True)
+    verdict = serializers.CharField(allow_null=True)
+    reason = serializers.CharField()
+    seats = SeatSerializer(many=True)
+
+
+class ClusterSerializer(serializers.Serializer[Any]):
+    id = serializers.UUIDField()
+    status = serializers.CharField()
+    same_zone = serializers.BooleanField()
+    priority = serializers.BooleanField()
+    attempts = serializers.IntegerField(help_text="Started attempts.")
+    retry_budget = serializers.IntegerField()
+    prepare_failures = serializers.IntegerField(help_text="Consecutive failed prepares.")
+    retry_at = serializers.DateTimeField(allow_null=True)
+    waiting_reason = serializers.JSONField(allow_null=True)
+    waiting_since = serializers.DateTimeField(allow_null=True)
+    created_at = serializers.DateTimeField()
+    finished_at = serializers.DateTimeField(allow_null=True)
+    members = serializers.SerializerMethodField()
+    attempt_history = serializers.SerializerMethodField()
+
+    @extend_schema_field(MemberSerializer(many=True))
+    def get_members(self, obj: ClusterJob) -> Any:
+        return MemberSerializer(obj.members.order_by("role", "index"), many=True).data
+
+    @extend_schema_field(AttemptSerializer(many=True))
+    def get_attempt_history(self, obj: ClusterJob) -> Any:
+        return AttemptSerializer(obj.attempt_rows.order_by("number"), many=True).data
+
+
+# --- Access ----------------------------------------------------------------------------------------------
+
+
+def _parse_uuid(value: str) -> uuid.UUID:
+    try:
+        return uuid.UUID(value)
+    except ValueError:
+        raise NotFound("No such id.") from None
+
+
+def _project_ids(user: Any) -> set[uuid.UUID]:
+    return set(Project.objects.filter(members=user).values_list("id", flat=True))
+
+
+def _can_read(user: Any, cluster: ClusterJob) -> bool:
+    if user.is_staff or cluster.created_by_id == user.pk:
+        return True
+    projects = _project_ids(user)
+    members = ClusterMember.objects.filter(cluster_job=cluster)
+    builds = EvaluationBuild.objects.filter(
+        build_id__in=members.values("derivation_build_id"), evaluation__project_id__in=projects
+    )
+    return members.filter(evaluation__project_id__in=projects).exists() or builds.exists()
+
+
+def cluster_for(user: Any, cluster_id: str) -> ClusterJob:
+    cluster = ClusterJob.objects.filter(id=_parse_uuid(cluster_id)).first()
+    if cluster is None:
+        raise NotFound("No cluster with this id.")
+    if not _can_read(user, cluster):
+        raise PermissionDenied("No job of this cluster belongs to your projects.")
+    return cluster
+
+
+def _check_jobs_readable(user: Any, members: list[dict[str, Any]]) -> None:
+    """A submitter may group only jobs of its projects (unknown jobs are the service's 400)."""
+    if user.is_staff:
+        return
+    projects = _project_ids(user)
+    evals = {m["evaluation"] for m in members if m.get("evaluation")}
+    builds = {m["build"] for m in members if m.get("build")}
+    foreign = Evaluation.objects.filter(id__in=evals).exclude(project_id__in=projects)
+    readable = set(
+        EvaluationBuild.objects.filter(build_id__in=builds, evaluation__project_id__in=projects).values_list(
+            "build_id", flat=True
+        )
+    )
+    existing = set(DerivationBuild.objects.filter(id__in=builds).values_list("id", flat=True))
+    if foreign.exists() or existing - readable:
+        raise PermissionDenied("A member's job belongs to a project you are not a member of.")
+
+
+# --- Views -----------------------------------------------------------------------------------------------
+
+
+class ClustersView(APIView):
+    @extend_schema(
+        request=ClusterCreateSerializer,
+        responses={
+            201: ClusterSerializer,
+            400: OpenApiResponse(description="Bad members: unknown job, job already in a cluster, ..."),
+            403: OpenApiResponse(description="A job of another project, or priority without staff"),
+        },
+        summary="Create a cluster job: existing jobs started together on distinct workers, all or nothing",
+    )
+    def post(self, request: Request) -> Response:
+        serializer = ClusterCreateSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        data = serializer.validated_data
+        user = request.user
+        if data["priority"] and not user.is_staff:
+            raise PermissionDenied("Only staff may create prioritized clusters.")
+        _check_jobs_readable(user, data["members"])
+        members = [
+            MemberSpec(
+                role=m["role"],
+                evaluation_id=m.get("evaluation"),
+                build_id=m.get("build"),
+                primary=m["primary"],
+                pin=m.get("pin") or None,
+            )
+            for m in data["members"]
+        ]
+        try:
+            cluster = cluster_create(
+                members=members,
+                same_zone=data["same_zone"],
+                retry_budget=data["retry_budget"],
+                priority=data["priority"],
+                created_by=user,  # type: ignore[arg-type]
+                now=timezone.now(),
+            )
+        except ClusterInputError as exc:
+            raise serializers.ValidationError(exc.errors) from None
+        return Response(ClusterSerializer(cluster).data, status=status.HTTP_201_CREATED)
+
+
+class ClusterDetailView(APIView):
+    @extend_schema(
+        parameters=[OpenApiParameter("cluster_id", OpenApiTypes.UUID, OpenApiParameter.PATH)],
+        responses={200: ClusterSerializer},
+        summary="One cluster job, with its members and attempt history",
+    )
+    def get(self, request: Request, cluster_id: str) -> Response:
+        return Response(ClusterSerializer(cluster_for(request.user, cluster_id)).data)
+
+
+class ClusterAbortView(APIView):
+    @extend_schema(
+        request=None,
+        parameters=[OpenApiParameter("cluster_id", OpenApiTypes.UUID, OpenApiParameter.PATH)],
+        responses={
+            202: OpenApiResponse(description="Abort recorded; the cluster ends Aborted"),
+            403: OpenApiResponse(description="Not staff"),
+        },
+        summary="Abort a cluster job (staff): a control intent on its record; running members get AbortJob",
+    )
+    def post(self, request: Request, cluster_id: str) -> Response:
+        if not request.user.is_staff:
+            raise PermissionDenied("Only staff may abort a cluster.")
+        cluster = cluster_for(request.user, cluster_id)
+        receipt = cluster_request_abort(
+            cluster_id=cluster.id, actor=request.user.get_username(), now=timezone.now()
+        )
+        cluster.refresh_from_db()
+        return Response(
+            {
+                "id": cluster.id,
+                "status": cluster.status,
+                "message": receipt.message if receipt is not None else "aborted",
+            },
+            status=status.HTTP_202_ACCEPTED,
+        )

@@ -1,0 +1,133 @@
+"""A cluster's record, written by the clusters services: every status change of a cluster_job and every
+claim, start and close of one of its attempts appends its fact in the same transaction as the row change
+(records.record_append_facts holds the record row until the caller commits). Cluster records use the job
+key `cluster:<uuid>`; members keep their own records (`eval:<uuid>`), written by scheduling.history.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+from django.contrib.auth.models import User
+
+from gradient.records.schemas import (
+    AttemptOutcome,
+    CallDeadline,
+    CallKind,
+    ClusterAttemptClosed,
+    ClusterAttemptOpened,
+    ClusterAttemptStarted,
+    Fact,
+    JobKind,
+    ObjectRef,
+    ObjectTable,
+    Outcome,
+    OutcomeCommitted,
+    RowStatus,
+    Seat,
+    StatusChanged,
+    Verdict,
+    job_key_for,
+)
+from gradient.records.services import plan_default, record_append_facts, record_create
+
+TERMINAL_OUTCOME: dict[str, Outcome] = {
+    "Completed": Outcome.SUCCEEDED,
+    "Failed": Outcome.FAILED,
+    "Aborted": Outcome.CANCELLED,
+}
+
+
+def cluster_key(cluster_id: uuid.UUID | str) -> str:
+    return job_key_for(JobKind.CLUSTER, cluster_id)
+
+
+def attempt_ref(attempt_id: uuid.UUID) -> ObjectRef:
+    return ObjectRef(table=ObjectTable.CLUSTER_ATTEMPT, id=attempt_id)
+
+
+def append(cluster_id: uuid.UUID, facts: Sequence[Fact], now: datetime, actor: str = "scheduler") -> None:
+    if facts:
+        record_append_facts(job_key=cluster_key(cluster_id), facts=facts, now=now, actor=actor)
+
+
+def status_facts(status: str, reason: str) -> list[Fact]:
+    facts: list[Fact] = [StatusChanged(status=RowStatus(status), reason=reason[:500])]
+    if status in TERMINAL_OUTCOME:
+        facts.append(OutcomeCommitted(outcome=TERMINAL_OUTCOME[status], cause=reason[:500]))
+    return facts
+
+
+def cluster_record_create(
+    *, cluster_id: uuid.UUID, spec: dict[str, Any], retry_budget: int, created_by: User | None, now: datetime
+) -> None:
+    """The cluster's record header and its first status, in the caller's transaction."""
+    record_create(
+        job_key=cluster_key(cluster_id),
+        spec=spec,
+        plan=plan_default(kind=JobKind.CLUSTER, retry_budget=retry_budget),
+        created_by=created_by,
+        idempotency_key=None,
+        now=now,
+    )
+    append(cluster_id, status_facts("Queued", "submitted"), now)
+
+
+def attempt_opened(
+    *,
+    cluster_id: uuid.UUID,
+    attempt_id: uuid.UUID,
+    number: int,
+    seats: Sequence[tuple[str, int, str]],
+    prepare_deadline: datetime,
+    now: datetime,
+) -> None:
+    """claim_cluster won: the attempt is the record's next submission, and the hold of every member's
+    AssignJob is a call whose deadline is the prepare deadline (the workers let go a margin later)."""
+    append(
+        cluster_id,
+        [
+            ClusterAttemptOpened(
+                submission=number,
+                cluster_attempt_id=attempt_id,
+                attempt=number,
+                seats=tuple(Seat(role=role, index=index, worker=worker) for role, index, worker in seats),
+            ),
+            CallDeadline(call=CallKind.HOLD, object=attempt_ref(attempt_id), deadline=prepare_deadline),
+        ],
+        now,
+    )
+
+
+def attempt_started(*, cluster_id: uuid.UUID, attempt_id: uuid.UUID, reason: str, now: datetime) -> None:
+    append(
+        cluster_id,
+        [ClusterAttemptStarted(cluster_attempt_id=attempt_id), *status_facts("Running", reason)],
+        now,
+    )
+
+
+def attempt_closed(
+    *,
+    cluster_id: uuid.UUID,
+    attempt_id: uuid.UUID,
+    outcome: str,
+    verdict: str | None,
+    reason: str,
+    now: datetime,
+) -> None:
+    append(
+        cluster_id,
+        [
+            ClusterAttemptClosed(
+                cluster_attempt_id=attempt_id,
+                outcome=AttemptOutcome(outcome),
+                verdict=Verdict(verdict) if verdict is not None else None,
+                reason=reason[:500],
+            )
+        ],
+        now,
+    )

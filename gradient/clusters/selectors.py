@@ -1,0 +1,304 @@
+"""Reads of the clusters app: the cluster book and the pool the dispatch pass plans over, memberships
+for the assignment passes, what the sweeps must skip, and whether a seat is reserved."""
+
+from __future__ import annotations
+
+import uuid
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from django.db.models import Exists, OuterRef, Q
+
+from gradient.clusters.decisions.matcher import MatchPolicy
+from gradient.clusters.decisions.reservation import is_reserved
+from gradient.clusters.decisions.types import (
+    CandidateScore as ScoreView,
+)
+from gradient.clusters.decisions.types import (
+    Cluster,
+    Member,
+    Penalty,
+    Pool,
+    Reservation,
+    ReservedSeat,
+    SlotKind,
+)
+from gradient.clusters.decisions.types import (
+    IdleSlot as IdleSlotView,
+)
+from gradient.clusters.decisions.types import (
+    Worker as WorkerView,
+)
+from gradient.clusters.models import (
+    ClusterAttempt,
+    ClusterJob,
+    ClusterMember,
+    ClusterReservation,
+    ClusterStatus,
+    ClusterWorkerPenalty,
+)
+from gradient.scheduling import jobs
+from gradient.scheduling.models import (
+    EVALUATION_ACTIVE,
+    BuildStatus,
+    DispatchedJob,
+    EvaluationBuild,
+    EvaluationStatus,
+)
+from gradient.workers.models import CandidateScore, IdleSlot, Worker, WorkerSession
+
+PROTOCOL_KINDS = {"flake": SlotKind.EVAL, "eval": SlotKind.EVAL, "build": SlotKind.BUILD}
+
+
+def _uuid(value: object) -> uuid.UUID | None:
+    try:
+        return uuid.UUID(str(value))
+    except (ValueError, TypeError, AttributeError):
+        return None
+
+
+# --- For the job loop and the sweeps --------------------------------------------------------------------
+
+
+def is_cluster_assignment(assignment_id: str | uuid.UUID) -> bool:
+    """Whether this assignment is a cluster member's (its reports go to the clusters services)."""
+    parsed = _uuid(assignment_id)
+    if parsed is None:
+        return False
+    return DispatchedJob.objects.filter(id=parsed, cluster_attempt__isnull=False).exists()
+
+
+def _open_attempt() -> Exists:
+    return Exists(
+        ClusterAttempt.objects.filter(cluster_job_id=OuterRef("cluster_job_id"), finished_at__isnull=True)
+    )
+
+
+def tracked_job_keys() -> frozenset[str]:
+    """Job keys of members whose attempt is open: tracked by their cluster, so the abandoned-dispatch
+    sweep and the evaluation watchdog skip them."""
+    rows = ClusterMember.objects.filter(_open_attempt()).values_list("evaluation_id", "derivation_build_id")
+    return frozenset(f"eval:{e}" if e is not None else f"build:{b}" for e, b in rows)
+
+
+def tracked_dispatch_q() -> Q:
+    """For DispatchedJob querysets: the member rows of an open attempt (`.exclude(tracked_dispatch_q())`)."""
+    return Q(cluster_attempt__isnull=False, cluster_attempt__finished_at__isnull=True)
+
+
+def tracked_evaluation_q() -> Q:
+    """For Evaluation querysets: evaluations that are members of a cluster with an open attempt."""
+    members = ClusterMember.objects.filter(evaluation_id=OuterRef("pk")).filter(_open_attempt())
+    return Q(Exists(members))
+
+
+@dataclass(frozen=True)
+class Membership:
+    cluster_id: uuid.UUID
+    cluster_status: str
+    role: str
+    index: int
+    primary: bool
+
+    @property
+    def in_book(self) -> bool:
+        """Members of a Queued cluster join the cluster book; members of any other cluster wait for it."""
+        return self.cluster_status == ClusterStatus.QUEUED
+
+
+def cluster_membership(*, job_keys: Iterable[str]) -> dict[str, Membership]:
+    """The memberships of a batch of job keys, in one query. A key that is no member is absent: it
+    queues as a single job as before."""
+    evals: list[uuid.UUID] = []
+    builds: list[uuid.UUID] = []
+    for key in job_keys:
+        prefix, _, raw = key.partition(":")
+        parsed = _uuid(raw)
+        if parsed is None:
+            continue
+        if prefix == "eval":
+            evals.append(parsed)
+        elif prefix == "build":
+            builds.append(parsed)
+    rows = ClusterMember.objects.filter(
+        Q(evaluation_id__in=evals) | Q(derivation_build_id__in=builds)
+    ).values_list(
+        "evaluation_id",
+        "derivation_build_id",
+        "cluster_job_id",
+        "cluster_job__status",
+        "role",
+        "index",
+        "primary",
+    )
+    out: dict[str, Membership] = {}
+    for e, b, cluster_id, status, role, index, primary in rows:
+        key = f"eval:{e}" if e is not None else f"build:{b}"
+        out[key] = Membership(cluster_id, status, role, index, primary)
+    return out
+
+
+# --- Reservations ---------------------------------------------------------------------------------------
+
+
+def reservation_state() -> Reservation | None:
+    """The reservation in force (cluster_reservation holds at most one row)."""
+    row = ClusterReservation.objects.first()
+    if row is None:
+        return None
+    return Reservation(
+        cluster_id=str(row.cluster_job_id),
+        seats=tuple(
+            ReservedSeat(
+                role=s["role"], index=int(s["index"]), kind=SlotKind(s["kind"]), worker_id=s["worker_id"]
+            )
+            for s in row.seats or []
+        ),
+        created_at=row.created_at,
+        expires_at=row.expires_at,
+    )
+
+
+def worker_reserved_for(worker_id: uuid.UUID | str, kind: str) -> bool:
+    """Whether single assignment must not give this worker a new job of `kind` ("eval"/"flake" or
+    "build"): a reserved seat keeps its running jobs but gets nothing new of the reserved kind."""
+    slot_kind = PROTOCOL_KINDS.get(kind)
+    if slot_kind is None:
+        return False
+    return is_reserved(reservation_state(), str(worker_id), slot_kind)
+
+
+# --- The dispatch snapshot ------------------------------------------------------------------------------
+
+
+def queued_clusters(*, now: datetime) -> list[Cluster]:
+    """The cluster book: every Queued cluster without an open attempt, with its members and whether each
+    can start now (its job Queued, out of backoff, with no open assignment). Memberships, job rows, open
+    assignments and build projects are each loaded in one query."""
+    open_attempt = ClusterAttempt.objects.filter(cluster_job_id=OuterRef("pk"), finished_at__isnull=True)
+    clusters = list(ClusterJob.objects.filter(status=ClusterStatus.QUEUED).exclude(Exists(open_attempt)))
+    if not clusters:
+        return []
+    members = list(
+        ClusterMember.objects.filter(cluster_job_id__in=[c.id for c in clusters]).select_related(
+            "evaluation", "evaluation__project", "derivation_build"
+        )
+    )
+    keys = [m.job_key for m in members]
+    open_keys = set(
+        DispatchedJob.objects.filter(job_id__in=keys, finished_at__isnull=True).values_list(
+            "job_id", flat=True
+        )
+    )
+    build_ids = [m.derivation_build_id for m in members if m.derivation_build_id is not None]
+    build_projects: dict[uuid.UUID, set[str]] = defaultdict(set)
+    for build_id, project in EvaluationBuild.objects.filter(
+        build_id__in=build_ids, blocks_evaluation=True, evaluation__status__in=EVALUATION_ACTIVE
+    ).values_list("build_id", "evaluation__project__name"):
+        build_projects[build_id].add(project)
+
+    by_cluster: dict[uuid.UUID, list[Member]] = defaultdict(list)
+    for m in members:
+        by_cluster[m.cluster_job_id].append(_member(m, now, open_keys, build_projects))
+    return [
+        Cluster(
+            cluster_id=str(c.id),
+            members=tuple(sorted(by_cluster.get(c.id, []), key=lambda x: (x.role, x.index))),
+            queued_at=c.queued_at or c.created_at,
+            same_zone=c.same_zone,
+            priority=c.priority,
+            retry_at=c.retry_at,
+            prepare_failures=c.prepare_failures,
+        )
+        for c in clusters
+        if by_cluster.get(c.id)
+    ]
+
+
+def _member(
+    m: ClusterMember, now: datetime, open_keys: set[str], build_projects: dict[uuid.UUID, set[str]]
+) -> Member:
+    key = m.job_key
+    if m.evaluation is not None:
+        e = m.evaluation
+        steps = jobs.eval_steps(e, split=False)
+        return Member(
+            role=m.role,
+            index=m.index,
+            job_key=key,
+            kind=SlotKind.EVAL,
+            primary=m.primary,
+            pin=m.pin or None,
+            needs_fetch=jobs.FETCH_FLAKE in steps,
+            projects=frozenset({e.project.name}),
+            can_start=e.status == EvaluationStatus.QUEUED and key not in open_keys,
+        )
+    b = m.derivation_build
+    assert b is not None  # cluster_member-exactly-one-job
+    return Member(
+        role=m.role,
+        index=m.index,
+        job_key=key,
+        kind=SlotKind.BUILD,
+        primary=m.primary,
+        pin=m.pin or None,
+        system=b.system,
+        required_features=frozenset(b.required_features or []),
+        projects=frozenset(build_projects.get(b.id, set())),
+        can_start=b.status == BuildStatus.QUEUED
+        and (b.retry_at is None or b.retry_at <= now)
+        and key not in open_keys,
+    )
+
+
+def dispatch_pool(*, job_keys: Iterable[str], now: datetime, policy: MatchPolicy) -> Pool:
+    """Free capacity and what is known about it: connected active workers (draining ones included, the
+    matcher seats nothing on them), their fresh idle slots, their scores for the member jobs, and the
+    penalties still inside the window."""
+    sessions = list(
+        WorkerSession.objects.filter(closed_at__isnull=True, worker__active=True).select_related("worker")
+    )
+    ids = [s.worker_id for s in sessions]
+    projects: dict[uuid.UUID, set[str]] = defaultdict(set)
+    for worker_id, name in Worker.projects.through.objects.filter(worker_id__in=ids).values_list(
+        "worker_id", "project__name"
+    ):
+        projects[worker_id].add(name)
+    workers = [
+        WorkerView(
+            worker_id=str(s.worker_id),
+            name=s.worker.name,
+            zone=s.worker.zone or None,
+            can_fetch=s.worker.can_fetch,
+            can_eval=s.worker.can_eval,
+            can_build=s.worker.can_build,
+            architectures=frozenset(s.worker.architectures or []),
+            system_features=frozenset(s.worker.system_features or []),
+            projects=frozenset(projects.get(s.worker_id, set())),
+            endpoint=s.worker.endpoint or None,
+            draining=s.draining,
+        )
+        for s in sessions
+    ]
+    fresh = now - timedelta(seconds=policy.idle_slot_ttl_secs)
+    slots = [
+        IdleSlotView(worker_id=str(w), kind=SlotKind(k), recorded_at=at)
+        for w, k, at in IdleSlot.objects.filter(worker_id__in=ids, recorded_at__gte=fresh).values_list(
+            "worker_id", "kind", "recorded_at"
+        )
+    ]
+    scores = [
+        ScoreView(worker_id=str(w), job_key=j, missing_nar_size=n)
+        for w, j, n in CandidateScore.objects.filter(
+            job_id__in=list(job_keys), worker_id__in=ids
+        ).values_list("worker_id", "job_id", "missing_nar_size")
+    ]
+    penalties = [
+        Penalty(worker_id=str(w), at=at, reason=r)
+        for w, at, r in ClusterWorkerPenalty.objects.filter(
+            at__gte=now - timedelta(seconds=policy.penalty_window_secs)
+        ).values_list("worker_id", "at", "reason")
+    ]
+    return Pool.of(workers=workers, idle_slots=slots, scores=scores, penalties=penalties)

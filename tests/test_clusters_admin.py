@@ -1,0 +1,62 @@
+"""The admin lists cluster jobs, shows each with its members and attempts (seats, outcome, timing), and
+aborts after a confirmation page by appending the abort intent to each cluster's record."""
+
+from __future__ import annotations
+
+import pytest
+from django.contrib.auth.models import User
+from django.test import Client
+from django.urls import reverse
+
+from gradient.clusters.models import ClusterJob, ClusterStatus
+from gradient.records.selectors import record_job
+from tests.clusters_helpers import make_cluster, queued_build, seat_worker, started
+from tests.factories import ProjectFactory
+
+pytestmark = pytest.mark.django_db(transaction=True)  # the control hook runs once the intent committed
+
+
+@pytest.fixture
+def operator_client() -> Client:
+    client = Client()
+    client.force_login(User.objects.create_superuser("root", "root@example.com", "pw"))
+    return client
+
+
+def test_the_cluster_list_and_page_show_members_and_attempts_with_their_seats(
+    operator_client: Client,
+) -> None:
+    project = ProjectFactory()
+    cluster = make_cluster([("server", queued_build(project)), ("client", queued_build(project))])
+    workers = [seat_worker(project), seat_worker(project)]
+    started(cluster, workers)
+    listing = operator_client.get(reverse("admin:clusters_clusterjob_changelist"))
+    assert listing.status_code == 200 and str(cluster.id) in listing.content.decode()
+    page = operator_client.get(
+        reverse("admin:clusters_clusterjob_change", args=[cluster.id])
+    ).content.decode()
+    assert "server" in page and "client" in page
+    # seats go in (role, index) order: client on the first worker, server on the second
+    assert f"client[0] on {workers[0].id}" in page and f"server[0] on {workers[1].id}" in page
+    attempt_page = operator_client.get(
+        reverse("admin:clusters_clusterattempt_change", args=[cluster.attempt_rows.get().id])
+    )
+    assert attempt_page.status_code == 200
+
+
+def test_abort_asks_for_confirmation_first_and_then_appends_the_intent(operator_client: Client) -> None:
+    project = ProjectFactory()
+    cluster = make_cluster([("a", queued_build(project))])
+    url = reverse("admin:clusters_clusterjob_changelist")
+    asked = operator_client.post(url, {"action": "abort_clusters", "_selected_action": [str(cluster.id)]})
+    assert asked.status_code == 200 and "Yes, abort them" in asked.content.decode()
+    assert ClusterJob.objects.get(id=cluster.id).status == ClusterStatus.QUEUED
+    done = operator_client.post(
+        url,
+        {"action": "abort_clusters", "_selected_action": [str(cluster.id)], "confirmed": "yes"},
+        follow=True,
+    )
+    assert done.status_code == 200
+    assert ClusterJob.objects.get(id=cluster.id).status == ClusterStatus.ABORTED
+    job = record_job(job_key=cluster.job_key, now=ClusterJob.objects.get(id=cluster.id).finished_at)
+    assert [(c.intent, c.actor) for c in job.controls] == [("cancel", "admin:root")]
