@@ -15,7 +15,7 @@ from channels.db import database_sync_to_async
 from django.db import transaction
 from django.utils import timezone
 
-from gradient.clusters.models import ClusterAttempt, ClusterJob, ClusterMember
+from gradient.clusters.models import ClusterAttempt, ClusterJob, ClusterMember, ClusterSeat
 from gradient.recovery.boot import current_boot
 from gradient.recovery.models import ServerBoot
 from gradient.scheduling.models import DispatchedJob, JobKind, build_key
@@ -584,16 +584,29 @@ async def test_a_cluster_signal_is_forwarded_only_within_a_started_attempt_from_
                 {"role": "client", "index": 1, "worker_id": str(c.id), "zone": None},
             ],
         )
-        for index, (role, worker) in enumerate((("server", a), ("client", b), ("client", c))):
+        for role, index, worker in (("server", 0, a), ("client", 0, b), ("client", 1, c)):
             build = DerivationBuildFactory()
-            ClusterMember.objects.create(cluster_job=job, derivation_build=build, role=role, index=index)
-            DispatchedJob.objects.create(
+            member = ClusterMember.objects.create(
+                cluster_job=job, derivation_build=build, role=role, index=index
+            )
+            row = DispatchedJob.objects.create(
                 kind=JobKind.BUILD,
                 job_id=build_key(build.id),
                 derivation_build=build,
                 worker=worker,
                 cluster_attempt=attempt,
                 dispatched_at=now,
+            )
+            ClusterSeat.objects.create(
+                attempt=attempt,
+                member=member,
+                role=role,
+                index=index,
+                kind=JobKind.BUILD,
+                job_key=row.job_id,
+                worker=worker,
+                assignment=row,
+                accepted_at=now if started else None,
             )
         return attempt
 
@@ -638,4 +651,6 @@ async def test_a_cluster_signal_is_forwarded_only_within_a_started_attempt_from_
     }
     for comm in comms.values():
         assert await comm.receive_nothing(timeout=0.3)
+    # (Disconnecting a member loses it into its attempt, which aborts the others: check first, then close.)
+    for comm in comms.values():
         await finish(comm)

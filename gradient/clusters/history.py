@@ -13,6 +13,7 @@ from typing import Any
 
 from django.contrib.auth.models import User
 
+from gradient.records.models import JobRecord
 from gradient.records.schemas import (
     AttemptOutcome,
     CallDeadline,
@@ -50,8 +51,38 @@ def attempt_ref(attempt_id: uuid.UUID) -> ObjectRef:
 
 
 def append(cluster_id: uuid.UUID, facts: Sequence[Fact], now: datetime, actor: str = "scheduler") -> None:
-    if facts:
-        record_append_facts(job_key=cluster_key(cluster_id), facts=facts, now=now, actor=actor)
+    """Append in the caller's transaction. A cluster made outside the services (SQL, a fixture) gets its
+    record on its first fact, so its history is never lost; one whose attempts were never recorded will
+    not fold, which the records pass then reports."""
+    if not facts:
+        return
+    key = cluster_key(cluster_id)
+    if not JobRecord.objects.filter(job_key=key).exists():
+        _record_for_existing_row(cluster_id, now)
+    record_append_facts(job_key=key, facts=facts, now=now, actor=actor)
+
+
+def _record_for_existing_row(cluster_id: uuid.UUID, now: datetime) -> None:
+    from gradient.clusters.models import ClusterJob
+
+    cluster = ClusterJob.objects.get(id=cluster_id)
+    spec = {
+        "same_zone": cluster.same_zone,
+        "retry_budget": cluster.retry_budget,
+        "priority": cluster.priority,
+        "members": [
+            {"role": m.role, "index": m.index, "job": m.job_key, "primary": m.primary, "pin": m.pin}
+            for m in cluster.members.order_by("role", "index")
+        ],
+    }
+    record_create(
+        job_key=cluster_key(cluster_id),
+        spec=spec,
+        plan=plan_default(kind=JobKind.CLUSTER, retry_budget=cluster.retry_budget),
+        created_by=None,
+        idempotency_key=None,
+        now=now,
+    )
 
 
 def status_facts(status: str, reason: str) -> list[Fact]:

@@ -23,6 +23,7 @@ from django.db import transaction
 from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
 
+from gradient.clusters.services import recover_clusters_at_startup
 from gradient.recovery.models import ServerBoot
 from gradient.scheduling import history
 from gradient.scheduling.models import (
@@ -167,6 +168,15 @@ def recover_interrupted_work(*, boot_id: uuid.UUID, now: datetime) -> RecoveryRe
         ):
             report.evaluations_requeued += 1
             forget_sent(f"eval:{evaluation_id}")
+    # 5. Clusters, in the reference notes' order: open attempts close (PrepareFailed unstarted, Aborted
+    #    started), Running clusters go back to Queued, or to Aborted/Failed when a member is dead or the
+    #    budget is spent. An attempt whose every seat is on a live server's worker is left to it.
+    live_ids = list(
+        WorkerSession.objects.filter(closed_at__isnull=True)
+        .exclude(server_boot__in=dead)
+        .values_list("worker_id", flat=True)
+    )
+    report.clusters = asdict(recover_clusters_at_startup(now=now, live_worker_ids=live_ids))
     return report
 
 

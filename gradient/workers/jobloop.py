@@ -19,6 +19,9 @@ from typing import Any
 import msgspec
 from django.utils import timezone
 
+from gradient.clusters.services import (
+    cluster_signal_forward,
+)
 from gradient.scheduling.effects import to_server_message
 from gradient.scheduling.services import assignment, offers, reports
 from gradient.workers import services
@@ -127,5 +130,12 @@ def eval_progress(*, session: SessionRef, message: EvalProgress) -> list[ServerM
 
 def cluster_signal(*, session: SessionRef, message: ClusterSignal) -> list[ServerMessage]:
     """Forward within a started attempt, from one of its members; anything else is dropped."""
-    services.cluster_signal_route(session=session, signal=message)
+    to = msgspec.to_builtins(message.to) if message.to is not None else None
+    cluster_signal_forward(
+        worker_id=session.worker_id,
+        attempt_id=message.attempt,
+        to=to,
+        payload=message.payload,
+        now=timezone.now(),
+    )
     return []

@@ -17,7 +17,7 @@ from django.contrib.auth.models import User
 from django.db import IntegrityError, transaction
 from django.db.models import Exists, OuterRef, Q
 
-from gradient.clusters.models import ClusterAttempt
+from gradient.clusters.services import cluster_worker_lost
 from gradient.recovery.models import ServerBoot
 from gradient.scheduling.models import (
     DispatchedJob,
@@ -31,9 +31,6 @@ from gradient.workers.protocol import (
     CandidateScore as CandidateScoreMessage,
 )
 from gradient.workers.protocol import (
-    ClusterAddress,
-    ClusterSignal,
-    ClusterSignalDelivery,
     InitCapabilities,
     JobKindName,
     WorkerCapabilities,
@@ -44,7 +41,6 @@ from gradient.workers.push import (
     CLOSE_SILENT,
     close_worker_session,
     close_worker_session_on_commit,
-    push_to_worker_on_commit,
 )
 from gradient.workers.selectors import parse_job_key, parse_uuid, worker_project_names
 from gradient.workers.tokens import token_matches, token_new
@@ -240,6 +236,7 @@ def _session_close(*, session_id: uuid.UUID, reason: str, now: datetime) -> uuid
     IdleSlot.objects.filter(worker_id=worker_id).delete()
     SentCandidate.objects.filter(worker_id=worker_id).delete()
     worker_jobs_return_lost(worker_id=worker_id, reason=f"worker lost: {reason}", now=now)
+    cluster_worker_lost(worker_id=worker_id, now=now)
     return worker_id
 
 
@@ -430,35 +427,3 @@ def workers_drop_silent(*, now: datetime, timeout_secs: float, limit: int = 10_0
 
 
 # --- Cluster signals -------------------------------------------------------------------------------
-
-
-def cluster_signal_route(*, session: SessionRef, signal: ClusterSignal) -> int:
-    """Forward a member's ClusterSignal within its started, open attempt to the member `to` names, or
-    to every other member; anything else is dropped. Returns how many members it was sent to."""
-    attempt_id = parse_uuid(signal.attempt)
-    if attempt_id is None:
-        return 0
-    attempt = ClusterAttempt.objects.filter(
-        id=attempt_id, started_at__isnull=False, finished_at__isnull=True
-    ).first()
-    if attempt is None:
-        return 0
-    if not DispatchedJob.objects.filter(
-        cluster_attempt=attempt, worker_id=session.worker_id, finished_at__isnull=True
-    ).exists():
-        return 0
-    seats = [s for s in (attempt.seats or []) if isinstance(s, dict)]
-    sender = next((s for s in seats if str(s.get("worker_id")) == str(session.worker_id)), None)
-    if sender is None:
-        return 0
-    sender_address = ClusterAddress(role=str(sender["role"]), index=int(sender["index"]))
-    targets = [
-        s
-        for s in seats
-        if s is not sender
-        and (signal.to is None or (s.get("role") == signal.to.role and s.get("index") == signal.to.index))
-    ]
-    delivery = ClusterSignalDelivery(attempt=signal.attempt, from_=sender_address, payload=signal.payload)
-    for seat in targets:
-        push_to_worker_on_commit(str(seat["worker_id"]), delivery)
-    return len(targets)

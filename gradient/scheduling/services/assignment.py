@@ -15,6 +15,7 @@ from typing import Any
 from django.conf import settings
 from django.db import transaction
 
+from gradient.clusters.selectors import worker_reserved_for
 from gradient.scheduling import history, jobs, selectors
 from gradient.scheduling.decisions.scoring import Candidate, Score, WorkerView, rank
 from gradient.scheduling.models import (
@@ -99,6 +100,9 @@ def request_job(*, worker_id: uuid.UUID, protocol_kind: str, now: datetime) -> A
             return None
         if _is_full(state, kind):
             _clear_idle_slot(worker_id, kind)
+            return None
+        if worker_reserved_for(worker_id, kind):
+            _record_idle_slot(worker_id, kind, now)  # a reserved seat: it waits, idle, for its cluster
             return None
         assignment = _assign_build(state, now) if kind == JobKind.BUILD else _assign_eval(state, now)
         if assignment is None:
