@@ -95,7 +95,8 @@ TEMPLATES = [
 EMBEDDED_DATABASE = BASE_DIR / "var" / "gradient.sqlite3"
 DATABASE_URL = os.environ.get("DATABASE_URL", "").strip()
 if DATABASE_URL:
-    _db = dj_database_url.parse(DATABASE_URL, conn_max_age=0, conn_health_checks=True)
+    # Persistent connections: the worker sessions of a serve process issue many short transactions.
+    _db = dj_database_url.parse(DATABASE_URL, conn_max_age=600, conn_health_checks=True)
 else:
     EMBEDDED_DATABASE.parent.mkdir(parents=True, exist_ok=True)
     _db = {"ENGINE": "django.db.backends.sqlite3", "NAME": str(EMBEDDED_DATABASE)}

@@ -203,3 +203,53 @@ def test_an_evaluation_whose_outputs_are_all_cached_completes_without_building()
     assert evaluation.status == EvaluationStatus.COMPLETED
     assert set(DerivationBuild.objects.values_list("status", flat=True)) == {BuildStatus.SUBSTITUTED}
     assert Evaluation.objects.get().finished_at is not None
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_the_preselection_picks_the_same_build_as_scoring_every_pending_build(seed: int) -> None:
+    """RequestJob loads only the builds that can win; the winner equals the full scoring's."""
+    import random
+    from datetime import timedelta
+
+    from gradient.scheduling import selectors
+    from gradient.scheduling.decisions.scoring import Candidate, rank
+    from gradient.scheduling.services.assignment import _worker_view
+
+    rng = random.Random(seed)
+    project = ProjectFactory()
+    evaluation = _building_evaluation(project, [drv(f"p{i}") for i in range(700)])
+    now = timezone.now()
+    builds = list(DerivationBuild.objects.all())
+    for b in builds:
+        b.queued_at = now - timedelta(seconds=rng.choice([5, 50, 500, 5000, 50000]) + rng.random())
+        b.prioritized = rng.random() < 0.01
+    DerivationBuild.objects.bulk_update(builds, ["queued_at", "prioritized"])
+    worker = connected_worker([project])
+    for b in rng.sample(builds, 40):
+        CandidateScore.objects.create(
+            worker=worker,
+            job_id=b.job_key,
+            missing_count=1,
+            missing_nar_size=rng.choice([0, 10**6, 10**10]),
+            updated_at=now,
+        )
+    state = selectors.worker_state(worker.id)
+    assert state is not None
+    scores = {s.job_id: s for s in CandidateScore.objects.filter(worker=worker)}
+    everything = [
+        Candidate(
+            job_id=b.job_key,
+            kind="build",
+            waited_secs=(now - b.queued_at).total_seconds(),
+            prioritized=b.prioritized,
+            missing_nar_size=scores[b.job_key].missing_nar_size if b.job_key in scores else None,
+            missing_count=scores[b.job_key].missing_count if b.job_key in scores else None,
+        )
+        for b in selectors.queued_builds(state, now)
+    ]
+    expected = rank(everything, _worker_view(state), selectors.pool_view(now))[0]
+    from gradient.scheduling.services.assignment import request_job
+
+    handed = request_job(worker_id=worker.id, protocol_kind="build", now=now)
+    assert handed is not None and handed.job_key == expected.job_id
+    assert evaluation.build_links.count() == 700

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import time
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -105,27 +107,92 @@ def queued_evaluations(state: WorkerState) -> QuerySet[Evaluation]:
     )
 
 
-def queued_builds(state: WorkerState, now: datetime) -> list[DerivationBuild]:
-    """Queued shared builds this worker can take: its architecture and features, wanted by an active
-    evaluation of one of its projects, out of backoff, no cluster member."""
-    worker = state.worker
-    if not worker.can_build:
-        return []
+@dataclass(frozen=True, slots=True)
+class BuildRef:
+    """What scoring needs of a queued shared build; the full row is loaded only for the one chosen."""
+
+    id: uuid.UUID
+    queued_at: datetime | None
+    created_at: datetime
+    prioritized: bool
+
+    @property
+    def job_key(self) -> str:
+        return f"build:{self.id}"
+
+
+def _queued_builds_for(state: WorkerState, now: datetime) -> QuerySet[DerivationBuild]:
     wanted = EvaluationBuild.objects.filter(
         build_id=OuterRef("pk"),
         blocks_evaluation=True,
         evaluation__status__in=EVALUATION_ACTIVE,
         evaluation__project_id__in=state.project_ids,
     )
-    systems = [*(worker.architectures or []), BUILTIN_SYSTEM]
-    qs = (
+    systems = [*(state.worker.architectures or []), BUILTIN_SYSTEM]
+    return (
         DerivationBuild.objects.filter(status=BuildStatus.QUEUED, system__in=systems)
         .filter(Q(retry_at__isnull=True) | Q(retry_at__lte=now))
         .filter(_not_a_cluster_member())
         .filter(Exists(wanted))
         .order_by("queued_at", "id")
     )
-    return [b for b in qs if worker_can_build(worker, b.system, b.required_features)]
+
+
+PRESELECT = 256
+
+
+def queued_build_refs(
+    state: WorkerState, now: datetime, *, wait_cap_secs: float | None = None, scored: Iterable[str] = ()
+) -> list[BuildRef]:
+    """Queued shared builds this worker can take (see queued_builds), as light references.
+
+    RequestJob scores every pending build; only these can be the best, so only these are loaded (the
+    rest of the rules are the same for every build on one worker): every prioritized build; the oldest
+    builds whose wait has not reached the WaitTime cap; among those past the cap (whose wait scores
+    tie), the smallest ids, as the tie-break picks; and every build the worker has scored. An unscored,
+    unprioritized build outside these loses to one inside on wait or on id, so the winner is the same.
+    """
+    worker = state.worker
+    if not worker.can_build:
+        return []
+    base = _queued_builds_for(state, now)
+    columns = ("id", "queued_at", "created_at", "prioritized", "system", "required_features")
+    parts = [base.filter(prioritized=True).values_list(*columns)[: PRESELECT * 4]]
+    if wait_cap_secs is None:
+        parts.append(base.values_list(*columns)[:PRESELECT])
+    else:
+        cap = now - timedelta(seconds=wait_cap_secs)
+        parts.append(base.filter(queued_at__gt=cap).values_list(*columns)[:PRESELECT])
+        parts.append(base.filter(queued_at__lte=cap).order_by("id").values_list(*columns)[:PRESELECT])
+    scored_ids = [parsed for key in scored if (parsed := _build_id(key)) is not None]
+    for start in range(0, len(scored_ids), 5000):
+        parts.append(base.filter(id__in=scored_ids[start : start + 5000]).values_list(*columns))
+    refs: dict[uuid.UUID, BuildRef] = {}
+    for part in parts:
+        for b, q, c, p, system, features in part:
+            if b not in refs and worker_can_build(worker, system, features):
+                refs[b] = BuildRef(id=b, queued_at=q, created_at=c, prioritized=p)
+    return list(refs.values())
+
+
+def _build_id(job_key: str) -> uuid.UUID | None:
+    if not job_key.startswith("build:"):
+        return None
+    try:
+        return uuid.UUID(job_key[6:])
+    except ValueError:
+        return None
+
+
+def queued_builds(state: WorkerState, now: datetime) -> list[DerivationBuild]:
+    """Queued shared builds this worker can take: its architecture and features, wanted by an active
+    evaluation of one of its projects, out of backoff, no cluster member."""
+    worker = state.worker
+    if not worker.can_build:
+        return []
+    return [
+        b for b in _queued_builds_for(state, now) if worker_can_build(worker, b.system, b.required_features)
+    ]
 
 
 def eval_requires(steps: tuple[str, ...]) -> tuple[bool, bool]:
@@ -138,8 +205,23 @@ def worker_can_run_eval_steps(worker: Worker, steps: tuple[str, ...]) -> bool:
     return (worker.can_fetch or not needs_fetch) and (worker.can_eval or not needs_eval)
 
 
+_POOL_CACHE_SECS = 1.0
+_pool_cache: tuple[float, PoolView] | None = None
+
+
 def pool_view(now: datetime) -> PoolView:
-    """The mean wait of the last hour's hand-outs and how busy the fetch-capable workers are."""
+    """The mean wait of the last hour's hand-outs and how busy the fetch-capable workers are. Every
+    RequestJob scores with it, so a process reuses it for a second."""
+    global _pool_cache
+    tick = time.monotonic()
+    if _pool_cache is not None and tick - _pool_cache[0] < _POOL_CACHE_SECS:
+        return _pool_cache[1]
+    view = _pool_view(now)
+    _pool_cache = (tick, view)
+    return view
+
+
+def _pool_view(now: datetime) -> PoolView:
     recent = (
         DispatchedJob.objects.filter(dispatched_at__gte=now - MEAN_WAIT_WINDOW, queued_at__isnull=False)
         .order_by("-dispatched_at")

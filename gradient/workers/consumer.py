@@ -194,7 +194,11 @@ class WorkerConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]  # channels 
         now = time.monotonic()
         mark_seen = isinstance(message, WorkerMetrics) or now - self._seen_at >= SEEN_EVERY_SECS
         try:
-            replies = await database_sync_to_async(_handle)(handler, session, message, mark_seen)
+            # Not thread-sensitive: sessions run their job-loop calls side by side, each in its own
+            # transaction on its own thread's connection.
+            replies = await database_sync_to_async(_handle, thread_sensitive=False)(
+                handler, session, message, mark_seen
+            )
         except Exception:
             # Our failure, not the worker's: no 400. Close; the worker reconnects and its jobs requeue.
             log.exception("handling %s from worker %s failed", tag_of(type(message)), session.worker_id)

@@ -90,9 +90,17 @@ def policy_name(name: str) -> str:
     return name if name in POLICIES else RESOURCE_AWARE
 
 
+def _mean_wait(pool: PoolView) -> float:
+    return pool.mean_wait_secs if pool.mean_wait_secs and pool.mean_wait_secs > 0 else DEFAULT_MEAN_WAIT_SECS
+
+
 def wait_time(c: Candidate, pool: PoolView) -> float:
-    mean = pool.mean_wait_secs if pool.mean_wait_secs and pool.mean_wait_secs > 0 else DEFAULT_MEAN_WAIT_SECS
-    return min(WAIT_CAP, 60.0 * max(0.0, c.waited_secs) / mean)
+    return min(WAIT_CAP, 60.0 * max(0.0, c.waited_secs) / _mean_wait(pool))
+
+
+def wait_cap_secs(pool: PoolView) -> float:
+    """The wait from which WaitTime is capped: past it, every job's WaitTime is the same."""
+    return WAIT_CAP * _mean_wait(pool) / 60.0
 
 
 def estimate_secs(c: Candidate, w: WorkerView) -> float:

@@ -17,7 +17,7 @@ from django.db import transaction
 
 from gradient.clusters.selectors import worker_reserved_for
 from gradient.scheduling import history, jobs, selectors
-from gradient.scheduling.decisions.scoring import Candidate, Score, WorkerView, rank
+from gradient.scheduling.decisions.scoring import Candidate, Score, WorkerView, rank, wait_cap_secs
 from gradient.scheduling.models import (
     BuildAttempt,
     BuildStatus,
@@ -71,8 +71,12 @@ def _worker_view(state: selectors.WorkerState) -> WorkerView:
     )
 
 
-def _worker_scores(worker_id: uuid.UUID, keys: list[str]) -> dict[str, CandidateScore]:
-    return {s.job_id: s for s in CandidateScore.objects.filter(worker_id=worker_id, job_id__in=keys)}
+def _worker_scores(worker_id: uuid.UUID) -> dict[str, tuple[int, int]]:
+    """The worker's own RequestJobChunk answers: job key -> (missing NAR size, missing count)."""
+    rows = CandidateScore.objects.filter(worker_id=worker_id).values_list(
+        "job_id", "missing_nar_size", "missing_count"
+    )
+    return {job_id: (size, count) for job_id, size, count in rows}
 
 
 def _is_full(state: selectors.WorkerState, kind: str) -> bool:
@@ -117,12 +121,16 @@ def _policy() -> str:
 
 
 def _assign_build(state: selectors.WorkerState, now: datetime) -> Assignment | None:
-    builds = {b.job_key: b for b in selectors.queued_builds(state, now)}
-    if not builds:
+    scores = _worker_scores(state.id)
+    pool = selectors.pool_view(now)
+    refs = {
+        b.job_key: b
+        for b in selectors.queued_build_refs(state, now, wait_cap_secs=wait_cap_secs(pool), scored=scores)
+    }
+    if not refs:
         return None
-    scores = _worker_scores(state.id, list(builds))
     candidates = []
-    for key, b in builds.items():
+    for key, b in refs.items():
         s = scores.get(key)
         candidates.append(
             Candidate(
@@ -130,14 +138,19 @@ def _assign_build(state: selectors.WorkerState, now: datetime) -> Assignment | N
                 kind="build",
                 waited_secs=(now - (b.queued_at or b.created_at)).total_seconds(),
                 prioritized=b.prioritized,
-                missing_nar_size=s.missing_nar_size if s else None,
-                missing_count=s.missing_count if s else None,
+                missing_nar_size=s[0] if s else None,
+                missing_count=s[1] if s else None,
             )
         )
-    ranked = rank(candidates, _worker_view(state), selectors.pool_view(now), _policy())
+    ranked = rank(candidates, _worker_view(state), pool, _policy())
     lost = 0
     for choice in ranked:
-        build = builds[choice.job_id]
+        build = DerivationBuild.objects.filter(id=refs[choice.job_id].id, status=BuildStatus.QUEUED).first()
+        if build is None:  # taken since the read: a lost race
+            lost += 1
+            if lost >= MAX_LOST_CLAIMS:
+                break
+            continue
         s = scores.get(choice.job_id)
         job = jobs.build_job(build)
         request = ClaimRequest(
@@ -147,8 +160,8 @@ def _assign_build(state: selectors.WorkerState, now: datetime) -> Assignment | N
             build_id=build.id,
             score=choice.total,
             breakdown=choice.breakdown,
-            missing_nar_size=s.missing_nar_size if s else None,
-            missing_count=s.missing_count if s else None,
+            missing_nar_size=s[0] if s else None,
+            missing_count=s[1] if s else None,
             job=job,
             queued_at=build.queued_at,
         )
@@ -170,7 +183,7 @@ def _assign_eval(state: selectors.WorkerState, now: datetime) -> Assignment | No
             evaluations[e.job_key] = (e, steps)
     if not evaluations:
         return None
-    scores = _worker_scores(state.id, list(evaluations))
+    scores = _worker_scores(state.id)
     candidates = [
         Candidate(
             job_id=key,
@@ -180,7 +193,7 @@ def _assign_eval(state: selectors.WorkerState, now: datetime) -> Assignment | No
             else (now - e.created_at).total_seconds(),
             prioritized=e.priority,
             has_fetch_step=jobs.FETCH_FLAKE in steps,
-            missing_nar_size=scores[key].missing_nar_size if key in scores else None,
+            missing_nar_size=scores[key][0] if key in scores else None,
         )
         for key, (e, steps) in evaluations.items()
     ]
