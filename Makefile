@@ -9,7 +9,7 @@ PORT    ?= 8000
 TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/gradient
 TEST_REDIS_URL    ?= redis://127.0.0.1:6379/0
 
-.PHONY: run test check lint typecheck pytest migrate demo bench clean
+.PHONY: run test check lint typecheck pytest migrate demo clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -43,3 +43,8 @@ pytest: $(STAMP)
 
 clean:
 	rm -rf $(VENV) var/*.sqlite3
+
+## demo: the service, three simulated workers and sample evaluations (http://127.0.0.1:8000/admin/, admin/admin)
+demo: $(STAMP)
+	$(BIN)/python manage.py migrate --noinput
+	$(BIN)/python manage.py demo --port $(PORT)

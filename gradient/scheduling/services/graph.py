@@ -16,7 +16,6 @@ from typing import Any
 from django.db.models import Exists, OuterRef
 
 from gradient.scheduling import history
-from gradient.scheduling.decisions.graph import EvaluationVerdict, evaluation_verdict
 from gradient.scheduling.models import (
     BUILD_LASTING_FAILURE,
     BUILD_PENDING,
@@ -189,6 +188,9 @@ def evaluations_needing(build_ids: Iterable[uuid.UUID]) -> list[uuid.UUID]:
     )
 
 
+MAX_REPORTED_FAILURES = 50
+
+
 @dataclass(frozen=True)
 class EvaluationFinish:
     evaluation_id: uuid.UUID
@@ -198,20 +200,23 @@ class EvaluationFinish:
 
 def finish_evaluations(*, evaluation_ids: Iterable[uuid.UUID], now: datetime) -> list[EvaluationFinish]:
     """check_evaluation_done: a Building (or Waiting) evaluation completes when everything it needs
-    succeeded and fails on a lasting failure. Returns what changed."""
+    succeeded and fails on a lasting failure. Returns what changed. Two indexed EXISTS-style reads per
+    evaluation, whatever its size: this runs after every finished build."""
     finished: list[EvaluationFinish] = []
-    for evaluation_id in set(evaluation_ids):
-        needed = list(
-            EvaluationBuild.objects.filter(evaluation_id=evaluation_id, blocks_evaluation=True).values_list(
+    candidates = Evaluation.objects.filter(
+        id__in=set(evaluation_ids), status__in=[EvaluationStatus.BUILDING, EvaluationStatus.WAITING]
+    ).values_list("id", flat=True)
+    for evaluation_id in candidates:
+        links = EvaluationBuild.objects.filter(evaluation_id=evaluation_id, blocks_evaluation=True)
+        failed = list(
+            links.filter(build__status__in=BUILD_LASTING_FAILURE).values_list(
                 "build__drv_path", "build__status"
-            )
+            )[:MAX_REPORTED_FAILURES]
         )
-        verdict = evaluation_verdict(status for _, status in needed)
-        if verdict == EvaluationVerdict.BUILDING:
-            continue
-        errors: tuple[str, ...] = ()
-        if verdict == EvaluationVerdict.FAILED:
-            errors = tuple(f"{path}: {status}" for path, status in needed if status in BUILD_LASTING_FAILURE)
+        if not failed and links.exclude(build__status__in=BUILD_SUCCESS).exists():
+            continue  # still building
+        verdict = EvaluationStatus.FAILED if failed else EvaluationStatus.COMPLETED
+        errors = tuple(f"{path}: {status}" for path, status in failed)
         extra: dict[str, Any] = {}
         if errors:
             previous = (
