@@ -174,3 +174,24 @@ def test_lists_filter_by_status_and_paginate(setup) -> None:  # type: ignore[no-
     page = c.get("/api/v1/evaluations?limit=2").json()
     assert page["count"] == 3 and len(page["results"]) == 2 and page["next"]
     assert c.get("/api/v1/evaluations?status=Completed").json()["count"] == 0
+
+
+def test_an_operator_cancels_evaluations_from_the_admin(setup) -> None:  # type: ignore[no-untyped-def]
+    from django.test import Client
+
+    _, member, _, staff = setup
+    staff.is_superuser = True
+    staff.save()
+    created = client(member).post("/api/v1/evaluations", BODY, format="json").json()
+    browser = Client()
+    browser.force_login(staff)
+    response = browser.post(
+        "/admin/scheduling/evaluation/",
+        {"action": "cancel_evaluations", "_selected_action": [created["id"]]},
+        follow=True,
+    )
+    assert response.status_code == 200 and b"Cancelled 1 evaluations" in response.content
+    assert Evaluation.objects.get(id=created["id"]).status == "Aborted"
+    assert RecordEntry.objects.filter(
+        record__job_key=f"eval:{created['id']}", kind="control", actor="staff"
+    ).exists()

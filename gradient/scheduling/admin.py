@@ -1,6 +1,11 @@
 from django.contrib import admin
+from django.core.exceptions import PermissionDenied
+from django.db.models import QuerySet
+from django.http import HttpRequest
+from django.utils import timezone
 
 from gradient.scheduling.models import (
+    EVALUATION_ACTIVE,
     BuildAttempt,
     CachedPath,
     DerivationBuild,
@@ -10,6 +15,7 @@ from gradient.scheduling.models import (
     EvaluationBuild,
     Project,
 )
+from gradient.scheduling.services.evaluations import evaluation_request_cancel
 
 
 @admin.register(Project)
@@ -34,6 +40,19 @@ class EvaluationAdmin(admin.ModelAdmin):
     date_hierarchy = "created_at"
     raw_id_fields = ["recovery_of", "created_by"]
     inlines = [EvaluationBuildInline]
+    actions = ["cancel_evaluations"]
+
+    @admin.action(description="Cancel the selected evaluations (a cancel intent on each record)")
+    def cancel_evaluations(self, request: HttpRequest, queryset: QuerySet[Evaluation]) -> None:
+        if not request.user.is_staff:
+            raise PermissionDenied
+        cancelled = 0
+        for evaluation in queryset.filter(status__in=EVALUATION_ACTIVE):
+            evaluation_request_cancel(
+                evaluation_id=evaluation.id, actor=request.user.get_username(), now=timezone.now()
+            )
+            cancelled += 1
+        self.message_user(request, f"Cancelled {cancelled} evaluations; finished ones were left as they are.")
 
 
 class DependencyInline(admin.TabularInline):
