@@ -138,7 +138,7 @@ def _queued_builds_for(state: WorkerState, now: datetime) -> QuerySet[Derivation
     )
 
 
-PRESELECT = 256
+PRESELECT = 64
 
 
 def queued_build_refs(

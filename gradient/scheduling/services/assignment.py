@@ -32,6 +32,8 @@ from gradient.workers.models import CandidateScore, IdleSlot
 log = logging.getLogger("gradient.assignment")
 
 MAX_LOST_CLAIMS = 3
+# Candidates a RequestJob looks at, best first, skipping those another RequestJob is claiming.
+MAX_TRIED_CANDIDATES = 32
 PROTOCOL_KINDS = {"flake": JobKind.EVAL, "build": JobKind.BUILD}
 
 
@@ -144,12 +146,9 @@ def _assign_build(state: selectors.WorkerState, now: datetime) -> Assignment | N
         )
     ranked = rank(candidates, _worker_view(state), pool, _policy())
     lost = 0
-    for choice in ranked:
-        build = DerivationBuild.objects.filter(id=refs[choice.job_id].id, status=BuildStatus.QUEUED).first()
-        if build is None:  # taken since the read: a lost race
-            lost += 1
-            if lost >= MAX_LOST_CLAIMS:
-                break
+    for choice in ranked[:MAX_TRIED_CANDIDATES]:
+        build = _lock_if_free(DerivationBuild, refs[choice.job_id].id, BuildStatus.QUEUED)
+        if build is None:  # another RequestJob is claiming it right now, or it is gone: the next one
             continue
         s = scores.get(choice.job_id)
         job = jobs.build_job(build)
@@ -199,8 +198,10 @@ def _assign_eval(state: selectors.WorkerState, now: datetime) -> Assignment | No
     ]
     ranked = rank(candidates, _worker_view(state), selectors.pool_view(now), _policy())
     lost = 0
-    for choice in ranked:
+    for choice in ranked[:MAX_TRIED_CANDIDATES]:
         evaluation, steps = evaluations[choice.job_id]
+        if _lock_if_free(Evaluation, evaluation.id, EvaluationStatus.QUEUED) is None:
+            continue
         job = jobs.eval_job(evaluation, steps)
         request = ClaimRequest(
             kind=JobKind.EVAL,
@@ -221,6 +222,18 @@ def _assign_eval(state: selectors.WorkerState, now: datetime) -> Assignment | No
         if lost >= MAX_LOST_CLAIMS:
             break
     return None
+
+
+def _lock_if_free(model: Any, row_id: uuid.UUID, status: str) -> Any:
+    """The job's row, locked for this transaction, if it still has `status` and no concurrent RequestJob
+    holds it (SKIP LOCKED): concurrent requests spread over the best jobs instead of queueing behind the
+    same one. The claim statement still decides who wins; this only avoids waiting for a likely loser.
+    (SQLite serializes writers and ignores the lock.)"""
+    return (
+        model.objects.select_for_update(skip_locked=True, no_key=True)
+        .filter(id=row_id, status=status)
+        .first()
+    )
 
 
 def _claim(request: ClaimRequest, now: datetime, start: Any) -> uuid.UUID | None:
