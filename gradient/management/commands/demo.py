@@ -7,6 +7,7 @@ against whatever database the settings name (the embedded SQLite file by default
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -60,10 +61,17 @@ class Command(BaseCommand):
         children: list[subprocess.Popen[bytes]] = []
         logs = root / "var"
         try:
+            # The workers share this machine with the server, so their CPU figures are the server's too:
+            # the demo scores with the `simple` policy (no ResourceSaturation) unless told otherwise.
+            serve_env = {
+                **os.environ,
+                "GRADIENT_SCHEDULING_POLICY": os.environ.get("GRADIENT_SCHEDULING_POLICY", "simple"),
+            }
             children.append(
                 subprocess.Popen(
                     [sys.executable, "manage.py", "serve", "--port", str(port)],
                     cwd=root,
+                    env=serve_env,
                     stdout=open(logs / "demo-serve.log", "wb"),  # noqa: SIM115 (lives as long as the child)
                     stderr=subprocess.STDOUT,
                 )
