@@ -82,6 +82,10 @@ def manage(args: list[str], env: dict[str, str], cwd: Path = ROOT, timeout: floa
 def base_env(**overrides: str | None) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
     env.setdefault("PYTHONUNBUFFERED", "1")
+    # Server and workers share this machine, so the workers' CPU figures are the whole machine's: under
+    # the resource-aware policy the tests' own load would read as saturation and nothing would be handed
+    # out. End-to-end runs score with `simple`; ResourceSaturation has its own tests.
+    env.setdefault("GRADIENT_SCHEDULING_POLICY", "simple")
     for key, value in overrides.items():
         if value is None:
             env.pop(key, None)
