@@ -56,6 +56,7 @@ from gradient.scheduling.services.evaluations import evaluation_create
 from gradient.scheduling.services.graph import ingest_eval_result
 from gradient.workers.executors.sim import graph_from_url
 from gradient.workers.models import Worker, WorkerSession
+from tests.clusters_helpers import record_problems
 from tests.support.processes import (
     ServeProcess,
     WorkerProcess,
@@ -284,6 +285,11 @@ def test_a_pinned_same_zone_cluster_completes_in_zone_a_and_a_killed_member_is_r
             BuildStatus.COMPLETED
         }
         assert Evaluation.objects.get(repository=RETRIED_URL).status == EvaluationStatus.COMPLETED
+
+        # Every record (both clusters, both evaluations) agrees with its rows.
+        keys = [ClusterJob.objects.get(id=c["id"]).job_key for c in (pinned, retried)]
+        keys += [e.job_key for e in Evaluation.objects.filter(repository__in=[PINNED_URL, RETRIED_URL])]
+        assert record_problems(*keys) == {}
 
         # REST tells the same story.
         status, read = http_json("GET", f"{server.base_url}/api/v1/clusters/{retried['id']}", token=token)
