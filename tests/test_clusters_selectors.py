@@ -8,9 +8,10 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from gradient.clusters.models import ClusterJob, ClusterReservation
+from gradient.clusters.models import ClusterJob, ClusterReservation, ClusterStatus
 from gradient.clusters.selectors import (
     cluster_membership,
+    clusters_wait_for_placement,
     is_cluster_assignment,
     queued_clusters,
     tracked_dispatch_q,
@@ -107,3 +108,15 @@ def test_a_reserved_seat_is_reserved_for_its_kind_only() -> None:
     assert not worker_reserved_for(worker.id, "flake") and not worker_reserved_for(worker.id, "eval")
     assert not worker_reserved_for(other.id, "build")
     assert not worker_reserved_for(worker.id, "nonsense")
+
+
+def test_only_a_queued_cluster_without_an_open_attempt_out_of_backoff_waits_for_placement(claimed) -> None:  # type: ignore[no-untyped-def]
+    now = timezone.now()
+    assert not clusters_wait_for_placement(now=now)  # the claimed cluster has an open attempt
+    waiting = make_cluster([("x", queued_build(ProjectFactory()))])
+    assert clusters_wait_for_placement(now=now)
+    ClusterJob.objects.filter(id=waiting.id).update(retry_at=now + timedelta(seconds=30))
+    assert not clusters_wait_for_placement(now=now)
+    assert clusters_wait_for_placement(now=now + timedelta(seconds=31))
+    ClusterJob.objects.filter(id=waiting.id).update(retry_at=None, status=ClusterStatus.RUNNING)
+    assert not clusters_wait_for_placement(now=now)

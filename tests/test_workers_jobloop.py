@@ -8,6 +8,16 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
+from gradient.clusters.models import (
+    AttemptOutcome,
+    ClusterAttempt,
+    ClusterJob,
+    ClusterSeat,
+    ClusterStatus,
+    SeatResult,
+)
+from gradient.clusters.services.attempts import ClaimedAttempt
+from gradient.recovery.models import PassState
 from gradient.scheduling.models import (
     BuildStatus,
     CachedPath,
@@ -27,6 +37,7 @@ from gradient.workers import jobloop
 from gradient.workers.models import CandidateScore, IdleSlot, SentCandidate, Worker, WorkerSession
 from gradient.workers.protocol import (
     AssignJobResponse,
+    BuildFailureKind,
     BuildProgress,
     EvalProgress,
     Fetching,
@@ -42,7 +53,14 @@ from gradient.workers.protocol import (
     CandidateScore as Score,
 )
 from gradient.workers.services import SessionRef
-from tests.factories import DerivationBuildFactory, DispatchedJobFactory, EvaluationFactory, WorkerFactory
+from tests.clusters_helpers import claim, make_cluster, queued_build, seat_worker, started
+from tests.factories import (
+    DerivationBuildFactory,
+    DispatchedJobFactory,
+    EvaluationFactory,
+    ProjectFactory,
+    WorkerFactory,
+)
 
 pytestmark = pytest.mark.django_db
 
@@ -265,3 +283,106 @@ def test_an_accepted_assignment_is_noted_and_a_declined_one_returns_to_the_pool(
     assert accepted.accepted_at is not None and accepted.finished_at is None
     assert declined.outcome == DispatchOutcome.ABANDONED and "full" in declined.reason
     assert build.status == BuildStatus.QUEUED
+
+
+# --- Cluster members ------------------------------------------------------------------------------------
+
+
+def _session_of(worker: Worker) -> SessionRef:
+    session = WorkerSession.objects.get(worker=worker, closed_at__isnull=True)
+    return SessionRef(session.id, worker.id)
+
+
+def _pair() -> tuple[ClusterJob, list[DerivationBuild], list[Worker]]:
+    """A cluster of two Queued builds and two connected workers of its project, idle for builds."""
+    project = ProjectFactory()
+    builds = [queued_build(project), queued_build(project)]
+    cluster = make_cluster([("peer", builds[0]), ("peer", builds[1])], retry_budget=2)
+    return cluster, builds, [seat_worker(project), seat_worker(project)]
+
+
+def _member_seats(claimed: ClaimedAttempt) -> list[tuple[Worker, str, str]]:
+    """(worker, job key, assignment id) of every member of a claimed attempt."""
+    rows = DispatchedJob.objects.filter(cluster_attempt_id=claimed.attempt_id).select_related("worker")
+    return [(row.worker, row.job_id, str(row.id)) for row in rows.order_by("job_id")]
+
+
+def test_a_members_answers_go_to_the_cluster_code_and_the_last_accept_starts_the_attempt() -> None:
+    cluster, _, workers = _pair()
+    claimed = claim(cluster, workers)
+
+    for worker, job_key, assignment_id in _member_seats(claimed):
+        message = AssignJobResponse(job_id=job_key, assignment_id=assignment_id, accepted=True)
+        assert jobloop.assign_job_response(session=_session_of(worker), message=message) == []
+
+    attempt = ClusterAttempt.objects.get(id=claimed.attempt_id)
+    cluster.refresh_from_db()
+    assert attempt.started_at is not None and attempt.finished_at is None
+    assert cluster.status == ClusterStatus.RUNNING and cluster.attempts == 1
+
+
+def test_a_held_members_job_failed_goes_to_the_cluster_code_and_fails_the_prepare() -> None:
+    cluster, builds, workers = _pair()
+    claimed = claim(cluster, workers)
+    worker, job_key, assignment_id = _member_seats(claimed)[0]
+
+    jobloop.job_failed(
+        session=_session_of(worker),
+        message=JobFailed(
+            job_id=job_key,
+            assignment_id=assignment_id,
+            error="cluster start timed out",
+            kind=BuildFailureKind.ABORTED,
+            elapsed_ms=1,
+        ),
+    )
+
+    attempt = ClusterAttempt.objects.get(id=claimed.attempt_id)
+    cluster.refresh_from_db()
+    assert attempt.outcome == AttemptOutcome.PREPARE_FAILED
+    assert cluster.status == ClusterStatus.QUEUED and cluster.attempts == 0
+    assert {b.status for b in DerivationBuild.objects.filter(id__in=[b.id for b in builds])} == {
+        BuildStatus.QUEUED
+    }
+
+
+def test_a_started_members_job_completed_is_held_for_the_verdict_not_settled_as_a_single_job() -> None:
+    cluster, _, workers = _pair()
+    claimed = started(cluster, workers)
+    worker, job_key, assignment_id = _member_seats(claimed)[0]
+
+    jobloop.job_completed(
+        session=_session_of(worker),
+        message=JobCompleted(job_id=job_key, assignment_id=assignment_id, elapsed_ms=5),
+    )
+
+    build = DerivationBuild.objects.get(id=job_key.split(":", 1)[1])
+    assert build.status == BuildStatus.BUILDING  # held until every member is in
+    seat = ClusterSeat.objects.get(attempt_id=claimed.attempt_id, job_key=job_key)
+    assert seat.result == SeatResult.SUCCEEDED
+    cluster.refresh_from_db()
+    assert cluster.status == ClusterStatus.RUNNING
+
+
+def test_an_unanswered_request_job_places_a_waiting_cluster_at_once() -> None:
+    cluster, _, workers = _pair()
+    IdleSlot.objects.all().delete()
+
+    assert jobloop.request_job(session=_session_of(workers[0]), message=RequestJob(kind="build")) == []
+    assert not ClusterAttempt.objects.filter(cluster_job=cluster).exists()  # one idle worker: too few
+    assert jobloop.request_job(session=_session_of(workers[1]), message=RequestJob(kind="build")) == []
+
+    attempt = ClusterAttempt.objects.get(cluster_job=cluster)
+    assert set(ClusterSeat.objects.filter(attempt=attempt).values_list("worker_id", flat=True)) == {
+        w.id for w in workers
+    }
+    assert not IdleSlot.objects.filter(kind="build").exists()  # the seats' slots were taken
+
+
+def test_no_dispatch_pass_runs_on_an_unanswered_request_job_when_no_cluster_waits() -> None:
+    cluster, _, workers = _pair()
+    ClusterJob.objects.filter(id=cluster.id).update(retry_at=timezone.now() + timedelta(minutes=5))
+
+    jobloop.request_job(session=_session_of(workers[0]), message=RequestJob(kind="build"))
+
+    assert not PassState.objects.filter(name="cluster-dispatch").exists()

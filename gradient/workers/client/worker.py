@@ -476,6 +476,13 @@ class Connection:
             self._cancel(job, BuildFailureKind.ABORTED, message.reason)
 
     async def on_cluster_signal(self, message: ClusterSignalDelivery) -> None:
+        log.info(
+            "cluster signal in attempt %s from %s[%d]: %.200s",
+            message.attempt,
+            message.from_.role,
+            message.from_.index,
+            message.payload,
+        )
         for job in self._jobs_of_attempt(message.attempt):
             job.signals.put_nowait(message)
 
