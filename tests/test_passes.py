@@ -40,6 +40,8 @@ def test_the_database_scheduler_installs_the_declared_passes_for_the_admin() -> 
     for name, entry in beat_schedule().items():
         assert installed[name].task == entry["task"]
         assert installed[name].enabled
+        # The scheduler keeps only expire_seconds: without it every run would be sent without expiry.
+        assert 0 < installed[name].expires_ <= entry["schedule"]
 
 
 def _finished_cluster(days_ago: float, status: str = ClusterStatus.COMPLETED) -> ClusterJob:
