@@ -173,6 +173,21 @@ def worker_reserved_for(worker_id: uuid.UUID | str, kind: str) -> bool:
 # --- The dispatch snapshot ------------------------------------------------------------------------------
 
 
+def clusters_wait_for_placement(*, now: datetime) -> bool:
+    """Whether a Queued cluster without an open attempt is out of backoff: an unanswered RequestJob is
+    then worth a placement pass at once (one cheap query, so idle workers cost nothing otherwise)."""
+    return (
+        ClusterJob.objects.filter(status=ClusterStatus.QUEUED)
+        .filter(Q(retry_at__isnull=True) | Q(retry_at__lte=now))
+        .exclude(_open_attempt_of_cluster())
+        .exists()
+    )
+
+
+def _open_attempt_of_cluster() -> Exists:
+    return Exists(ClusterAttempt.objects.filter(cluster_job_id=OuterRef("pk"), finished_at__isnull=True))
+
+
 def queued_clusters(*, now: datetime) -> list[Cluster]:
     """The cluster book: every Queued cluster without an open attempt, with its members and whether each
     can start now (its job Queued, out of backoff, with no open assignment). Memberships, job rows, open

@@ -14,12 +14,18 @@ assignment_id is not the job's open assignment on this worker changes nothing.
 
 from __future__ import annotations
 
+import logging
+from datetime import datetime
 from typing import Any
 
 import msgspec
 from django.utils import timezone
 
+from gradient.clusters.selectors import clusters_wait_for_placement, is_cluster_assignment
 from gradient.clusters.services import (
+    cluster_dispatch_kick,
+    cluster_member_answer,
+    cluster_member_report,
     cluster_signal_forward,
 )
 from gradient.scheduling.effects import to_server_message
@@ -42,6 +48,8 @@ from gradient.workers.protocol import (
     WorkerMetrics,
 )
 from gradient.workers.services import SessionRef
+
+log = logging.getLogger("gradient.workers")
 
 
 def server_messages(messages: list[dict[str, Any]]) -> list[ServerMessage]:
@@ -87,24 +95,51 @@ def request_job(*, session: SessionRef, message: RequestJob) -> list[ServerMessa
     """One free slot: score the pending jobs of this kind for this worker, claim the best and answer
     with its AssignJob (the claim has committed when this returns). Unanswered, the request is an idle
     slot for cluster placement and gets no reply."""
-    handed = assignment.request_job(
-        worker_id=session.worker_id, protocol_kind=message.kind, now=timezone.now()
-    )
+    now = timezone.now()
+    handed = assignment.request_job(worker_id=session.worker_id, protocol_kind=message.kind, now=now)
     if handed is None:
+        _kick_cluster_dispatch(now)
         return []
     return server_messages([handed.message()])
 
 
+def _kick_cluster_dispatch(now: datetime) -> None:
+    """An unanswered RequestJob is a new idle slot: run the cluster-dispatch pass at once (under its
+    lease; skipped when another runner holds it, or when no cluster waits to be placed). Its AssignJobs
+    leave through the channel layer on commit. A failing pass must not cost this worker its session:
+    the periodic pass tries again."""
+    try:
+        if clusters_wait_for_placement(now=now):
+            cluster_dispatch_kick(timezone.now())
+    except Exception:
+        log.exception("the cluster-dispatch kick failed")
+
+
 def assign_job_response(*, session: SessionRef, message: AssignJobResponse) -> list[ServerMessage]:
     """Accepted: note it. Declined (draining or full): the job goes back to the pool and is offered
-    again. A response naming anything but the job's open assignment on this worker is dropped."""
+    again. A cluster member's answer goes to its attempt's prepare instead. A response naming anything
+    but the job's open assignment on this worker is dropped."""
     return _report(session, message)
 
 
 def _report(session: SessionRef, message: Any) -> list[ServerMessage]:
-    reports.handle_report(
-        worker_id=session.worker_id, message=msgspec.to_builtins(message), now=timezone.now()
-    )
+    """A report or an answer to an AssignJob. A cluster member's goes to the cluster code (its prepare,
+    its verdict), everything else to the scheduler; both fence it by its assignment_id."""
+    raw: dict[str, Any] = msgspec.to_builtins(message)
+    now = timezone.now()
+    if is_cluster_assignment(raw.get("assignment_id", "")):
+        if raw["type"] == "AssignJobResponse":
+            cluster_member_answer(
+                worker_id=session.worker_id,
+                assignment_id=raw["assignment_id"],
+                accepted=bool(raw.get("accepted")),
+                reason=raw.get("reason"),
+                now=now,
+            )
+        else:
+            cluster_member_report(worker_id=session.worker_id, message=raw, now=now)
+        return []
+    reports.handle_report(worker_id=session.worker_id, message=raw, now=now)
     return []
 
 
