@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+import psutil
 from django.db import transaction
 from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
@@ -46,6 +47,9 @@ log = logging.getLogger("gradient.recovery")
 
 # A boot that has not heartbeaten for this long is dead (serve heartbeats every 10 s).
 DEAD_BOOT_SECS = 30
+# A live process on a boot's pid that was created this long after the boot started is another process
+# (the pid was reused). Generous: process start times are read against a wall clock that may have moved.
+PID_REUSE_SLACK_SECS = 60
 
 
 @dataclass
@@ -60,14 +64,23 @@ class RecoveryReport:
     clusters: dict[str, Any] = field(default_factory=dict)
 
 
-def _pid_alive(pid: int) -> bool:
+def boot_process_gone(boot: ServerBoot) -> bool:
+    """Whether the process of a boot on this host is gone. Its heartbeat says nothing yet when it was
+    SIGKILLed seconds ago, so the process table decides: no such pid; a zombie (killed, not yet reaped by
+    its parent); this very process (a restarted container gets the same pid again); or a process that
+    started well after the boot did (the pid was reused)."""
+    if boot.pid == os.getpid():
+        return True  # the current boot is excluded by id: this is an earlier process with our pid
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
+        process = psutil.Process(boot.pid)
+        if process.status() == psutil.STATUS_ZOMBIE:
+            return True
+        created = process.create_time()
+    except psutil.NoSuchProcess:
         return True
-    return True
+    except psutil.AccessDenied:
+        return False  # someone else's live process: leave the boot to its heartbeat
+    return created > boot.started_at.timestamp() + PID_REUSE_SLACK_SECS
 
 
 def dead_boot_ids(*, current: uuid.UUID, now: datetime) -> list[uuid.UUID]:
@@ -80,7 +93,7 @@ def dead_boot_ids(*, current: uuid.UUID, now: datetime) -> list[uuid.UUID]:
         if (
             boot.stopped_at is not None
             or boot.last_heartbeat < now - timedelta(seconds=DEAD_BOOT_SECS)
-            or (boot.hostname == host and not _pid_alive(boot.pid))
+            or (boot.hostname == host and boot_process_gone(boot))
         ):
             dead.append(boot.id)
     return dead
