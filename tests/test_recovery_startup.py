@@ -179,3 +179,39 @@ def test_recovery_closes_the_sessions_of_a_killed_boot_on_this_host_but_not_of_a
     assert WorkerSession.objects.get(worker=w_live).closed_at is None
     assert WorkerSession.objects.get(worker=w_dead).closed_at is not None
     assert ServerBoot.objects.get(id=live_boot.id).stopped_at is None
+
+
+def test_a_waiting_pass_right_after_recovery_closed_an_evaluations_assignment_finds_it_requeued(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The passes run on while a server recovers. Recovery requeues the evaluation in the transaction
+    that closes its assignment, so a waiting pass never sees it Fetching on no worker (and parks it
+    instead of it being requeued with its phase event)."""
+    from gradient.recovery import startup
+    from gradient.scheduling.models import Evaluation
+    from gradient.scheduling.services.waiting import refresh_waiting_state
+
+    project = ProjectFactory()
+    dead = _boot(alive=False)
+    evaluation = EvaluationFactory(project=project)
+    worker = connected_worker([project])
+    _on(worker, dead)
+    assert ask(worker.id, "flake") is not None
+    real_forget_sent = startup.forget_sent
+
+    def forget_sent_then_a_waiting_pass(job_key: str) -> None:
+        real_forget_sent(job_key)
+        refresh_waiting_state(now=timezone.now(), grace_secs=300, use_memo=False)
+
+    monkeypatch.setattr(startup, "forget_sent", forget_sent_then_a_waiting_pass)
+
+    report = recover_interrupted_work(boot_id=uuid.uuid4(), now=timezone.now())
+
+    assert report.evaluations_requeued == 1
+    evaluation.refresh_from_db()
+    # Queued by recovery, then parked by the pass: no worker is connected any more.
+    assert evaluation.status == EvaluationStatus.WAITING
+    assert evaluation.waiting_reason is not None and evaluation.waiting_reason["reason"] == "eval_workers"
+    assert Evaluation.objects.filter(id=evaluation.id, lost_dispatches=0).exists()
+    problems, _ = record_check_one(job_key=evaluation.job_key, now=timezone.now(), settle=False)
+    assert problems == ()

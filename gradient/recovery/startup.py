@@ -106,6 +106,17 @@ def _live_workers(dead: list[uuid.UUID]) -> Any:
     )
 
 
+def _requeue_evaluation(evaluation_id: uuid.UUID, now: datetime) -> bool:
+    """Step 4 for one evaluation: back to Queued with its phase event, if it is still being evaluated."""
+    return history.evaluation_transition(
+        evaluation_id=evaluation_id,
+        to=EvaluationStatus.QUEUED,
+        expect=EVALUATION_EVALUATING,
+        reason="server restarted while its evaluation job was on a worker",
+        now=now,
+    )
+
+
 def recover_interrupted_work(*, boot_id: uuid.UUID, now: datetime) -> RecoveryReport:
     report = RecoveryReport()
     dead = dead_boot_ids(current=boot_id, now=now)
@@ -122,7 +133,9 @@ def recover_interrupted_work(*, boot_id: uuid.UUID, now: datetime) -> RecoveryRe
     live = _live_workers(dead)
 
     # 1. Assignments: open single-job rows on workers no live server holds close as Abandoned. Cluster
-    #    members are left to the cluster steps (5).
+    #    members are left to the cluster steps (5). An evaluation's own step 4 is taken in the same
+    #    transaction as its close: the passes keep running meanwhile (Celery beat, other servers), and a
+    #    waiting pass that saw it Fetching without an assignment would park it instead of it being requeued.
     for row in DispatchedJob.objects.filter(finished_at__isnull=True, cluster_attempt__isnull=True).exclude(
         worker_id__in=live
     ):
@@ -131,6 +144,8 @@ def recover_interrupted_work(*, boot_id: uuid.UUID, now: datetime) -> RecoveryRe
                 row=row, outcome=DispatchOutcome.ABANDONED, reason="server restarted", now=now
             ):
                 report.assignments_closed += 1
+                if row.evaluation_id is not None and _requeue_evaluation(row.evaluation_id, now):
+                    report.evaluations_requeued += 1
                 forget_sent(row.job_id)
 
     open_row = DispatchedJob.objects.filter(
@@ -172,15 +187,10 @@ def recover_interrupted_work(*, boot_id: uuid.UUID, now: datetime) -> RecoveryRe
         .exclude(Exists(open_eval_row))
         .values_list("id", flat=True)
     ):
-        if history.evaluation_transition(
-            evaluation_id=evaluation_id,
-            to=EvaluationStatus.QUEUED,
-            expect=EVALUATION_EVALUATING,
-            reason="server restarted while its evaluation job was on a worker",
-            now=now,
-        ):
+        if _requeue_evaluation(evaluation_id, now):
             report.evaluations_requeued += 1
             forget_sent(f"eval:{evaluation_id}")
+
     # 5. Clusters, in the reference notes' order: open attempts close (PrepareFailed unstarted, Aborted
     #    started), Running clusters go back to Queued, or to Aborted/Failed when a member is dead or the
     #    budget is spent. An attempt whose every seat is on a live server's worker is left to it.
