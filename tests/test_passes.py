@@ -44,6 +44,16 @@ def test_the_database_scheduler_installs_the_declared_passes_for_the_admin() -> 
         assert 0 < installed[name].expires_ <= entry["schedule"]
 
 
+@pytest.mark.django_db(transaction=True)
+def test_a_paused_pass_stays_paused_when_beat_starts_again() -> None:
+    app.conf.beat_schedule = beat_schedule()
+    DatabaseScheduler(app=app, lazy=True).setup_schedule()
+    PeriodicTask.objects.filter(name="assignment").update(enabled=False)
+    DatabaseScheduler(app=app, lazy=True).setup_schedule()
+    assert not PeriodicTask.objects.get(name="assignment").enabled
+    assert PeriodicTask.objects.get(name="build-resync").enabled
+
+
 def _finished_cluster(days_ago: float, status: str = ClusterStatus.COMPLETED) -> ClusterJob:
     finished = timezone.now() - timedelta(days=days_ago)
     cluster = ClusterJobFactory(status=status, finished_at=finished)
