@@ -53,9 +53,12 @@ def beat_schedule() -> dict[str, dict[str, Any]]:
         seconds = spec.seconds()
         if seconds <= 0:  # disabled by configuration (e.g. a heartbeat timeout of 0)
             continue
+        expires = max(1.0, seconds * 0.9)
         schedule[spec.name] = {
             "task": spec.task,
             "schedule": seconds,
-            "options": {"expires": max(1.0, seconds * 0.9)},
+            # `expires` is Celery's own option; django-celery-beat's DatabaseScheduler drops it when it
+            # installs the entry and keeps only `expire_seconds` (a whole number of seconds, its column).
+            "options": {"expires": expires, "expire_seconds": max(1, int(expires))},
         }
     return schedule

@@ -40,6 +40,18 @@ def test_the_database_scheduler_installs_the_declared_passes_for_the_admin() -> 
     for name, entry in beat_schedule().items():
         assert installed[name].task == entry["task"]
         assert installed[name].enabled
+        # The scheduler keeps only expire_seconds: without it every run would be sent without expiry.
+        assert 0 < installed[name].expires_ <= entry["schedule"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_paused_pass_stays_paused_when_beat_starts_again() -> None:
+    app.conf.beat_schedule = beat_schedule()
+    DatabaseScheduler(app=app, lazy=True).setup_schedule()
+    PeriodicTask.objects.filter(name="assignment").update(enabled=False)
+    DatabaseScheduler(app=app, lazy=True).setup_schedule()
+    assert not PeriodicTask.objects.get(name="assignment").enabled
+    assert PeriodicTask.objects.get(name="build-resync").enabled
 
 
 def _finished_cluster(days_ago: float, status: str = ClusterStatus.COMPLETED) -> ClusterJob:

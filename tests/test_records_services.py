@@ -4,6 +4,7 @@ tombstone, list."""
 
 from __future__ import annotations
 
+import time
 import uuid
 from datetime import timedelta
 
@@ -364,3 +365,61 @@ def test_the_status_of_a_record_reads_its_rows() -> None:
     evaluation, record = _evaluation_with_record(EvaluationStatus.FETCHING)
     status = record_status(job_key=record.job_key, now=timezone.now())
     assert status.row_status is RowStatus.FETCHING and status.outcome is Outcome.NONE
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_check_reads_the_record_and_the_rows_at_one_point_while_a_transition_commits(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A status change and its fact commit together, holding the record row. The check takes the same
+    lock, so a transition committing while the check runs is seen whole or not at all."""
+    import threading
+
+    from django.db import connection
+
+    from gradient.records import services
+    from gradient.scheduling import history
+
+    if connection.vendor != "postgresql":
+        pytest.skip("needs concurrent connections")
+    evaluation = EvaluationFactory()
+    assert history.evaluation_transition(
+        evaluation_id=evaluation.id,
+        to=EvaluationStatus.BUILDING,
+        expect=[EvaluationStatus.QUEUED],
+        reason="evaluated",
+        now=timezone.now(),
+    )
+    committed = threading.Event()
+    go = threading.Event()
+
+    def transition() -> None:
+        try:
+            with transaction.atomic():
+                assert history.evaluation_transition(
+                    evaluation_id=evaluation.id,
+                    to=EvaluationStatus.WAITING,
+                    expect=[EvaluationStatus.BUILDING],
+                    reason="parked",
+                    now=timezone.now(),
+                )
+                go.wait(timeout=1.0)  # commit once the check is between its two reads (or after 1 s)
+            committed.set()
+        finally:
+            connection.close()
+
+    real_discovery = services.record_discovery
+
+    def discovery_after_the_commit(**kwargs):  # type: ignore[no-untyped-def]
+        go.set()
+        committed.wait(timeout=5)
+        return real_discovery(**kwargs)
+
+    monkeypatch.setattr(services, "record_discovery", discovery_after_the_commit)
+    writer = threading.Thread(target=transition)
+    writer.start()
+    time.sleep(0.2)  # the writer holds its uncommitted change and the record row
+    problems, _ = services.record_check_one(job_key=evaluation.job_key, now=timezone.now(), settle=False)
+    writer.join()
+    assert committed.is_set()
+    assert problems == ()

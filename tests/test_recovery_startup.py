@@ -3,15 +3,22 @@ nothing a live server holds is touched."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
+import socket
+import subprocess
 import uuid
-from datetime import timedelta
+from collections.abc import Iterator
+from datetime import datetime, timedelta
 
+import psutil
 import pytest
 from django.utils import timezone
 
 from gradient.records.services import record_check_one
 from gradient.recovery.models import ServerBoot
-from gradient.recovery.startup import recover_interrupted_work
+from gradient.recovery.startup import dead_boot_ids, recover_interrupted_work
 from gradient.scheduling.models import (
     BuildAttempt,
     BuildStatus,
@@ -23,6 +30,7 @@ from gradient.scheduling.services import graph
 from gradient.workers.models import WorkerSession
 from tests.factories import EvaluationFactory, ProjectFactory, connected_worker
 from tests.scheduling_helpers import ask, build, drv
+from tests.support.processes import wait_until
 
 pytestmark = pytest.mark.django_db
 
@@ -116,3 +124,94 @@ def test_the_work_then_completes_with_the_same_worker_reconnected() -> None:
     build(worker.id, again)
     evaluation.refresh_from_db()
     assert evaluation.status == EvaluationStatus.COMPLETED
+
+
+def _local_boot(pid: int, started_at: datetime) -> ServerBoot:
+    """A boot on this host whose heartbeat is fresh: only its process can tell whether it is gone."""
+    return ServerBoot.objects.create(
+        hostname=socket.gethostname(), pid=pid, started_at=started_at, last_heartbeat=timezone.now()
+    )
+
+
+@contextlib.contextmanager
+def _child() -> Iterator[subprocess.Popen[bytes]]:
+    child = subprocess.Popen(["sleep", "60"])
+    try:
+        yield child
+    finally:
+        if child.poll() is None:
+            child.kill()
+        child.wait()
+
+
+def test_a_sigkilled_boot_on_this_host_is_dead_at_once_even_before_its_parent_reaps_it() -> None:
+    with _child() as child:
+        boot = _local_boot(child.pid, timezone.now())
+        assert boot.id not in dead_boot_ids(current=uuid.uuid4(), now=timezone.now())
+        child.send_signal(signal.SIGKILL)
+        # Not reaped yet: a zombie still answers kill(pid, 0).
+        wait_until(lambda: psutil.Process(child.pid).status() == psutil.STATUS_ZOMBIE, timeout=10)
+        assert boot.id in dead_boot_ids(current=uuid.uuid4(), now=timezone.now())
+        child.wait()
+        assert boot.id in dead_boot_ids(current=uuid.uuid4(), now=timezone.now())
+
+
+def test_a_boot_whose_pid_now_belongs_to_a_later_process_is_dead() -> None:
+    with _child() as child:
+        reused = _local_boot(child.pid, timezone.now() - timedelta(hours=2))
+        mine = _local_boot(os.getpid(), timezone.now())  # a restarted container gets its old pid again
+        dead = dead_boot_ids(current=uuid.uuid4(), now=timezone.now())
+        assert reused.id in dead and mine.id in dead
+
+
+def test_recovery_closes_the_sessions_of_a_killed_boot_on_this_host_but_not_of_a_running_one() -> None:
+    project = ProjectFactory()
+    with _child() as running, _child() as killed:
+        live_boot = _local_boot(running.pid, timezone.now())
+        dead_boot = _local_boot(killed.pid, timezone.now())
+        w_live, w_dead = connected_worker([project]), connected_worker([project])
+        _on(w_live, live_boot)
+        _on(w_dead, dead_boot)
+        killed.kill()
+        killed.wait()
+        report = recover_interrupted_work(boot_id=uuid.uuid4(), now=timezone.now())
+    assert (report.dead_boots, report.sessions_closed) == (1, 1)
+    assert WorkerSession.objects.get(worker=w_live).closed_at is None
+    assert WorkerSession.objects.get(worker=w_dead).closed_at is not None
+    assert ServerBoot.objects.get(id=live_boot.id).stopped_at is None
+
+
+def test_a_waiting_pass_right_after_recovery_closed_an_evaluations_assignment_finds_it_requeued(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The passes run on while a server recovers. Recovery requeues the evaluation in the transaction
+    that closes its assignment, so a waiting pass never sees it Fetching on no worker (and parks it
+    instead of it being requeued with its phase event)."""
+    from gradient.recovery import startup
+    from gradient.scheduling.models import Evaluation
+    from gradient.scheduling.services.waiting import refresh_waiting_state
+
+    project = ProjectFactory()
+    dead = _boot(alive=False)
+    evaluation = EvaluationFactory(project=project)
+    worker = connected_worker([project])
+    _on(worker, dead)
+    assert ask(worker.id, "flake") is not None
+    real_forget_sent = startup.forget_sent
+
+    def forget_sent_then_a_waiting_pass(job_key: str) -> None:
+        real_forget_sent(job_key)
+        refresh_waiting_state(now=timezone.now(), grace_secs=300, use_memo=False)
+
+    monkeypatch.setattr(startup, "forget_sent", forget_sent_then_a_waiting_pass)
+
+    report = recover_interrupted_work(boot_id=uuid.uuid4(), now=timezone.now())
+
+    assert report.evaluations_requeued == 1
+    evaluation.refresh_from_db()
+    # Queued by recovery, then parked by the pass: no worker is connected any more.
+    assert evaluation.status == EvaluationStatus.WAITING
+    assert evaluation.waiting_reason is not None and evaluation.waiting_reason["reason"] == "eval_workers"
+    assert Evaluation.objects.filter(id=evaluation.id, lost_dispatches=0).exists()
+    problems, _ = record_check_one(job_key=evaluation.job_key, now=timezone.now(), settle=False)
+    assert problems == ()

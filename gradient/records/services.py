@@ -450,13 +450,17 @@ class CheckReport(msgspec.Struct, kw_only=True):
 def record_check_one(*, job_key: str, now: datetime, settle: bool) -> tuple[tuple[str, ...], bool]:
     """Fold one record, compare it with its rows, and settle it if asked and the predicate holds.
     Returns (problems, settled)."""
-    try:
-        _, view = record_read(job_key=job_key)
-        job = fold(view.header, view.entries, now)
-    except (DecodeError, InvalidHistory) as exc:
-        return (f"the record cannot be folded: {exc}",), False
-    discovery = record_discovery(job_key=job_key, recorded=(s.object for s in job.submissions), now=now)
-    problems = disagreements(job, discovery, now)
+    with transaction.atomic():
+        try:
+            # Locked: writers append a job's facts holding its record row, in the transaction that changes
+            # its rows; holding it too, the record and the rows are read at one point of the job's history
+            # (unlocked, a transition committing between the two reads looked like a disagreement).
+            _, view = record_read(job_key=job_key, lock=True)
+            job = fold(view.header, view.entries, now)
+        except (DecodeError, InvalidHistory) as exc:
+            return (f"the record cannot be folded: {exc}",), False
+        discovery = record_discovery(job_key=job_key, recorded=(s.object for s in job.submissions), now=now)
+        problems = disagreements(job, discovery, now)
     settled = False
     if (
         settle

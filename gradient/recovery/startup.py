@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+import psutil
 from django.db import transaction
 from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
@@ -46,6 +47,9 @@ log = logging.getLogger("gradient.recovery")
 
 # A boot that has not heartbeaten for this long is dead (serve heartbeats every 10 s).
 DEAD_BOOT_SECS = 30
+# A live process on a boot's pid that was created this long after the boot started is another process
+# (the pid was reused). Generous: process start times are read against a wall clock that may have moved.
+PID_REUSE_SLACK_SECS = 60
 
 
 @dataclass
@@ -60,14 +64,23 @@ class RecoveryReport:
     clusters: dict[str, Any] = field(default_factory=dict)
 
 
-def _pid_alive(pid: int) -> bool:
+def boot_process_gone(boot: ServerBoot) -> bool:
+    """Whether the process of a boot on this host is gone. Its heartbeat says nothing yet when it was
+    SIGKILLed seconds ago, so the process table decides: no such pid; a zombie (killed, not yet reaped by
+    its parent); this very process (a restarted container gets the same pid again); or a process that
+    started well after the boot did (the pid was reused)."""
+    if boot.pid == os.getpid():
+        return True  # the current boot is excluded by id: this is an earlier process with our pid
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
+        process = psutil.Process(boot.pid)
+        if process.status() == psutil.STATUS_ZOMBIE:
+            return True
+        created = process.create_time()
+    except psutil.NoSuchProcess:
         return True
-    return True
+    except psutil.AccessDenied:
+        return False  # someone else's live process: leave the boot to its heartbeat
+    return created > boot.started_at.timestamp() + PID_REUSE_SLACK_SECS
 
 
 def dead_boot_ids(*, current: uuid.UUID, now: datetime) -> list[uuid.UUID]:
@@ -80,7 +93,7 @@ def dead_boot_ids(*, current: uuid.UUID, now: datetime) -> list[uuid.UUID]:
         if (
             boot.stopped_at is not None
             or boot.last_heartbeat < now - timedelta(seconds=DEAD_BOOT_SECS)
-            or (boot.hostname == host and not _pid_alive(boot.pid))
+            or (boot.hostname == host and boot_process_gone(boot))
         ):
             dead.append(boot.id)
     return dead
@@ -90,6 +103,17 @@ def _live_workers(dead: list[uuid.UUID]) -> Any:
     """Workers whose open session is held by a live server."""
     return (
         WorkerSession.objects.filter(closed_at__isnull=True).exclude(server_boot__in=dead).values("worker_id")
+    )
+
+
+def _requeue_evaluation(evaluation_id: uuid.UUID, now: datetime) -> bool:
+    """Step 4 for one evaluation: back to Queued with its phase event, if it is still being evaluated."""
+    return history.evaluation_transition(
+        evaluation_id=evaluation_id,
+        to=EvaluationStatus.QUEUED,
+        expect=EVALUATION_EVALUATING,
+        reason="server restarted while its evaluation job was on a worker",
+        now=now,
     )
 
 
@@ -109,7 +133,9 @@ def recover_interrupted_work(*, boot_id: uuid.UUID, now: datetime) -> RecoveryRe
     live = _live_workers(dead)
 
     # 1. Assignments: open single-job rows on workers no live server holds close as Abandoned. Cluster
-    #    members are left to the cluster steps (5).
+    #    members are left to the cluster steps (5). An evaluation's own step 4 is taken in the same
+    #    transaction as its close: the passes keep running meanwhile (Celery beat, other servers), and a
+    #    waiting pass that saw it Fetching without an assignment would park it instead of it being requeued.
     for row in DispatchedJob.objects.filter(finished_at__isnull=True, cluster_attempt__isnull=True).exclude(
         worker_id__in=live
     ):
@@ -118,6 +144,8 @@ def recover_interrupted_work(*, boot_id: uuid.UUID, now: datetime) -> RecoveryRe
                 row=row, outcome=DispatchOutcome.ABANDONED, reason="server restarted", now=now
             ):
                 report.assignments_closed += 1
+                if row.evaluation_id is not None and _requeue_evaluation(row.evaluation_id, now):
+                    report.evaluations_requeued += 1
                 forget_sent(row.job_id)
 
     open_row = DispatchedJob.objects.filter(
@@ -159,15 +187,10 @@ def recover_interrupted_work(*, boot_id: uuid.UUID, now: datetime) -> RecoveryRe
         .exclude(Exists(open_eval_row))
         .values_list("id", flat=True)
     ):
-        if history.evaluation_transition(
-            evaluation_id=evaluation_id,
-            to=EvaluationStatus.QUEUED,
-            expect=EVALUATION_EVALUATING,
-            reason="server restarted while its evaluation job was on a worker",
-            now=now,
-        ):
+        if _requeue_evaluation(evaluation_id, now):
             report.evaluations_requeued += 1
             forget_sent(f"eval:{evaluation_id}")
+
     # 5. Clusters, in the reference notes' order: open attempts close (PrepareFailed unstarted, Aborted
     #    started), Running clusters go back to Queued, or to Aborted/Failed when a member is dead or the
     #    budget is spent. An attempt whose every seat is on a live server's worker is left to it.

@@ -4,6 +4,7 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.utils import timezone
 
+from gradient.scheduling.admin_waiting import WaitingReasonFilter, waiting_for
 from gradient.scheduling.models import (
     EVALUATION_ACTIVE,
     BuildAttempt,
@@ -34,8 +35,9 @@ class EvaluationBuildInline(admin.TabularInline):
 
 @admin.register(Evaluation)
 class EvaluationAdmin(admin.ModelAdmin):
-    list_display = ["id", "project", "status", "kind", "repository", "commit", "created_at"]
-    list_filter = ["status", "kind", "project"]
+    list_display = ["id", "project", "status", waiting_for, "kind", "repository", "commit", "created_at"]
+    list_filter = ["status", WaitingReasonFilter, "kind", "project"]
+    readonly_fields = [waiting_for]  # type: ignore[list-item]  # Django takes a callable here too
     search_fields = ["id", "repository", "commit"]
     date_hierarchy = "created_at"
     raw_id_fields = ["recovery_of", "created_by"]

@@ -12,8 +12,11 @@ def token_hash(token: str) -> str:
 
 
 def token_new() -> tuple[str, str]:
-    """A fresh token (32 random bytes, URL-safe) and the hash to store."""
+    """A fresh token (32 random bytes, URL-safe) and the hash to store. Never one starting with "-":
+    `--token -x...` on a command line reads as an option (the reference worker would refuse it)."""
     token = secrets.token_urlsafe(32)
+    while token.startswith("-"):
+        token = secrets.token_urlsafe(32)
     return token, token_hash(token)
 
 

@@ -96,11 +96,16 @@ def base_env(**overrides: str | None) -> dict[str, str]:
 
 @contextlib.contextmanager
 def serve(
-    env: dict[str, str], log_dir: Path, extra_args: list[str] | None = None, ready_timeout: float = 60.0
+    env: dict[str, str],
+    log_dir: Path,
+    extra_args: list[str] | None = None,
+    ready_timeout: float = 60.0,
+    port: int | None = None,
 ) -> Iterator[ServeProcess]:
-    """Start `manage.py serve` on a free port and wait until /healthz answers 200."""
-    port = free_port()
-    log_path = log_dir / f"serve-{port}.log"
+    """Start `manage.py serve` on `port` (a free one by default) and wait until /healthz answers 200. A
+    second boot on the port of a killed one is where its workers reconnect."""
+    port = port or free_port()
+    log_path = log_dir / f"serve-{port}-{time.monotonic_ns()}.log"
     with open(log_path, "wb") as log_file:
         process = subprocess.Popen(
             [sys.executable, "manage.py", "serve", "--port", str(port), *(extra_args or [])],
@@ -226,6 +231,70 @@ def reference_worker(
             start_new_session=True,
         )
     worker = WorkerProcess(name=name, process=process, log_path=log_path)
+    try:
+        yield worker
+    finally:
+        worker.stop()
+
+
+@dataclass
+class CeleryProcess:
+    """`celery -A gradient worker -B`: a Celery worker with its embedded beat (DatabaseScheduler)."""
+
+    process: subprocess.Popen[bytes]
+    log_path: Path
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30.0) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(sig)
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait(10)
+        return self.process.returncode
+
+
+@contextlib.contextmanager
+def celery_worker(
+    env: dict[str, str], log_dir: Path, *, name: str = "celery", concurrency: int = 2
+) -> Iterator[CeleryProcess]:
+    """Start a real Celery worker with beat on the broker of env["REDIS_URL"], running the passes of
+    gradient.schedule through django-celery-beat's DatabaseScheduler; stopped with SIGTERM (warm
+    shutdown) on exit. Tasks left in the queue by an earlier run are purged first."""
+    log_path = log_dir / f"{name}.log"
+    with open(log_path, "wb") as log_file:
+        process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "celery",
+                "-A",
+                "gradient",
+                "worker",
+                "-B",
+                "--scheduler",
+                "django_celery_beat.schedulers:DatabaseScheduler",
+                "--loglevel",
+                "INFO",
+                "--concurrency",
+                str(concurrency),
+                "--hostname",
+                f"{name}-{os.getpid()}@%h",
+                "--without-gossip",
+                "--without-mingle",
+                "--purge",
+            ],
+            cwd=ROOT,
+            env=env,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    worker = CeleryProcess(process=process, log_path=log_path)
     try:
         yield worker
     finally:
