@@ -23,6 +23,7 @@ from gradient.clusters.models import (
     ClusterWorkerPenalty,
 )
 from gradient.clusters.services.lifecycle import cluster_request_abort
+from gradient.records.admin import RecordTimelineMixin
 from gradient.records.errors import RecordError
 
 
@@ -113,7 +114,7 @@ def abort_clusters(
 
 
 @admin.register(ClusterJob)
-class ClusterJobAdmin(admin.ModelAdmin):
+class ClusterJobAdmin(RecordTimelineMixin, admin.ModelAdmin):
     list_display = [
         "id",
         "status",
@@ -143,6 +144,7 @@ class ClusterJobAdmin(admin.ModelAdmin):
         "created_by",
         "created_at",
         "finished_at",
+        "record_timeline",
     )
     inlines = [ClusterMemberInline, ClusterAttemptInline]
     actions = [abort_clusters]

@@ -4,6 +4,7 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.utils import timezone
 
+from gradient.records.admin import RecordTimelineMixin
 from gradient.scheduling.models import (
     EVALUATION_ACTIVE,
     BuildAttempt,
@@ -33,7 +34,7 @@ class EvaluationBuildInline(admin.TabularInline):
 
 
 @admin.register(Evaluation)
-class EvaluationAdmin(admin.ModelAdmin):
+class EvaluationAdmin(RecordTimelineMixin, admin.ModelAdmin):
     list_display = ["id", "project", "status", "kind", "repository", "commit", "created_at"]
     list_filter = ["status", "kind", "project"]
     search_fields = ["id", "repository", "commit"]
@@ -41,6 +42,7 @@ class EvaluationAdmin(admin.ModelAdmin):
     raw_id_fields = ["recovery_of", "created_by"]
     inlines = [EvaluationBuildInline]
     actions = ["cancel_evaluations"]
+    readonly_fields = ["record_timeline"]
 
     @admin.action(description="Cancel the selected evaluations (a cancel intent on each record)")
     def cancel_evaluations(self, request: HttpRequest, queryset: QuerySet[Evaluation]) -> None:
@@ -64,11 +66,12 @@ class DependencyInline(admin.TabularInline):
 
 
 @admin.register(DerivationBuild)
-class DerivationBuildAdmin(admin.ModelAdmin):
+class DerivationBuildAdmin(RecordTimelineMixin, admin.ModelAdmin):
     list_display = ["drv_path", "system", "status", "attempts", "queued_at", "finished_at"]
     list_filter = ["status", "system"]
     search_fields = ["id", "drv_path"]
     inlines = [DependencyInline]
+    readonly_fields = ["record_timeline"]
 
 
 @admin.register(DispatchedJob)
