@@ -18,3 +18,6 @@ urlpatterns = [
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
     path("api/v1/", include("gradient.api_urls")),
 ]
+
+handler404 = "gradient.rest.not_found"
+handler500 = "gradient.rest.server_error"
