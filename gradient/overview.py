@@ -15,6 +15,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from gradient.clusters.decisions.matcher import IDLE_SLOT_TTL_SECS
+from gradient.clusters.decisions.waiting_text import describe_cluster_waiting
 from gradient.clusters.models import ClusterJob, ClusterReservation, ClusterStatus
 from gradient.scheduling.decisions.waiting import describe
 from gradient.scheduling.models import BuildStatus, DerivationBuild, Evaluation, EvaluationStatus, JobKind
@@ -59,6 +60,7 @@ def _clusters() -> dict[str, Any]:
                 "priority": c.priority,
                 "code": str((c.waiting_reason or {}).get("code", "")),
                 "reason": c.waiting_reason,
+                "why": describe_cluster_waiting(c.waiting_reason),
                 "waiting_since": _iso(c.waiting_since),
             }
             for c in waiting[:WAITING_CLUSTERS_SHOWN]

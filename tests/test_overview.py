@@ -72,7 +72,10 @@ def test_queues_waiting_reasons_clusters_and_the_reservation_are_shown(operator_
     reason = {"reason": "eval_workers", "capability": "evaluate", "connected_workers": 0}
     EvaluationFactory(status=EvaluationStatus.WAITING, waiting_reason=reason)
     EvaluationFactory(status=EvaluationStatus.WAITING, waiting_reason=reason)
-    cluster = ClusterJobFactory(waiting_reason={"code": "no_idle_slot"}, waiting_since=timezone.now())
+    cluster = ClusterJobFactory(
+        waiting_reason={"code": "too_few_workers", "needed": 2, "seatable_workers": 1},
+        waiting_since=timezone.now(),
+    )
     ClusterJobFactory(status="Running")
     now = timezone.now()
     ClusterReservation.objects.create(
@@ -84,7 +87,11 @@ def test_queues_waiting_reasons_clusters_and_the_reservation_are_shown(operator_
     assert group["reason"] == "eval_workers" and group["count"] == 2
     assert "Waiting for a worker that can evaluate" in group["example"]
     assert snapshot["clusters"]["running"] == 1 and snapshot["clusters"]["queued"] == 1
-    assert [(c["id"], c["code"]) for c in snapshot["clusters"]["waiting"]] == [
-        (str(cluster.id), "no_idle_slot")
+    assert [(c["id"], c["code"], c["why"]) for c in snapshot["clusters"]["waiting"]] == [
+        (
+            str(cluster.id),
+            "too_few_workers",
+            "Too few workers: 2 distinct workers needed, 1 could seat a member.",
+        )
     ]
     assert snapshot["reservation"]["cluster"] == str(cluster.id)

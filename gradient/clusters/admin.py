@@ -13,6 +13,7 @@ from django.utils import timezone
 from django.utils.html import format_html_join
 from django.utils.safestring import SafeString
 
+from gradient.clusters.decisions.waiting_text import describe_cluster_waiting
 from gradient.clusters.models import (
     CLUSTER_TERMINAL,
     ClusterAttempt,
@@ -138,6 +139,7 @@ class ClusterJobAdmin(RecordTimelineMixin, admin.ModelAdmin):
         "attempts",
         "prepare_failures",
         "retry_at",
+        "waiting_in_words",
         "waiting_reason",
         "waiting_since",
         "queued_at",
@@ -151,6 +153,10 @@ class ClusterJobAdmin(RecordTimelineMixin, admin.ModelAdmin):
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False  # created with their record through the REST API
+
+    @admin.display(description="why it waits")
+    def waiting_in_words(self, obj: ClusterJob) -> str:
+        return describe_cluster_waiting(obj.waiting_reason) or "-"
 
     @admin.display(description="waiting")
     def waiting(self, obj: ClusterJob) -> str:
