@@ -144,12 +144,21 @@ REST_FRAMEWORK = {
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "UNAUTHENTICATED_USER": None,
+    "EXCEPTION_HANDLER": "gradient.rest.exception_handler",
+    "DEFAULT_THROTTLE_CLASSES": ["gradient.throttling.AnonThrottle", "gradient.throttling.UserThrottle"],
 }
+# Generous by default: they bound a runaway client, not normal use. "" turns a throttle off.
+GRADIENT_API_THROTTLE_USER = os.environ.get("GRADIENT_API_THROTTLE_USER", "20000/hour")
+GRADIENT_API_THROTTLE_ANON = os.environ.get("GRADIENT_API_THROTTLE_ANON", "2000/hour")
 SPECTACULAR_SETTINGS = {
     "TITLE": "Gradient",
     "DESCRIPTION": "A distributed job scheduler for Nix CI.",
     "VERSION": "1",
     "SERVE_INCLUDE_SCHEMA": False,
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "gradient.rest.add_error_responses",
+    ],
 }
 
 # --- Locale, static -------------------------------------------------------------------------------

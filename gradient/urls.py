@@ -3,6 +3,7 @@ from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from gradient.health import healthz
+from gradient.overview import overview_json, overview_page
 
 admin.site.site_header = "Gradient"
 admin.site.site_title = "Gradient console"
@@ -10,8 +11,13 @@ admin.site.index_title = "Scheduler console"
 
 urlpatterns = [
     path("healthz", healthz, name="healthz"),
+    path("admin/overview/", admin.site.admin_view(overview_page), name="console-overview"),
+    path("admin/overview.json", admin.site.admin_view(overview_json), name="console-overview-json"),
     path("admin/", admin.site.urls),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
     path("api/v1/", include("gradient.api_urls")),
 ]
+
+handler404 = "gradient.rest.not_found"
+handler500 = "gradient.rest.server_error"

@@ -51,3 +51,11 @@ def sent(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, dict[str, object]]]
 
     monkeypatch.setattr(effects, "send_to_worker_on_commit", record)
     return out
+
+
+@pytest.fixture(autouse=True)
+def fresh_api_throttles() -> None:
+    """The REST throttles count in the local-memory cache, which outlives a test: start each at zero."""
+    from django.core.cache import cache
+
+    cache.clear()

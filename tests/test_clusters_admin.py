@@ -60,3 +60,19 @@ def test_abort_asks_for_confirmation_first_and_then_appends_the_intent(operator_
     assert ClusterJob.objects.get(id=cluster.id).status == ClusterStatus.ABORTED
     job = record_job(job_key=cluster.job_key, now=ClusterJob.objects.get(id=cluster.id).finished_at)
     assert [(c.intent, c.actor) for c in job.controls] == [("cancel", "admin:root")]
+
+
+def test_the_cluster_page_shows_its_record_as_a_timeline_with_the_operators_intent(
+    operator_client: Client,
+) -> None:
+    project = ProjectFactory()
+    cluster = make_cluster([("a", queued_build(project))])
+    operator_client.post(
+        reverse("admin:clusters_clusterjob_changelist"),
+        {"action": "abort_clusters", "_selected_action": [str(cluster.id)], "confirmed": "yes"},
+    )
+    page = operator_client.get(
+        reverse("admin:clusters_clusterjob_change", args=[cluster.id])
+    ).content.decode()
+    assert "Record (timeline)" in page and f"cluster:{cluster.id}" in page
+    assert "cancel requested" in page and "admin:root" in page

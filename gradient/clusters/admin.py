@@ -13,6 +13,7 @@ from django.utils import timezone
 from django.utils.html import format_html_join
 from django.utils.safestring import SafeString
 
+from gradient.clusters.decisions.waiting_text import describe_cluster_waiting
 from gradient.clusters.models import (
     CLUSTER_TERMINAL,
     ClusterAttempt,
@@ -23,6 +24,7 @@ from gradient.clusters.models import (
     ClusterWorkerPenalty,
 )
 from gradient.clusters.services.lifecycle import cluster_request_abort
+from gradient.records.admin import RecordTimelineMixin
 from gradient.records.errors import RecordError
 
 
@@ -113,7 +115,7 @@ def abort_clusters(
 
 
 @admin.register(ClusterJob)
-class ClusterJobAdmin(admin.ModelAdmin):
+class ClusterJobAdmin(RecordTimelineMixin, admin.ModelAdmin):
     list_display = [
         "id",
         "status",
@@ -137,18 +139,24 @@ class ClusterJobAdmin(admin.ModelAdmin):
         "attempts",
         "prepare_failures",
         "retry_at",
+        "waiting_in_words",
         "waiting_reason",
         "waiting_since",
         "queued_at",
         "created_by",
         "created_at",
         "finished_at",
+        "record_timeline",
     )
     inlines = [ClusterMemberInline, ClusterAttemptInline]
     actions = [abort_clusters]
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False  # created with their record through the REST API
+
+    @admin.display(description="why it waits")
+    def waiting_in_words(self, obj: ClusterJob) -> str:
+        return describe_cluster_waiting(obj.waiting_reason) or "-"
 
     @admin.display(description="waiting")
     def waiting(self, obj: ClusterJob) -> str:

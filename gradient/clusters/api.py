@@ -28,6 +28,7 @@ from gradient.clusters.services.lifecycle import (
     cluster_create,
     cluster_request_abort,
 )
+from gradient.rest import ControlReceiptSerializer
 from gradient.scheduling.models import DerivationBuild, Evaluation, EvaluationBuild, Project
 
 # --- Serializers -----------------------------------------------------------------------------------------
@@ -227,7 +228,9 @@ class ClusterAbortView(APIView):
         request=None,
         parameters=[OpenApiParameter("cluster_id", OpenApiTypes.UUID, OpenApiParameter.PATH)],
         responses={
-            202: OpenApiResponse(description="Abort recorded; the cluster ends Aborted"),
+            202: OpenApiResponse(
+                ControlReceiptSerializer, description="Abort recorded; the cluster ends Aborted"
+            ),
             403: OpenApiResponse(description="Not staff"),
         },
         summary="Abort a cluster job (staff): a control intent on its record; running members get AbortJob",

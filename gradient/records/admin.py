@@ -3,9 +3,12 @@ when, what), and actions that commit control intents as the signed-in operator."
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
+from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
@@ -139,32 +142,62 @@ class JobRecordAdmin(admin.ModelAdmin):
 
     @admin.display(description="Timeline")
     def timeline_table(self, obj: JobRecord) -> SafeString | str:
-        entries = record_entries(record=obj, upto=obj.revision)
-        if not entries:
-            return "tombstoned: the entries were dropped" if obj.tombstoned_at else "no entries yet"
-        try:
-            job = fold(decode_header(obj.header, schema=obj.header_schema), entries, timezone.now())
-        except (DecodeError, InvalidHistory):
-            job = None
-        rows = [
-            (
-                row.revision,
-                row.at.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3],
-                row.actor or "-",
-                row.kind,
-                row.what,
-                row.effect,
-                row.body,
-            )
-            for row in timeline(entries, job)
-        ]
-        return format_html(
-            "<table><tr><th>#</th><th>when</th><th>who</th><th>kind</th><th>what</th><th>effect</th>"
-            "<th>body</th></tr>{}</table>",
-            format_html_join(
-                "",
-                "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td>"
-                "<td><details><summary>json</summary><pre>{}</pre></details></td></tr>",
-                rows,
-            ),
+        return render_timeline(obj)
+
+
+def render_timeline(record: JobRecord) -> SafeString | str:
+    """The record's entries as an HTML table (who, when, what, and what each control intent did), for
+    every admin page that shows a job."""
+    entries = record_entries(record=record, upto=record.revision)
+    if not entries:
+        return "tombstoned: the entries were dropped" if record.tombstoned_at else "no entries yet"
+    try:
+        job = fold(decode_header(record.header, schema=record.header_schema), entries, timezone.now())
+    except (DecodeError, InvalidHistory):
+        job = None
+    rows = [
+        (
+            row.revision,
+            row.at.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3],
+            row.actor or "-",
+            row.kind,
+            row.what,
+            row.effect,
+            row.body,
         )
+        for row in timeline(entries, job)
+    ]
+    return format_html(
+        "<table><tr><th>#</th><th>when</th><th>who</th><th>kind</th><th>what</th><th>effect</th>"
+        "<th>body</th></tr>{}</table>",
+        format_html_join(
+            "",
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td>"
+            "<td><details><summary>json</summary><pre>{}</pre></details></td></tr>",
+            rows,
+        ),
+    )
+
+
+def render_job_timeline(job_key: str) -> SafeString | str:
+    """The timeline of the record named by `job_key`, with a link to the record's own page."""
+    record = JobRecord.objects.filter(job_key=job_key).first()
+    if record is None:
+        return "no record (made outside the services)"
+    link = reverse("admin:records_jobrecord_change", args=[record.pk])
+    return format_html(
+        '<p><a href="{}">{}</a>, revision {}{}</p>{}',
+        link,
+        record.job_key,
+        record.revision,
+        ", settled" if record.settled else "",
+        render_timeline(record),
+    )
+
+
+class RecordTimelineMixin:
+    """For a job's ModelAdmin: a read-only `record_timeline` field showing the job's record."""
+
+    @admin.display(description="Record (timeline)")
+    def record_timeline(self, obj: Any) -> SafeString | str:
+        return render_job_timeline(obj.job_key)

@@ -4,6 +4,7 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.utils import timezone
 
+from gradient.records.admin import RecordTimelineMixin
 from gradient.scheduling.admin_waiting import WaitingReasonFilter, waiting_for
 from gradient.scheduling.models import (
     EVALUATION_ACTIVE,
@@ -34,15 +35,15 @@ class EvaluationBuildInline(admin.TabularInline):
 
 
 @admin.register(Evaluation)
-class EvaluationAdmin(admin.ModelAdmin):
+class EvaluationAdmin(RecordTimelineMixin, admin.ModelAdmin):
     list_display = ["id", "project", "status", waiting_for, "kind", "repository", "commit", "created_at"]
     list_filter = ["status", WaitingReasonFilter, "kind", "project"]
-    readonly_fields = [waiting_for]  # type: ignore[list-item]  # Django takes a callable here too
     search_fields = ["id", "repository", "commit"]
     date_hierarchy = "created_at"
     raw_id_fields = ["recovery_of", "created_by"]
     inlines = [EvaluationBuildInline]
     actions = ["cancel_evaluations"]
+    readonly_fields = [waiting_for, "record_timeline"]  # type: ignore[list-item]  # Django takes a callable
 
     @admin.action(description="Cancel the selected evaluations (a cancel intent on each record)")
     def cancel_evaluations(self, request: HttpRequest, queryset: QuerySet[Evaluation]) -> None:
@@ -66,11 +67,12 @@ class DependencyInline(admin.TabularInline):
 
 
 @admin.register(DerivationBuild)
-class DerivationBuildAdmin(admin.ModelAdmin):
+class DerivationBuildAdmin(RecordTimelineMixin, admin.ModelAdmin):
     list_display = ["drv_path", "system", "status", "attempts", "queued_at", "finished_at"]
     list_filter = ["status", "system"]
     search_fields = ["id", "drv_path"]
     inlines = [DependencyInline]
+    readonly_fields = ["record_timeline"]
 
 
 @admin.register(DispatchedJob)

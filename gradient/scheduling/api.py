@@ -22,6 +22,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from gradient.records.errors import IdempotencyConflict
+from gradient.rest import ControlReceiptSerializer
 from gradient.scheduling import selectors
 from gradient.scheduling.decisions.waiting import describe
 from gradient.scheduling.models import DerivationBuild, Evaluation, EvaluationStatus, Project
@@ -37,6 +38,17 @@ IDEMPOTENCY_HEADER = "Idempotency-Key"
 class Pages(LimitOffsetPagination):
     default_limit = 100
     max_limit = 1000
+
+
+def _check_page_params(request: Request) -> None:
+    """limit and offset must be non-negative integers: a 400, not a silently ignored parameter."""
+    errors = {}
+    for name in ("limit", "offset"):
+        raw = request.query_params.get(name)
+        if raw is not None and not (raw.isascii() and raw.isdigit()):
+            errors[name] = [f"{name} must be a non-negative integer."]
+    if errors:
+        raise serializers.ValidationError(errors)
 
 
 def visible_projects(user: Any) -> QuerySet[Project]:
@@ -143,6 +155,13 @@ class BuildSerializer(serializers.Serializer[Any]):
         )
 
 
+class EvaluationPageSerializer(serializers.Serializer[Any]):
+    count = serializers.IntegerField(help_text="Evaluations matching the filters.")
+    next = serializers.URLField(allow_null=True, help_text="The next page, or null on the last one.")
+    previous = serializers.URLField(allow_null=True)
+    results = EvaluationSerializer(many=True, help_text="This page; `builds` is left empty in lists.")
+
+
 # --- Views -----------------------------------------------------------------------------------------------
 
 
@@ -151,13 +170,15 @@ class EvaluationsView(APIView):
         parameters=[
             OpenApiParameter("status", OpenApiTypes.STR, description="Filter by status, e.g. Waiting."),
             OpenApiParameter("project", OpenApiTypes.STR, description="Filter by project name."),
-            OpenApiParameter("limit", OpenApiTypes.INT),
-            OpenApiParameter("offset", OpenApiTypes.INT),
+            OpenApiParameter("limit", OpenApiTypes.INT, description="Page size (default 100, at most 1000)."),
+            OpenApiParameter("offset", OpenApiTypes.INT, description="Evaluations to skip."),
         ],
-        responses={200: EvaluationSerializer(many=True)},
+        responses={200: EvaluationPageSerializer},
         summary="List evaluations you may read, newest first",
+        operation_id="v1_evaluations_list",
     )
     def get(self, request: Request) -> Response:
+        _check_page_params(request)
         qs = Evaluation.objects.filter(project__in=visible_projects(request.user)).select_related("project")
         wanted_status = request.query_params.get("status")
         if wanted_status:
@@ -239,7 +260,11 @@ class EvaluationDetailView(APIView):
 class EvaluationCancelView(APIView):
     @extend_schema(
         request=None,
-        responses={202: OpenApiResponse(description="Cancel recorded; the evaluation ends Aborted")},
+        responses={
+            202: OpenApiResponse(
+                ControlReceiptSerializer, description="Cancel recorded; the evaluation ends Aborted"
+            )
+        },
         summary="Cancel an evaluation: a control intent on its record; running jobs get AbortJob",
     )
     def post(self, request: Request, evaluation_id: str) -> Response:

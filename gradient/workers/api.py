@@ -23,6 +23,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from gradient.scheduling.models import Project
+from gradient.throttling import AnonThrottle, UserThrottle
 from gradient.workers import services
 from gradient.workers.models import Worker
 from gradient.workers.selectors import parse_uuid, workers_with_session_state
@@ -143,6 +144,8 @@ class WorkerSerializer(serializers.Serializer[Any]):
 
 class AuthTokenView(ObtainAuthToken):
     """POST /api/v1/auth/token: {username, password} -> {token}; send it as `Authorization: Token ...`."""
+
+    throttle_classes = [AnonThrottle, UserThrottle]  # DRF's view has none: password guessing is bounded
 
     @extend_schema(
         request=TokenRequestSerializer,

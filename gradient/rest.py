@@ -1,0 +1,129 @@
+"""What every REST route shares: JSON error bodies, throttling and the error responses of the OpenAPI
+document.
+
+Error bodies keep DRF's shape, so clients written against it keep working, and every error is a JSON
+object: a 400 maps each bad field to its messages (`{"members": ["..."]}`, with `non_field_errors` for
+errors of the whole body), every other error is `{"detail": "..."}`. An unknown URL under /api/ and a
+server error answer in JSON too, never with an HTML page. The throttles are in gradient.throttling (DRF's
+APIView imports them while this module imports DRF's views).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.views import defaults
+from rest_framework import exceptions, serializers
+from rest_framework.response import Response
+from rest_framework.views import exception_handler as drf_exception_handler
+
+log = logging.getLogger("gradient.rest")
+
+
+def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
+    """DRF's handler, with a validation error that is not about a field wrapped as non_field_errors so
+    every error body is a JSON object."""
+    response = drf_exception_handler(exc, context)
+    if response is None:
+        return None  # not an API error: Django's handler500 answers (in JSON under /api/)
+    if isinstance(exc, exceptions.ValidationError) and not isinstance(response.data, dict):
+        response.data = {"non_field_errors": response.data}
+    return response
+
+
+class ControlReceiptSerializer(serializers.Serializer[Any]):
+    """The answer to a cancel or an abort: the intent is on the job's record; the job ends Aborted."""
+
+    id = serializers.UUIDField()
+    status = serializers.CharField(help_text="The job's status right after the intent was recorded.")
+    message = serializers.CharField(help_text="What the intent did (or why it did nothing).")
+
+
+def _is_api(request: HttpRequest) -> bool:
+    return request.path.startswith("/api/")
+
+
+def not_found(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
+    if _is_api(request):
+        return JsonResponse({"detail": "No such route."}, status=404)
+    return defaults.page_not_found(request, exception)
+
+
+def server_error(request: HttpRequest) -> HttpResponse:
+    if _is_api(request):
+        return JsonResponse({"detail": "Internal error; it was logged."}, status=500)
+    return defaults.server_error(request)
+
+
+# --- OpenAPI ----------------------------------------------------------------------------------------------
+
+ERROR = {
+    "type": "object",
+    "description": "An error other than bad input.",
+    "properties": {"detail": {"type": "string", "description": "What went wrong, in words."}},
+    "required": ["detail"],
+}
+FIELD_ERRORS = {
+    "type": "object",
+    "description": "Bad input: each bad field (`non_field_errors` for the body as a whole) with its "
+    "messages; nested for nested fields (`members`: one object per member).",
+    "additionalProperties": {},
+}
+_COMMON = {
+    "400": ("Bad input: field errors; nothing was changed.", "FieldErrors"),
+    "401": ("No valid token: send `Authorization: Token <token>`.", "Error"),
+    "403": ("Not allowed: not staff, or not a member of the job's project.", "Error"),
+    "404": ("No such id.", "Error"),
+    "429": ("Too many requests; retry after the `Retry-After` header's seconds.", "Error"),
+}
+
+_SUCCESS = {"200": "OK.", "201": "Created.", "202": "Accepted: the intent is recorded."}
+
+
+def _json(component: str) -> dict[str, Any]:
+    return {"application/json": {"schema": {"$ref": f"#/components/schemas/{component}"}}}
+
+
+def add_error_responses(result: dict[str, Any], generator: Any, request: Any, public: Any) -> dict[str, Any]:
+    """drf-spectacular post-processing hook: every operation documents the errors it can answer with,
+    each with its JSON body."""
+    schemas = result.setdefault("components", {}).setdefault("schemas", {})
+    schemas.setdefault("Error", ERROR)
+    schemas.setdefault("FieldErrors", FIELD_ERRORS)
+    for path, item in result.get("paths", {}).items():
+        for method, operation in item.items():
+            if method not in {"get", "post", "put", "patch", "delete"}:
+                continue
+            security = operation.get("security")
+            anonymous = not security or {} in security
+            parts = [p for p in path.split("/") if p and not p.startswith("{")]
+            if len(parts) > 2:  # /api/v1/<resource>/...: one tag per resource
+                operation["tags"] = [parts[2]]
+            has_id = False
+            for parameter in operation.get("parameters", []):
+                if parameter.get("in") == "path" and parameter["name"].endswith("_id"):
+                    has_id = True
+                    noun = parameter["name"][: -len("_id")]
+                    parameter.setdefault("description", f"The {noun}'s id (a UUID).")
+            codes = ["429"]
+            if "requestBody" in operation or any(
+                p.get("in") == "query" for p in operation.get("parameters", [])
+            ):
+                codes.append("400")
+            if not anonymous:
+                codes += ["401", "403"]
+            if has_id:
+                codes.append("404")
+            responses = operation.setdefault("responses", {})
+            for code in codes:
+                description, component = _COMMON[code]
+                responses.setdefault(code, {"description": description})
+            for code, response in responses.items():
+                if not response.get("description"):
+                    response["description"] = _SUCCESS.get(code, "")
+                if code.startswith(("4", "5")) and "content" not in response:
+                    component = "FieldErrors" if code == "400" else "Error"
+                    response["content"] = _json(component)
+    return result
