@@ -148,7 +148,9 @@ def test_a_killed_server_is_recovered_by_the_next_boot_and_the_same_workers_fini
             # cluster takes them (a cluster member is never a single job).
             start("evaluator", "--capabilities", "fetch,eval")
             pair = submit("sim:wide?n=2&duration_ms=4000&salt=pair")
-            wait_until(lambda: _status(pair) == EvaluationStatus.BUILDING, timeout=30, what="pair evaluated")
+            # Evaluated: Building, or already parked Waiting by the waiting pass (no worker can build yet).
+            evaluated = (EvaluationStatus.BUILDING, EvaluationStatus.WAITING)
+            wait_until(lambda: _status(pair) in evaluated, timeout=30, what="pair evaluated")
             pair_builds = [
                 str(b)
                 for b in EvaluationBuild.objects.filter(evaluation_id=pair).values_list("build_id", flat=True)
