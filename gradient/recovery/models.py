@@ -17,6 +17,11 @@ class ServerBoot(models.Model):
     recovered_at = models.DateTimeField(null=True, blank=True, help_text="Startup recovery finished.")
     last_heartbeat = models.DateTimeField()
     stopped_at = models.DateTimeField(null=True, blank=True)
+    draining_since = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text="The instance began draining (SIGTERM): it assigns nothing more and is about to stop.",
+    )
 
     class Meta:
         db_table = "server_boot"

@@ -105,3 +105,14 @@ def server_boot_heartbeat(*, boot_id: uuid.UUID, now: datetime) -> None:
 
 def server_boot_stop(*, boot_id: uuid.UUID, now: datetime) -> None:
     ServerBoot.objects.filter(id=boot_id, stopped_at__isnull=True).update(stopped_at=now, last_heartbeat=now)
+
+
+def server_boot_drain(*, boot_id: uuid.UUID, now: datetime) -> bool:
+    """The instance began draining: from now on it takes no new work, and when no other instance serves,
+    the waiting pass parks every in-flight evaluation as `draining`."""
+    return (
+        ServerBoot.objects.filter(id=boot_id, stopped_at__isnull=True, draining_since__isnull=True).update(
+            draining_since=now, last_heartbeat=now
+        )
+        == 1
+    )

@@ -26,6 +26,7 @@ from django.utils import timezone
 
 from gradient.clusters.services import recover_clusters_at_startup
 from gradient.recovery.models import ServerBoot
+from gradient.recovery.selectors import DEAD_BOOT_SECS
 from gradient.scheduling import history
 from gradient.scheduling.models import (
     EVALUATION_EVALUATING,
@@ -45,8 +46,6 @@ from gradient.workers.models import IdleSlot, SentCandidate, WorkerSession
 
 log = logging.getLogger("gradient.recovery")
 
-# A boot that has not heartbeaten for this long is dead (serve heartbeats every 10 s).
-DEAD_BOOT_SECS = 30
 # A live process on a boot's pid that was created this long after the boot started is another process
 # (the pid was reused). Generous: process start times are read against a wall clock that may have moved.
 PID_REUSE_SLACK_SECS = 60
@@ -62,6 +61,7 @@ class RecoveryReport:
     builds_unpromoted: int = 0
     evaluations_requeued: int = 0
     clusters: dict[str, Any] = field(default_factory=dict)
+    draining_unparked: int = 0
 
 
 def boot_process_gone(boot: ServerBoot) -> bool:
@@ -204,10 +204,13 @@ def recover_interrupted_work(*, boot_id: uuid.UUID, now: datetime) -> RecoveryRe
 
 
 def run_startup_recovery(*, boot_id: uuid.UUID) -> RecoveryReport:
-    """Recover, then mark the boot recovered. Draining evaluations are unparked after this (the waiting
-    pass sends them back to Queued)."""
+    """Recover, mark the boot recovered, then unpark the evaluations an earlier drain parked
+    (unpark_draining_evals): recovery first, so they come back onto consistent rows."""
+    from gradient.scheduling.services.waiting import unpark_draining_evals
+
     now = timezone.now()
     report = recover_interrupted_work(boot_id=boot_id, now=now)
     ServerBoot.objects.filter(id=boot_id).update(recovered_at=timezone.now())
+    report.draining_unparked = unpark_draining_evals(now=timezone.now())
     log.info("startup recovery for boot %s: %s", boot_id, asdict(report))
     return report

@@ -243,6 +243,11 @@ class DerivationBuild(models.Model):
     max_silent_secs = models.PositiveIntegerField(default=3600)
     failure_kind = models.CharField(max_length=32, choices=BuildFailureKind.choices, null=True, blank=True)
     last_error = models.TextField(blank=True, default="")
+    drv_lost_at = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text="No worker could obtain the .drv: not queued until a DrvRecovery evaluation restores it.",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     queued_at = models.DateTimeField(null=True, blank=True)
     updated_at = models.DateTimeField(auto_now=True)

@@ -12,6 +12,7 @@ import logging
 import signal
 import socket
 import threading
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -22,7 +23,12 @@ from django.utils import timezone
 
 from gradient.passrunner import PassRunner
 from gradient.recovery.boot import set_current_boot
-from gradient.recovery.services import server_boot_heartbeat, server_boot_start, server_boot_stop
+from gradient.recovery.services import (
+    server_boot_drain,
+    server_boot_heartbeat,
+    server_boot_start,
+    server_boot_stop,
+)
 
 log = logging.getLogger("gradient.serve")
 
@@ -38,16 +44,22 @@ class GradientServer(uvicorn.Server):
     Draining to every worker session of this process and close them (within 20 s), then let uvicorn
     finish the remaining HTTP requests."""
 
+    boot_id: uuid.UUID | None = None
+
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         from gradient.workers.consumer import drain_local_sessions
 
         for server in self.servers:
             server.close()
+        if self.boot_id is not None:
+            await asyncio.to_thread(_drain_begin, self.boot_id)
         try:
             closed = await asyncio.wait_for(drain_local_sessions(), timeout=WORKER_DRAIN_SECS)
             log.info("drained %d worker session(s)", closed)
         except Exception:
             log.exception("draining worker sessions failed")
+        if self.boot_id is not None:
+            await asyncio.to_thread(_park_for_drain)
         await super().shutdown(sockets)
 
     @contextlib.contextmanager
@@ -63,6 +75,37 @@ class GradientServer(uvicorn.Server):
         finally:
             for sig, handler in original.items():
                 signal.signal(sig, handler)
+
+
+def _drain_begin(boot_id: uuid.UUID) -> None:
+    """Mark this instance draining, so that no other instance counts on it."""
+    from django.db import close_old_connections
+
+    try:
+        server_boot_drain(boot_id=boot_id, now=timezone.now())
+    except Exception:
+        log.exception("marking the boot draining failed")
+    finally:
+        close_old_connections()
+
+
+def _park_for_drain() -> None:
+    """Once this instance's workers are gone: when no other instance serves, the waiting pass parks every
+    in-flight evaluation as `draining` (unparked at the next start, or by the pass once one serves)."""
+    from django.db import close_old_connections
+
+    from gradient.scheduling.services.waiting import refresh_waiting_state
+
+    try:
+        result = refresh_waiting_state(
+            now=timezone.now(), grace_secs=settings.GRADIENT_SCHEDULER_UNBUILDABLE_GRACE_SECS, use_memo=False
+        )
+        if result.draining:
+            log.info("drain: %d evaluation(s) parked as draining", result.parked)
+    except Exception:
+        log.exception("parking evaluations for the drain failed")
+    finally:
+        close_old_connections()
 
 
 class Command(BaseCommand):
@@ -118,7 +161,9 @@ class Command(BaseCommand):
             timeout_graceful_shutdown=20,
         )
         try:
-            GradientServer(config).run()
+            server = GradientServer(config)
+            server.boot_id = boot.id
+            server.run()
         finally:
             stop_heartbeat.set()
             if runner is not None:

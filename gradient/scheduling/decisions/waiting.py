@@ -115,6 +115,7 @@ class Verdict:
 
 
 NOT_WAITING = Verdict(None)
+DRAINING = Verdict({"reason": "draining"})
 
 
 def pre_build_verdict(status: str, has_open_job: bool, pool: Pool) -> Verdict:
@@ -166,9 +167,13 @@ def assess(
     has_open_job: bool,
     pool: Pool,
     blocking: Sequence[BlockingBuild] | None,
+    draining: bool = False,
 ) -> Verdict:
-    """The whole decision for one evaluation. `blocking` may be None when the counters decide."""
+    """The whole decision for one evaluation. `blocking` may be None when the counters decide. While the
+    service drains, every in-flight evaluation that is not finished is parked as `draining`."""
     phase = phase_from_counters(counters)
+    if draining:
+        return Verdict(None, finalize=True) if phase == Phase.FINALIZE else DRAINING
     if status in PRE_BUILD or (status == "Waiting" and phase == Phase.PRE_BUILD):
         return pre_build_verdict("Queued" if status == "Waiting" else status, has_open_job, pool)
     if phase == Phase.FINALIZE:
@@ -178,9 +183,55 @@ def assess(
     return building_verdict(blocking or (), pool)
 
 
-def unpark_status(reason_name: str | None) -> str:
-    """Where an evaluation goes when its reason clears: before building to Queued, else Building."""
-    return "Queued" if reason_name in ("eval_workers", "draining") else "Building"
+def unpark_status(reason_name: str | None, named: int) -> str:
+    """Where an evaluation goes when its reason clears: back to Queued when it has no shared builds yet
+    (eval_workers, or a drain before its eval_result), else to Building (its builds are queued already:
+    evaluating it again would only find the same graph)."""
+    if reason_name == "eval_workers" or named == 0:
+        return "Queued"
+    return "Building"
+
+
+@dataclass(frozen=True, slots=True)
+class ClosureBuild:
+    """A shared build of a stuck evaluation's closure, as the lost-.drv check sees it."""
+
+    build_id: str
+    status: str
+    drv_lost: bool
+    dependencies_done: bool
+    outputs_cached: bool
+
+
+def lost_drv_due(*, reason: dict[str, Any] | None, waiting_since: datetime | None, now: datetime) -> bool:
+    """graph_stuck for longer than the lost-.drv grace (120 s)."""
+    if reason is None or reason.get("reason") != "graph_stuck" or waiting_since is None:
+        return False
+    return (now - waiting_since).total_seconds() >= LOST_DRV_GRACE_SECS
+
+
+def lost_drv_targets(closure: Iterable[ClosureBuild]) -> list[str]:
+    """Builds a DrvRecovery evaluation can unstick: still needing a build (Created), not in the cache,
+    every dependency done, and their .drv lost."""
+    return sorted(
+        b.build_id
+        for b in closure
+        if b.status == "Created" and b.drv_lost and b.dependencies_done and not b.outputs_cached
+    )
+
+
+class DrvRecoveryAction(StrEnum):
+    START = "start"  # start a DrvRecovery evaluation of the same commit for the build
+    WAIT = "wait"  # one is running already
+    GIVE_UP = "give_up"  # one ran and the .drv is still lost: the build fails for good
+
+
+def drv_recovery_action(*, active_recoveries: int, finished_recoveries: int) -> DrvRecoveryAction:
+    if active_recoveries:
+        return DrvRecoveryAction.WAIT
+    if finished_recoveries:
+        return DrvRecoveryAction.GIVE_UP
+    return DrvRecoveryAction.START
 
 
 def unbuildable_due(

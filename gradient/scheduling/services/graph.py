@@ -132,7 +132,8 @@ def queue_ready_builds(*, build_ids: Sequence[uuid.UUID] | None = None, now: dat
     unfinished_dep = DerivationBuildDependency.objects.filter(build_id=OuterRef("pk")).exclude(
         dependency__status__in=BUILD_SUCCESS
     )
-    qs = DerivationBuild.objects.filter(status=BuildStatus.CREATED)
+    # A build whose .drv is lost waits for its DrvRecovery evaluation (services.drv_recovery).
+    qs = DerivationBuild.objects.filter(status=BuildStatus.CREATED, drv_lost_at__isnull=True)
     if build_ids is not None:
         qs = qs.filter(id__in=build_ids)
     ready = list(qs.exclude(Exists(unfinished_dep)).values_list("id", flat=True))

@@ -34,10 +34,11 @@ from gradient.scheduling.models import (
     DispatchedJob,
     DispatchOutcome,
     Evaluation,
+    EvaluationKind,
     EvaluationStatus,
     JobKind,
 )
-from gradient.scheduling.services import graph
+from gradient.scheduling.services import drv_recovery, graph
 from gradient.scheduling.services.claims import assignment_close
 from gradient.workers.models import SentCandidate
 
@@ -225,6 +226,11 @@ def _eval_update(row: DispatchedJob, kind: str, update: dict[str, Any], now: dat
     evaluation.warnings = [*evaluation.warnings, *update.get("warnings", [])][:500]
     evaluation.errors = [*evaluation.errors, *update.get("errors", [])][:500]
     evaluation.save(update_fields=["warnings", "errors", "updated_at"])
+    if evaluation.kind == EvaluationKind.DRV_RECOVERY:
+        cleared = drv_recovery.drv_recovery_ingest(
+            evaluation=evaluation, derivations=update.get("derivations", []), now=now
+        )
+        return ReportOutcome(True, f"eval_result (DrvRecovery): {cleared} lost .drv recovered")
     result = graph.ingest_eval_result(
         evaluation=evaluation, derivations=update.get("derivations", []), now=now
     )
@@ -301,6 +307,8 @@ def _eval_completed(row: DispatchedJob, now: datetime) -> ReportOutcome:
         )
         forget_sent(evaluation.job_key)
         return ReportOutcome(True, "fetched; follow-up queued")
+    if evaluation.kind == EvaluationKind.DRV_RECOVERY:
+        return ReportOutcome(True, drv_recovery.drv_recovery_finish(evaluation=evaluation, now=now))
     if evaluation.errors:
         _fail_evaluation(evaluation, now, None)
         return ReportOutcome(True, "evaluation errors: failed")
@@ -367,6 +375,10 @@ def _build_failed(row: DispatchedJob, kind: str, error: str, now: datetime) -> R
     )
     if build.status != BuildStatus.BUILDING:
         return ReportOutcome(True, f"build already {build.status}")
+    if drv_recovery.is_lost_drv_failure(kind=kind, error=error, drv_path=build.drv_path):
+        drv_recovery.build_mark_drv_lost(build=build, error=error, now=now)
+        forget_sent(row.job_id)
+        return ReportOutcome(True, "its .drv is lost: waiting for a DrvRecovery evaluation")
     decision = decide_build_failure(
         kind=kind,
         attempts_spent=build.attempts,

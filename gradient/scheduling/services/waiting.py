@@ -11,12 +11,13 @@ import logging
 import uuid
 from collections import defaultdict
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from django.db import transaction
 from django.db.models import Count, Exists, OuterRef, Q
 
 from gradient.recovery.models import ServerBoot
+from gradient.recovery.selectors import service_draining
 from gradient.scheduling import history
 from gradient.scheduling.decisions import waiting as w
 from gradient.scheduling.models import (
@@ -31,7 +32,7 @@ from gradient.scheduling.models import (
     EvaluationBuild,
     EvaluationStatus,
 )
-from gradient.scheduling.services import graph
+from gradient.scheduling.services import drv_recovery, graph
 from gradient.scheduling.services.evaluations import evaluation_cancel
 from gradient.workers.models import WorkerSession
 
@@ -49,6 +50,8 @@ class WaitingPassResult:
     finalized: int = 0
     healed: int = 0
     aborted: int = 0
+    drv_recoveries: int = 0
+    draining: bool = False
     reasons: dict[str, int] = field(default_factory=dict)
 
 
@@ -103,16 +106,22 @@ def pool_stable_since() -> datetime | None:
     return boot.started_at if boot else None
 
 
-def refresh_waiting_state(*, now: datetime, grace_secs: int, use_memo: bool = True) -> WaitingPassResult:
+def refresh_waiting_state(
+    *, now: datetime, grace_secs: int, use_memo: bool = True, draining: bool | None = None
+) -> WaitingPassResult:
+    """The waiting pass. `draining` (default: whether the service is draining, from the server boots)
+    parks every in-flight evaluation as `draining`; when a serving instance is back, the next pass
+    assesses them again like any other."""
     result = WaitingPassResult()
+    result.draining = service_draining(now=now) if draining is None else draining
     pool = current_pool()
-    fingerprint = pool.fingerprint()
+    fingerprint = (result.draining, pool.fingerprint())
     stable_since = pool_stable_since() or now
     open_job = DispatchedJob.objects.filter(evaluation_id=OuterRef("pk"), finished_at__isnull=True)
     evaluations = list(
         Evaluation.objects.filter(status__in=EVALUATION_ACTIVE)
         .annotate(has_open_job=Exists(open_job))
-        .only("id", "status", "waiting_reason", "waiting_since", "wait_for_workers")
+        .only("id", "kind", "status", "waiting_reason", "waiting_since", "wait_for_workers")
     )
     counters = _counters([e.id for e in evaluations])
     for evaluation in evaluations:
@@ -130,6 +139,7 @@ def refresh_waiting_state(*, now: datetime, grace_secs: int, use_memo: bool = Tr
                 has_open_job=evaluation.has_open_job,
                 pool=pool,
                 blocking=blocking,
+                draining=result.draining,
             )
             _MEMO.put(memo_key, fingerprint, verdict, now)
         _apply(evaluation, verdict, c, now, result)
@@ -145,7 +155,39 @@ def refresh_waiting_state(*, now: datetime, grace_secs: int, use_memo: bool = Tr
         ):
             abort_unbuildable_evaluation(evaluation_id=evaluation.id, reason=verdict.reason or {}, now=now)
             result.aborted += 1
+    stuck = list(
+        Evaluation.objects.filter(
+            status=EvaluationStatus.WAITING,
+            waiting_reason__reason="graph_stuck",
+            waiting_since__lte=now - timedelta(seconds=w.LOST_DRV_GRACE_SECS),
+        ).only("id", "waiting_reason", "waiting_since")
+    )
+    if stuck and not result.draining:
+        recovered = drv_recovery.recover_drv_stuck_evals(evaluations=stuck, closure_of=_closure, now=now)
+        result.drv_recoveries = recovered.started + recovered.gave_up
     return result
+
+
+def unpark_draining_evals(*, now: datetime) -> int:
+    """At startup, after recovery (and whenever a serving instance is back): every evaluation parked for
+    a drain goes back to Queued, or to Building when it has its shared builds already."""
+    count = 0
+    parked = Evaluation.objects.filter(status=EvaluationStatus.WAITING, waiting_reason__reason="draining")
+    ids = list(parked.values_list("id", flat=True))
+    named = _counters(ids)
+    for evaluation_id in ids:
+        target = w.unpark_status("draining", named[evaluation_id].named)
+        if history.evaluation_transition(
+            evaluation_id=evaluation_id,
+            to=target,
+            expect=[EvaluationStatus.WAITING],
+            reason="no longer waiting (draining): the server is back",
+            now=now,
+            waiting_reason=None,
+            waiting_since=None,
+        ):
+            count += 1
+    return count
 
 
 def _apply(
@@ -158,7 +200,7 @@ def _apply(
     old = evaluation.waiting_reason
     if verdict.reason is None:
         if evaluation.status == EvaluationStatus.WAITING:
-            target = EvaluationStatus.BUILDING if c.named > 0 else EvaluationStatus.QUEUED
+            target = w.unpark_status((old or {}).get("reason"), c.named)
             if history.evaluation_transition(
                 evaluation_id=evaluation.id,
                 to=target,
