@@ -253,3 +253,39 @@ def test_the_preselection_picks_the_same_build_as_scoring_every_pending_build(se
     handed = request_job(worker_id=worker.id, protocol_kind="build", now=now)
     assert handed is not None and handed.job_key == expected.job_id
     assert evaluation.build_links.count() == 700
+
+
+def test_rescore_wait_holds_an_offered_unscored_build_back_for_up_to_four_passes(settings) -> None:  # type: ignore[no-untyped-def]
+    from datetime import timedelta
+
+    from gradient.scheduling.services.assignment import request_job
+    from gradient.scheduling.services.offers import job_list
+
+    settings.GRADIENT_SCHEDULER_PASS_INTERVAL_SECS = 5
+    project = ProjectFactory()
+    _building_evaluation(project, [drv("offered")])
+    worker = connected_worker([project])
+    offered_at = timezone.now()
+    job_list(worker_id=worker.id, now=offered_at)  # the build is offered; the worker has not scored it
+    for passes in (0, 3):
+        at = offered_at + timedelta(seconds=5 * passes + 1)
+        assert request_job(worker_id=worker.id, protocol_kind="build", now=at) is None, passes
+    a = request_job(worker_id=worker.id, protocol_kind="build", now=offered_at + timedelta(seconds=21))
+    assert a is not None, "after four passes without a score it is handed out anyway"
+
+
+def test_a_scored_or_never_offered_build_is_not_held_back() -> None:
+    from gradient.scheduling.services.offers import job_list
+
+    project = ProjectFactory()
+    _building_evaluation(project, [drv("scored")])
+    worker = connected_worker([project])
+    job_list(worker_id=worker.id, now=timezone.now())
+    build_ = DerivationBuild.objects.get()
+    CandidateScore.objects.create(
+        worker=worker, job_id=build_.job_key, missing_count=0, missing_nar_size=0, updated_at=timezone.now()
+    )
+    assert ask(worker.id) is not None
+    other = connected_worker([project])
+    _building_evaluation(project, [drv("fresh")])
+    assert ask(other.id) is not None, "never offered to this worker: nothing to wait for"

@@ -95,7 +95,9 @@ class RecordEntry(models.Model):
                 condition=Q(kind=EntryKind.CONTROL, schema__startswith="gradient.control.")
                 | Q(kind=EntryKind.FACT, schema__startswith="gradient.fact."),
                 name="record_entry-one-kind",
-                violation_error_message="An entry is exactly one kind, a control intent or a fact, as its schema says.",
+                violation_error_message=(
+                    "An entry is exactly one kind, a control intent or a fact, as its schema says."
+                ),
             ),
         ]
 

@@ -68,11 +68,15 @@ class DependencyInline(admin.TabularInline):
 
 @admin.register(DerivationBuild)
 class DerivationBuildAdmin(RecordTimelineMixin, admin.ModelAdmin):
-    list_display = ["drv_path", "system", "status", "attempts", "queued_at", "finished_at"]
-    list_filter = ["status", "system"]
+    list_display = ["drv_path", "system", "status", "drv_lost", "attempts", "queued_at", "finished_at"]
+    list_filter = ["status", "system", ("drv_lost_at", admin.EmptyFieldListFilter)]
     search_fields = ["id", "drv_path"]
     inlines = [DependencyInline]
     readonly_fields = ["record_timeline"]
+
+    @admin.display(boolean=True, description=".drv lost", ordering="drv_lost_at")
+    def drv_lost(self, obj: DerivationBuild) -> bool:
+        return obj.drv_lost_at is not None
 
 
 @admin.register(DispatchedJob)

@@ -6,6 +6,7 @@ import uuid
 
 from django.db import models
 from django.db.models import Q
+from django.utils import timezone
 
 from gradient.scheduling.models import JobKind
 
@@ -123,6 +124,9 @@ class SentCandidate(models.Model):
 
     worker = models.ForeignKey(Worker, on_delete=models.CASCADE, related_name="sent_candidates")
     job_id = models.CharField(max_length=64)
+    sent_at = models.DateTimeField(
+        default=timezone.now, help_text="When it was offered: RescoreWait waits up to 4 passes for its score."
+    )
 
     class Meta:
         db_table = "sent_candidate"

@@ -27,7 +27,7 @@ from gradient.scheduling.models import (
     JobKind,
 )
 from gradient.scheduling.services.claims import ClaimRequest, claim_assignment
-from gradient.workers.models import CandidateScore, IdleSlot
+from gradient.workers.models import CandidateScore, IdleSlot, SentCandidate
 
 log = logging.getLogger("gradient.assignment")
 
@@ -81,6 +81,18 @@ def _worker_scores(worker_id: uuid.UUID) -> dict[str, tuple[int, int]]:
     return {job_id: (size, count) for job_id, size, count in rows}
 
 
+def _offered_passes_ago(worker_id: uuid.UUID, job_keys: list[str], now: datetime) -> dict[str, int]:
+    """For the candidates the worker has not scored: how many assignment passes ago they were offered to
+    it (RescoreWait holds such a build back for up to 4 passes, waiting for the worker's score)."""
+    if not job_keys:
+        return {}
+    interval = max(1.0, float(settings.GRADIENT_SCHEDULER_PASS_INTERVAL_SECS))
+    rows = SentCandidate.objects.filter(worker_id=worker_id, job_id__in=job_keys).values_list(
+        "job_id", "sent_at"
+    )
+    return {job_id: int(max(0.0, (now - sent_at).total_seconds()) // interval) for job_id, sent_at in rows}
+
+
 def _is_full(state: selectors.WorkerState, kind: str) -> bool:
     if kind == JobKind.BUILD:
         running = selectors.open_assignments(state.id, JobKind.BUILD).count()
@@ -131,6 +143,7 @@ def _assign_build(state: selectors.WorkerState, now: datetime) -> Assignment | N
     }
     if not refs:
         return None
+    offered = _offered_passes_ago(state.id, [k for k in refs if k not in scores], now)
     candidates = []
     for key, b in refs.items():
         s = scores.get(key)
@@ -142,6 +155,7 @@ def _assign_build(state: selectors.WorkerState, now: datetime) -> Assignment | N
                 prioritized=b.prioritized,
                 missing_nar_size=s[0] if s else None,
                 missing_count=s[1] if s else None,
+                offered_passes_ago=offered.get(key),
             )
         )
     ranked = rank(candidates, _worker_view(state), pool, _policy())

@@ -45,7 +45,7 @@ def _pages(candidates: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
     return [candidates[i : i + PAGE_SIZE] for i in range(0, len(candidates), PAGE_SIZE)] or [[]]
 
 
-def _reset_sent(worker_id: uuid.UUID, keys: set[str]) -> set[str]:
+def _reset_sent(worker_id: uuid.UUID, keys: set[str], now: datetime) -> set[str]:
     """Make the sent set exactly `keys`; returns the keys that were not in it before."""
     before = set(SentCandidate.objects.filter(worker_id=worker_id).values_list("job_id", flat=True))
     gone = before - keys
@@ -53,7 +53,7 @@ def _reset_sent(worker_id: uuid.UUID, keys: set[str]) -> set[str]:
         SentCandidate.objects.filter(worker_id=worker_id, job_id__in=gone).delete()
     new = keys - before
     SentCandidate.objects.bulk_create(
-        [SentCandidate(worker_id=worker_id, job_id=k) for k in new], ignore_conflicts=True
+        [SentCandidate(worker_id=worker_id, job_id=k, sent_at=now) for k in new], ignore_conflicts=True
     )
     return new
 
@@ -65,7 +65,7 @@ def job_list(*, worker_id: uuid.UUID, now: datetime) -> list[dict[str, Any]]:
         if state is None:
             return []
         candidates = candidates_for_worker(state, now)
-        _reset_sent(worker_id, {c["job_id"] for c in candidates})
+        _reset_sent(worker_id, {c["job_id"] for c in candidates}, now)
     pages = _pages(candidates)
     return [
         {"type": "JobListChunk", "candidates": page, "is_final": i == len(pages) - 1}
@@ -80,7 +80,7 @@ def job_offers(*, worker_id: uuid.UUID, now: datetime) -> list[dict[str, Any]]:
         if state is None:
             return []
         candidates = candidates_for_worker(state, now)
-        new = _reset_sent(worker_id, {c["job_id"] for c in candidates})
+        new = _reset_sent(worker_id, {c["job_id"] for c in candidates}, now)
     fresh = [c for c in candidates if c["job_id"] in new]
     if not fresh:
         return []
