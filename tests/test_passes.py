@@ -163,3 +163,34 @@ def test_the_in_process_runner_runs_the_retention_pass_through_its_task() -> Non
     runner.run_once(retention)
     assert ClusterJob.objects.count() == 0
     assert PassState.objects.get(name="cluster-retention").last_result == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_in_process_runner_installs_the_passes_and_skips_one_paused_in_the_admin() -> None:
+    retention = next(p for p in PASSES if p.name == "cluster-retention")
+    resync = next(p for p in PASSES if p.name == "build-resync")
+    PassRunner.install()
+    assert {p.name for p in PASSES if p.seconds() > 0} <= set(
+        PeriodicTask.objects.values_list("name", flat=True)
+    )
+    PeriodicTask.objects.filter(name="cluster-retention").update(enabled=False)
+    _finished_cluster(days_ago=365)
+    runner = PassRunner(passes=(retention, resync), tick=0.05)
+    runner.start()
+    try:
+        deadline = time.monotonic() + 20
+        while not PassState.objects.filter(name="build-resync", runs__gte=1).exists():
+            assert time.monotonic() < deadline, "the enabled pass never ran"
+            time.sleep(0.1)
+        assert ClusterJob.objects.count() == 1, "the paused pass did not run"
+        assert not PassState.objects.filter(name="cluster-retention", runs__gte=1).exists()
+        PeriodicTask.objects.filter(name="cluster-retention").update(enabled=True)
+        runner.stop()
+        runner = PassRunner(passes=(retention,), tick=0.05)
+        runner.start()
+        deadline = time.monotonic() + 20
+        while ClusterJob.objects.exists():
+            assert time.monotonic() < deadline, "the enabled-again pass never ran"
+            time.sleep(0.1)
+    finally:
+        runner.stop()
