@@ -295,7 +295,7 @@ async def test_a_cluster_member_whose_peers_stay_silent_fails_transiently() -> N
     assert failed.value.kind == BuildFailureKind.TRANSIENT and "node[1]" in failed.value.error
 
 
-def test_the_nix_executor_is_not_available_yet_and_says_so() -> None:
-    with pytest.raises(ExecutorUnavailable, match="sim"):
-        make_executor("nix")
+def test_make_executor_names_the_sim_executor_and_refuses_an_unknown_one() -> None:
+    with pytest.raises(ExecutorUnavailable, match="choose one of sim, nix"):
+        make_executor("guix")
     assert isinstance(make_executor("sim", sim_store=["/nix/store/x"]), SimExecutor)

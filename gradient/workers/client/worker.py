@@ -85,6 +85,7 @@ EXIT_CONFIG = 2
 EXIT_REJECTED = 3
 FATAL_REJECTS = frozenset({400, 401, 403})
 HANDSHAKE_TIMEOUT_SECS = 30.0
+BUILD_TIMEOUT_BACKSTOP_SECS = 10  # past a build's timeout_secs, when its executor has not ended it
 MAX_FRAME = 8 * 1024 * 1024  # what we accept from the server (a page of 1 000 candidates fits)
 
 
@@ -593,7 +594,9 @@ class Connection:
     async def _run_build(self, job: Job, build_job: BuildJob, ctx: Context) -> None:
         for spec in build_job.builds:
             await self._update(job, Building(build_id=spec.build_id))
-            async with asyncio.timeout(spec.timeout_secs or None):
+            # The executor enforces timeout_secs itself (with its own error text); this is the backstop.
+            backstop = spec.timeout_secs + BUILD_TIMEOUT_BACKSTOP_SECS if spec.timeout_secs else None
+            async with asyncio.timeout(backstop):
                 result = await self.executor.build(spec, ctx)
             await self._update(
                 job,

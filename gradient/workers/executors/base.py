@@ -2,8 +2,8 @@
 
 The reference worker (gradient.workers.client) owns the protocol: it sends the JobUpdates, reports
 and cluster signals, enforces timeouts and cancels tasks. An executor only does the work, through
-this interface, so a simulated Nix (`sim`) and the real one (`nix`, a later issue) are
-interchangeable. A failure is an ExecutorFailure carrying the protocol's BuildFailureKind.
+this interface, so a simulated Nix (`sim`) and the real one (`nix`) are interchangeable. A failure
+is an ExecutorFailure carrying the protocol's BuildFailureKind.
 """
 
 from __future__ import annotations
@@ -26,6 +26,10 @@ from gradient.workers.protocol import (
     EvalProgress,
     FlakeSource,
 )
+
+
+class ExecutorUnavailable(RuntimeError):
+    """The executor cannot run on this machine (unknown name, Nix missing or broken)."""
 
 
 class ExecutorFailure(Exception):
