@@ -204,9 +204,10 @@ def reference_worker(
     name: str = "worker",
     extra_args: list[str] | None = None,
     env: dict[str, str] | None = None,
+    executor: str = "sim",
 ) -> Iterator[WorkerProcess]:
-    """Start a reference worker with the sim executor against `server_url` (ws://.../proto); stopped
-    with SIGTERM on exit."""
+    """Start a reference worker with the `executor` (sim by default) against `server_url`
+    (ws://.../proto); stopped with SIGTERM on exit."""
     log_path = log_dir / f"{name}.log"
     with open(log_path, "wb") as log_file:
         process = subprocess.Popen(
@@ -221,7 +222,7 @@ def reference_worker(
                 "--token",
                 token,
                 "--executor",
-                "sim",
+                executor,
                 *(extra_args or []),
             ],
             cwd=ROOT,
