@@ -6,6 +6,7 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 HOST    ?= 127.0.0.1
 PORT    ?= 8000
+EXECUTOR ?= sim
 TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/gradient
 TEST_REDIS_URL    ?= redis://127.0.0.1:6379/0
 
@@ -44,7 +45,8 @@ pytest: $(STAMP)
 clean:
 	rm -rf $(VENV) var/*.sqlite3
 
-## demo: the service, three simulated workers and sample evaluations (http://127.0.0.1:8000/admin/, admin/admin)
+## demo: the service, three workers and sample evaluations (http://127.0.0.1:8000/admin/, admin/admin);
+## EXECUTOR=nix runs the local Nix on examples/flakes instead of simulated graphs
 demo: $(STAMP)
 	$(BIN)/python manage.py migrate --noinput
-	$(BIN)/python manage.py demo --port $(PORT)
+	$(BIN)/python manage.py demo --port $(PORT) --executor $(EXECUTOR)

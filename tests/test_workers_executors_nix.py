@@ -15,6 +15,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from gradient.examples import example_repository
 from gradient.workers.executors import make_executor
 from gradient.workers.executors.base import ExecutorFailure, ExecutorUnavailable, JobContext
 from gradient.workers.executors.nix import NixExecutor
@@ -47,7 +48,7 @@ from gradient.workers.protocol import (
     OutputPath,
     RepositorySource,
 )
-from tests.support.nix import example_flake, nix_environ, requires_nix, write_flake
+from tests.support.nix import nix_environ, requires_nix, write_flake
 
 REV = "0123456789abcdef0123456789abcdef01234567"
 
@@ -375,7 +376,7 @@ def test_make_executor_builds_the_nix_executor(monkeypatch: pytest.MonkeyPatch) 
 async def test_a_chain_is_fetched_evaluated_and_built_in_the_real_store(
     nix: NixExecutor, tmp_path: Path
 ) -> None:
-    directory, commit = example_flake("chain", tmp_path)
+    directory, commit = example_repository("chain", tmp_path)
     ctx = Ctx()
     source, attrs, evaluation = await _evaluate(nix, directory, commit, [], ctx)
 
@@ -410,7 +411,7 @@ async def test_a_chain_is_fetched_evaluated_and_built_in_the_real_store(
 async def test_a_failing_builder_is_a_permanent_failure_with_its_own_words(
     nix: NixExecutor, tmp_path: Path
 ) -> None:
-    directory, commit = example_flake("failing", tmp_path)
+    directory, commit = example_repository("failing", tmp_path)
     ctx = Ctx()
     _, attrs, evaluation = await _evaluate(nix, directory, commit, [], ctx)
     by_name = {d.drv_path.split("-", 1)[1].removesuffix(".drv"): d for d in evaluation.derivations}
@@ -454,7 +455,7 @@ async def test_an_attribute_that_fails_to_evaluate_is_an_error_naming_it(
 async def test_a_repository_that_is_missing_or_at_an_unknown_commit_fails_the_fetch_for_good(
     nix: NixExecutor, tmp_path: Path
 ) -> None:
-    directory, _ = example_flake("check", tmp_path)
+    directory, _ = example_repository("check", tmp_path)
     with pytest.raises(ExecutorFailure) as failed:
         await nix.fetch(RepositorySource(url=str(directory), commit="f" * 40), Ctx())
     assert failed.value.kind == BuildFailureKind.PERMANENT and "fetching git+file://" in failed.value.error

@@ -20,6 +20,7 @@ import pytest
 from django.conf import settings
 from django.contrib.auth.models import User
 
+from gradient.examples import example_repository
 from gradient.scheduling.models import (
     BuildAttempt,
     BuildStatus,
@@ -30,7 +31,7 @@ from gradient.scheduling.models import (
     Evaluation,
     EvaluationStatus,
 )
-from tests.support.nix import example_flake, nix_config, requires_nix
+from tests.support.nix import nix_config, requires_nix
 from tests.support.processes import (
     ServeProcess,
     WorkerProcess,
@@ -125,8 +126,8 @@ def _build_starts(workers: list[WorkerProcess]) -> list[tuple[datetime, str, str
 def test_two_nix_workers_build_a_diamond_in_dependency_order_and_a_failing_build_fails_its_evaluation(
     tmp_path: Path, service_env: dict[str, str]
 ) -> None:
-    diamond, diamond_rev = example_flake("diamond", tmp_path)
-    failing, failing_rev = example_flake("failing", tmp_path)
+    diamond, diamond_rev = example_repository("diamond", tmp_path)
+    failing, failing_rev = example_repository("failing", tmp_path)
     with ExitStack() as stack:
         server = stack.enter_context(serve(service_env, tmp_path, extra_args=["--no-passes"]))
         token = _operator(server)
@@ -210,7 +211,7 @@ def test_two_nix_workers_build_a_diamond_in_dependency_order_and_a_failing_build
 def test_an_aarch64_worker_and_an_x86_64_worker_split_the_builds_by_system(
     tmp_path: Path, service_env: dict[str, str]
 ) -> None:
-    flake, rev = example_flake("multi-system", tmp_path)
+    flake, rev = example_repository("multi-system", tmp_path)
     with ExitStack() as stack:
         server = stack.enter_context(serve(service_env, tmp_path, extra_args=["--no-passes"]))
         token = _operator(server)

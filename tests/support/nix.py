@@ -1,20 +1,17 @@
-"""Nix for tests: skip when it is missing, an offline configuration, and example flakes as fresh git
-repositories (a flake at a local path must be one)."""
+"""Nix for tests: skip when it is missing, an offline configuration, and one-off flakes as fresh git
+repositories (a flake at a local path must be one; the examples: gradient.examples)."""
 
 from __future__ import annotations
 
 import os
 import shutil
-import subprocess
-import uuid
 from pathlib import Path
 
 import pytest
 
+from gradient.examples import git_commit_all
 from gradient.workers.executors.nix_parse import OFFLINE_NIX_CONFIG
-from tests.support.processes import ROOT
 
-EXAMPLES = ROOT / "examples" / "flakes"
 SKIP_REASON = "needs Nix (`nix` and `nix-store` on PATH; .ci/run installs Debian's nix-bin)"
 
 
@@ -32,32 +29,6 @@ def nix_config(*extra: str) -> str:
 
 def nix_environ(*extra: str) -> dict[str, str]:
     return {**os.environ, "NIX_CONFIG": nix_config(*extra)}
-
-
-def git_commit_all(directory: Path, message: str = "example") -> str:
-    def git(*args: str) -> str:
-        return subprocess.run(
-            ["git", "-c", "user.name=Gradient tests", "-c", "user.email=tests@gradient.invalid", *args],
-            cwd=directory,
-            check=True,
-            capture_output=True,
-            text=True,
-        ).stdout.strip()
-
-    if not (directory / ".git").exists():
-        git("init", "-q")
-    git("add", "-A")
-    git("commit", "-q", "--allow-empty", "-m", message)
-    return git("rev-parse", "HEAD")
-
-
-def example_flake(name: str, parent: Path, *, salt: str | None = None) -> tuple[Path, str]:
-    """A copy of examples/flakes/<name> under `parent` with a fresh `salt` (so its derivations are new
-    to the store), committed to a new git repository. Returns (directory, commit)."""
-    directory = parent / name
-    shutil.copytree(EXAMPLES / name, directory)
-    (directory / "salt").write_text(salt or uuid.uuid4().hex)
-    return directory, git_commit_all(directory, name)
 
 
 def write_flake(directory: Path, flake_nix: str) -> tuple[Path, str]:

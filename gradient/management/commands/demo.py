@@ -1,13 +1,19 @@
-"""`python manage.py demo`: the service, three simulated workers and a few sample evaluations, so a new
-user watches jobs flow through the admin within a minute. Stop it with Ctrl-C.
+"""`python manage.py demo`: the service, three workers and a few sample evaluations, so a new user
+watches jobs flow through the admin within a minute. Stop it with Ctrl-C.
 
-It runs `serve` and three reference workers (`--executor sim`) as child processes on this machine,
-against whatever database the settings name (the embedded SQLite file by default).
+It runs `serve` and three reference workers as child processes on this machine, against whatever
+database the settings name (the embedded SQLite file by default). With `--executor sim` (the default)
+the workers simulate Nix and the samples are `sim:` graphs. With `--executor nix` they run this
+machine's Nix (a local store, no daemon: Debian's nix-bin will do) on the example flakes of
+examples/flakes, each copied under var/demo-flakes/ as a fresh git repository; `demo-c` then stands in
+for an aarch64-linux builder (`--arch aarch64-linux`, and its Nix told `extra-platforms =
+aarch64-linux`) and builds the multi-system flake's aarch64 half.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -18,11 +24,14 @@ from typing import Any
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils import timezone
 
+from gradient.examples import EXAMPLES, example_repository
 from gradient.scheduling.models import Project
 from gradient.scheduling.services.evaluations import evaluation_create
+from gradient.workers.executors import ExecutorUnavailable, make_executor
+from gradient.workers.executors.nix_parse import OFFLINE_NIX_CONFIG
 from gradient.workers.models import Worker
 from gradient.workers.services import worker_register, worker_token_reset
 
@@ -34,17 +43,43 @@ SAMPLES = (
     "sim:chain?n=2&system=aarch64-linux",  # no aarch64 worker: it waits, and says why
 )
 WORKERS = (("demo-a", "zone-a"), ("demo-b", "zone-a"), ("demo-c", "zone-b"))
+NIX_ARM_WORKER = "demo-c"
+
+
+def demo_nix_config(*extra: str) -> str:
+    """The demo workers' NIX_CONFIG: the operator's own, then a local store without sandbox, build
+    users or network (the example flakes need nothing else)."""
+    lines = [os.environ.get("NIX_CONFIG", "").rstrip("\n"), OFFLINE_NIX_CONFIG, *extra]
+    return "\n".join(line for line in lines if line) + "\n"
 
 
 class Command(BaseCommand):
-    help = "Run the service with three simulated workers and submit sample evaluations."
+    help = "Run the service with three workers (simulated or real Nix) and submit sample evaluations."
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--port", type=int, default=8000)
+        parser.add_argument(
+            "--executor",
+            choices=("sim", "nix"),
+            default="sim",
+            help="sim: simulated Nix and sim: graphs (default); nix: this machine's Nix and examples/flakes",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         port = options["port"]
+        executor = options["executor"]
         root = Path(settings.BASE_DIR)
+        worker_env: dict[str, dict[str, str]] = {name: dict(os.environ) for name, _ in WORKERS}
+        if executor == "nix":
+            try:
+                make_executor("nix")  # says at once when Nix is missing or broken
+            except ExecutorUnavailable as exc:
+                raise CommandError(str(exc)) from None
+            if shutil.which("git") is None:
+                raise CommandError("the nix demo commits the example flakes to git repositories: install git")
+            for name, _ in WORKERS:
+                extra = ["extra-platforms = aarch64-linux"] if name == NIX_ARM_WORKER else []
+                worker_env[name]["NIX_CONFIG"] = demo_nix_config(*extra)
         user_model = get_user_model()
         if not user_model.objects.filter(username="admin").exists():
             user_model.objects.create_superuser("admin", "admin@example.invalid", "admin")
@@ -78,6 +113,9 @@ class Command(BaseCommand):
             )
             self._wait_for(f"http://127.0.0.1:{port}/healthz")
             for worker_id, token, zone, name in credentials:
+                # sim: every worker an x86_64-linux builder; nix: what the local Nix says, but demo-c
+                # stands in for an aarch64-linux machine.
+                arch = "aarch64-linux" if executor == "nix" and name == NIX_ARM_WORKER else "x86_64-linux"
                 children.append(
                     subprocess.Popen(
                         [
@@ -91,21 +129,23 @@ class Command(BaseCommand):
                             "--token",
                             token,
                             "--executor",
-                            "sim",
-                            "--arch",
-                            "x86_64-linux",
+                            executor,
+                            *(["--arch", arch] if executor == "sim" or arch != "x86_64-linux" else []),
                             "--slots",
                             "2",
                             "--zone",
                             zone,
                         ],
                         cwd=root,
+                        env=worker_env[name],
                         stdout=open(logs / f"{name}.log", "wb"),  # noqa: SIM115
                         stderr=subprocess.STDOUT,
                     )
                 )
-            for url in SAMPLES:
-                evaluation_create(project=project, repository=url, commit="demo", now=timezone.now())
+            for url, commit, wildcards in self._samples(executor, logs / "demo-flakes"):
+                evaluation_create(
+                    project=project, repository=url, commit=commit, wildcards=wildcards, now=timezone.now()
+                )
             self.stdout.write(
                 f"Gradient demo running: http://127.0.0.1:{port}/admin/ (user admin, password admin).\n"
                 f"Evaluations: http://127.0.0.1:{port}/admin/scheduling/evaluation/ ; "
@@ -125,6 +165,19 @@ class Command(BaseCommand):
                     child.wait(25)
                 except subprocess.TimeoutExpired:
                     child.kill()
+
+    @staticmethod
+    def _samples(executor: str, flakes: Path) -> list[tuple[str, str, list[str]]]:
+        """(repository, commit, wildcards) of each sample evaluation."""
+        if executor == "sim":
+            return [(url, "demo", []) for url in SAMPLES]
+        # Fresh copies with a new salt: the store may hold an earlier demo's outputs.
+        flakes.mkdir(parents=True, exist_ok=True)
+        samples = []
+        for name, wildcards in EXAMPLES.items():
+            directory, commit = example_repository(name, flakes)
+            samples.append((str(directory), commit, wildcards))
+        return samples
 
     @staticmethod
     def _wait_for(url: str, timeout: float = 60.0) -> None:
