@@ -74,6 +74,7 @@ from gradient.workers.protocol import (
     CachedSource,
     EvalProgress,
     FlakeSource,
+    OutputPath,
     RepositorySource,
 )
 
@@ -461,27 +462,6 @@ class NixExecutor(Executor):
         drv = spec.drv_path
         if not is_store_path(drv) or not drv.endswith(".drv"):
             raise ExecutorFailure(BuildFailureKind.PERMANENT, f"{drv!r} is not a derivation path")
-        if drv not in await self.valid_derivations([drv], ctx):
-            raise ExecutorFailure(
-                BuildFailureKind.INPUTS_UNAVAILABLE,
-                f"{drv} is not in this worker's store (it was evaluated elsewhere)",
-                missing_paths=[drv],
-            )
-        try:
-            shown = await self._json(["nix", "show-derivation", drv], ctx)
-        except NixCommandFailed as failed:
-            raise ExecutorFailure(
-                BuildFailureKind.TRANSIENT, f"reading {drv} failed: {failed.run.error_text()}"
-            ) from None
-        outputs = outputs_of(shown.get(drv) or {})
-        before = await self.path_info([o.path for o in outputs], ctx)
-        if outputs and all(o.path in before for o in outputs):
-            log.info("%s: every output is already valid", drv)
-            return BuildResult(
-                outputs=[BuiltOutput(name=o.name, path=o.path, nar_size=before[o.path]) for o in outputs],
-                substituted=True,
-            )
-
         argv = ["nix-store", "--realise", drv, "--log-format", "internal-json"]
         if spec.timeout_secs:
             argv += ["--timeout", str(spec.timeout_secs)]
@@ -515,6 +495,12 @@ class NixExecutor(Executor):
                     )
 
         run = await self._run(argv, ctx, on_stderr=on_stderr)
+        if run.returncode != 0 and drv not in await self.valid_derivations([drv], ctx):
+            raise ExecutorFailure(
+                BuildFailureKind.INPUTS_UNAVAILABLE,
+                f"{drv} is not in this worker's store (it was evaluated elsewhere)",
+                missing_paths=[drv],
+            )
         if run.returncode != 0:
             failure = classify_build_failure(run.returncode, build_log, drv)
             error = failure.error
@@ -525,16 +511,34 @@ class NixExecutor(Executor):
         extra = [d for d in build_log.built if d != drv]
         if extra:
             log.warning("%s: Nix also built %s (missing inputs)", drv, ", ".join(extra))
+        outputs = await self._outputs(spec, set(run.stdout.split()), ctx)
         sizes = await self.path_info([o.path for o in outputs], ctx)
         missing = [o.path for o in outputs if o.path not in sizes]
         if missing:
             raise ExecutorFailure(
                 BuildFailureKind.TRANSIENT, f"{drv} was realised but {', '.join(missing)} is not valid"
             )
+        # Not built here: its outputs were valid already (or were substituted).
+        substituted = drv not in build_log.built
+        if substituted:
+            log.info("%s: its outputs were valid or substituted, nothing was built", drv)
         return BuildResult(
             outputs=[BuiltOutput(name=o.name, path=o.path, nar_size=sizes[o.path]) for o in outputs],
-            substituted=drv not in build_log.built,
+            substituted=substituted,
         )
+
+    async def _outputs(self, spec: BuildSpec, realised: set[str], ctx: JobContext) -> list[OutputPath]:
+        """The derivation's outputs: the BuildSpec's when they are what Nix realised, otherwise the
+        derivation's own (`nix show-derivation`)."""
+        if spec.outputs and {o.path for o in spec.outputs} == realised:
+            return list(spec.outputs)
+        try:
+            shown = await self._json(["nix", "show-derivation", spec.drv_path], ctx)
+        except NixCommandFailed as failed:
+            raise ExecutorFailure(
+                BuildFailureKind.TRANSIENT, f"reading {spec.drv_path} failed: {failed.run.error_text()}"
+            ) from None
+        return outputs_of(shown.get(spec.drv_path) or {})
 
 
 def _short(drv_path: str | None) -> str:
