@@ -113,7 +113,7 @@ async def run(derivations: int, builds: int) -> None:
         f"EvaluateDerivations, {derivations} derivations (drv paths, show-derivation -r, path-info): "
         f"{(evaluated - listed) * 1000:.0f} ms"
     )
-    print(f"build of one /bin/sh derivation (checks, realise, path-info): {summary(times)}")
+    print(f"build of one /bin/sh derivation (nix-store --realise, nix path-info): {summary(times)}")
     print(f"scoring query, 1 000 paths ({len(set(present))} distinct valid, 500 absent): {summary(scoring)}")
 
 
