@@ -16,6 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gradient.examples import example_repository
+from gradient.workers.client.scoring import paths_to_check, score_candidates
 from gradient.workers.executors import make_executor
 from gradient.workers.executors.base import ExecutorFailure, ExecutorUnavailable, JobContext
 from gradient.workers.executors.nix import NixExecutor
@@ -45,8 +46,10 @@ from gradient.workers.protocol import (
     ClusterAddress,
     ClusterSignalDelivery,
     EvalProgress,
+    JobCandidate,
     OutputPath,
     RepositorySource,
+    RequiredPath,
 )
 from tests.support.nix import nix_environ, requires_nix, write_flake
 
@@ -400,6 +403,21 @@ async def test_a_chain_is_fetched_evaluated_and_built_in_the_real_store(
         assert all(o.nar_size > 0 for o in result.outputs)
     assert _read(c.outputs[0].path).split() == ["chain-c", "chain-b", "chain-a"]
     assert await nix.present_paths(scored) == set(scored)
+
+    # The worker scores offers against this store: what a candidate lacks, and its NAR size.
+    absent = f"/nix/store/{'1' * 32}-gradient-absent"
+    offered = JobCandidate(
+        job_id="build:top",
+        kind="build",
+        required_paths=[
+            RequiredPath(path=b.outputs[0].path, nar_size=128),
+            RequiredPath(path=absent, nar_size=300),
+        ],
+        drv_paths=[c.drv_path],
+        output_paths=[c.outputs[0].path],
+    )
+    (score,) = score_candidates([offered], await nix.present_paths(paths_to_check([offered])))
+    assert (score.missing_count, score.missing_nar_size, score.outputs_present) == (1, 300, True)
 
     # Evaluated again, the outputs are cached; built again, nothing runs.
     _, _, again = await _evaluate(nix, directory, commit, ["packages.*.chain-c"], ctx)
