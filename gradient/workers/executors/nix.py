@@ -380,7 +380,12 @@ class NixExecutor(Executor):
         )
         if run.returncode != 0:
             raise NixCommandFailed(run)
-        return json.loads(run.stdout), run
+        try:
+            return json.loads(run.stdout), run
+        except ValueError:
+            raise ExecutorFailure(
+                BuildFailureKind.TRANSIENT, f"nix eval printed no JSON: {run.stdout[:200]!r}"
+            ) from None
 
     async def evaluate_flake(self, flake: str, wildcards: list[str], ctx: JobContext) -> FlakeEvaluation:
         ref = await self._flake_for_eval(flake, ctx)

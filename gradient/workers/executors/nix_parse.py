@@ -410,7 +410,8 @@ class NixBuildLog:
     def _result(self, event: dict[str, Any]) -> list[LogEvent]:
         kind = event.get("type")
         fields = event.get("fields") or []
-        activity = self._activities.get(event.get("id"))  # type: ignore[arg-type]
+        ident = event.get("id")
+        activity = self._activities.get(ident) if isinstance(ident, int) else None
         if kind in (RES_BUILD_LOG_LINE, RES_POST_BUILD_LOG_LINE) and fields:
             text = strip_ansi(str(fields[0]))
             drv = activity[1] if activity and activity[0] == ACT_BUILD else None
