@@ -5,12 +5,15 @@ repositories.
 Two x86_64 workers bring the diamond to Completed (real outputs in /nix/store, each derivation built
 once, after its inputs) while the failing flake's evaluation fails with its builder's words kept,
 readable over REST; a worker whose architectures are overridden to aarch64-linux (its Nix told
-`extra-platforms = aarch64-linux`) and an x86_64 one split the multi-system flake's builds by system.
+`extra-platforms = aarch64-linux`) and an x86_64 one split the multi-system flake's builds by system;
+an evaluation cancelled over REST while Nix builds stops the builder (AbortJob kills Nix's group).
 """
 
 from __future__ import annotations
 
+import os
 import re
+import uuid
 from contextlib import ExitStack
 from datetime import datetime
 from pathlib import Path
@@ -23,6 +26,7 @@ from django.contrib.auth.models import User
 from gradient.examples import example_repository
 from gradient.scheduling.models import (
     BuildAttempt,
+    BuildAttemptOutcome,
     BuildStatus,
     CachedPath,
     DerivationBuild,
@@ -31,7 +35,7 @@ from gradient.scheduling.models import (
     Evaluation,
     EvaluationStatus,
 )
-from tests.support.nix import nix_config, requires_nix
+from tests.support.nix import nix_config, requires_nix, write_flake
 from tests.support.processes import (
     ServeProcess,
     WorkerProcess,
@@ -260,3 +264,68 @@ def test_an_aarch64_worker_and_an_x86_64_worker_split_the_builds_by_system(
     # Nix really built each on the worker it was handed to.
     starts = {drv: name for _, name, drv in _build_starts([arm, x86])}
     assert starts == {b.drv_path: ("arm" if b.system == "aarch64-linux" else "x86") for b in builds}
+
+
+def _processes_with(text: str) -> list[int]:
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if text in cmdline:
+            found.append(int(pid))
+    return found
+
+
+def test_cancelling_an_evaluation_stops_the_nix_build_it_runs(
+    tmp_path: Path, service_env: dict[str, str]
+) -> None:
+    seconds = f"60.{uuid.uuid4().int % 10**6:06d}"  # a unique sleep: the builder, found in /proc
+    flake, rev = write_flake(
+        tmp_path / "slow",
+        """{
+          outputs = { self }: {
+            packages.x86_64-linux.slow = builtins.derivation {
+              name = "slow"; system = "x86_64-linux"; builder = "/bin/sh";
+              args = [ "-c" "echo sleeping; /bin/sleep @SECONDS@; echo > $out" ];
+            };
+          };
+        }""".replace("@SECONDS@", seconds),
+    )
+    with ExitStack() as stack:
+        server = stack.enter_context(serve(service_env, tmp_path, extra_args=["--no-passes"]))
+        token = _operator(server)
+        worker = _nix_worker(stack, server, token, tmp_path, "nix-0")
+        evaluation_id = str(
+            _post(
+                server,
+                "/api/v1/evaluations",
+                {"project": "flakes", "repository": str(flake), "commit": rev},
+                token,
+            )["id"]
+        )
+        wait_until(
+            lambda: _processes_with(f"sleep {seconds}"),
+            timeout=60,
+            what="the builder to start\n" + worker.log()[-3000:],
+        )
+        status, _ = http_json(
+            "POST", f"{server.base_url}/api/v1/evaluations/{evaluation_id}/cancel", token=token
+        )
+        assert status == 202
+        wait_until(
+            lambda: not _processes_with(f"sleep {seconds}"), timeout=30, what="the builder to be stopped"
+        )
+        wait_until(
+            lambda: BuildAttempt.objects.filter(
+                outcome=BuildAttemptOutcome.ABORTED, finished_at__isnull=False
+            ).exists(),
+            timeout=30,
+            what="the attempt to end Aborted\n" + worker.log()[-3000:],
+        )
+        assert Evaluation.objects.get(id=evaluation_id).status == EvaluationStatus.ABORTED
+        (build,) = DerivationBuild.objects.all()
+        assert build.status == BuildStatus.ABORTED
+        assert not any(Path(o["path"]).exists() for o in build.outputs)
+        assert "JobFailed build:" in worker.log()
