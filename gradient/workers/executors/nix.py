@@ -31,6 +31,7 @@ import shutil
 import signal
 import subprocess
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -84,6 +85,7 @@ PATHS_PER_CALL = 500  # store paths per nix command line
 STREAM_LIMIT = 4 * 1024 * 1024  # longest line read from a nix process
 PROGRESS_EVERY_SECS = 1.0
 MAX_STDERR_CHARS = 6000
+STDERR_LINES_KEPT = 200
 
 
 @dataclass(frozen=True)
@@ -206,13 +208,15 @@ class NixExecutor(Executor):
             raise ExecutorFailure(BuildFailureKind.TRANSIENT, f"cannot run {argv[0]}: {exc}") from None
         key = ctx.assignment_id if ctx is not None else ""
         self._running.setdefault(key, set()).add(process)
-        stderr: list[str] = []
+        # The internal-json stream is for `on_stderr`; the error text keeps the last readable lines.
+        readable: deque[str] = deque(maxlen=STDERR_LINES_KEPT)
 
         async def read_stderr() -> None:
             assert process.stderr is not None
             async for raw in process.stderr:
                 line = raw.decode(errors="replace").rstrip("\n")
-                stderr.append(line)
+                if not line.startswith("@nix "):
+                    readable.append(line)
                 if on_stderr is not None:
                     await on_stderr(line)
 
@@ -229,8 +233,6 @@ class NixExecutor(Executor):
                 running.discard(process)
                 if not running:
                     self._running.pop(key, None)
-        # The internal-json stream is for the parser; the error text keeps the readable lines only.
-        readable = [line for line in stderr if not line.startswith("@nix ")]
         return NixRun(tuple(argv), returncode, stdout.decode(errors="replace"), "\n".join(readable))
 
     async def _stop(self, process: asyncio.subprocess.Process) -> None:
