@@ -167,6 +167,29 @@ def test_inputs_unavailable_for_another_path_is_an_ordinary_retry() -> None:
     graph.ingest_eval_result(evaluation=evaluation, derivations=[drv("solo")], now=timezone.now())
     a = ask(worker.id)
     assert a is not None
-    report(worker.id, a, "JobFailed", kind="inputs_unavailable", error="cannot fetch /nix/store/xyz-src")
+    report(
+        worker.id,
+        a,
+        "JobFailed",
+        kind="inputs_unavailable",
+        error="cannot fetch an input",
+        missing_paths=["/nix/store/xyz-src"],
+    )
     solo = DerivationBuild.objects.get()
     assert (solo.status, solo.drv_lost_at, solo.attempts) == (BuildStatus.FAILED_TRANSIENT, None, 1)
+
+
+@pytest.mark.django_db
+def test_missing_paths_naming_the_drv_mark_it_lost() -> None:
+    project = ProjectFactory()
+    worker = connected_worker([project])
+    evaluation = EvaluationFactory(project=project, status=EvaluationStatus.BUILDING)
+    graph.ingest_eval_result(evaluation=evaluation, derivations=[drv("solo")], now=timezone.now())
+    a = ask(worker.id)
+    assert a is not None
+    path = a.job["builds"][0]["drv_path"]
+    report(
+        worker.id, a, "JobFailed", kind="inputs_unavailable", error="not in the store", missing_paths=[path]
+    )
+    solo = DerivationBuild.objects.get()
+    assert (solo.status, solo.drv_lost_at is not None, solo.attempts) == (BuildStatus.CREATED, True, 0)

@@ -1,6 +1,7 @@
 """Lost `.drv` recovery (waiting-and-recovery.md, Graph-Stuck Heal).
 
-A worker that cannot obtain a build's own `.drv` reports `JobFailed{inputs_unavailable}` naming it. No
+A worker that cannot obtain a build's own `.drv` reports `JobFailed{inputs_unavailable}` naming it in
+`missing_paths` (the nix executor does) or in its error. No
 retry can help: the build goes back to Created with `drv_lost_at` set, attempt refunded, and is not
 queued again while the mark stands. Its evaluations end up `graph_stuck`; after 120 s there,
 recover_drv_stuck_evals starts one DrvRecovery evaluation of the same commit for each such build.
@@ -41,9 +42,16 @@ from gradient.scheduling.services import graph
 log = logging.getLogger("gradient.drv_recovery")
 
 
-def is_lost_drv_failure(*, kind: str, error: str, drv_path: str) -> bool:
-    """`inputs_unavailable` naming the build's own `.drv`: the worker could not obtain it anywhere."""
-    return kind == "inputs_unavailable" and bool(drv_path) and drv_path in error
+def is_lost_drv_failure(
+    *, kind: str, error: str, drv_path: str, missing_paths: Sequence[str] | None = None
+) -> bool:
+    """`inputs_unavailable` naming the build's own `.drv` (in `missing_paths`, or in the error text of a
+    worker that sends none): the worker could not obtain it anywhere."""
+    if kind != "inputs_unavailable" or not drv_path:
+        return False
+    if missing_paths:
+        return drv_path in missing_paths
+    return drv_path in error
 
 
 def build_mark_drv_lost(*, build: DerivationBuild, error: str, now: datetime) -> None:

@@ -347,7 +347,7 @@ def _job_failed(row: DispatchedJob, message: dict[str, Any], now: datetime) -> R
     error = str(message.get("error") or "")
     assignment_close(row=row, outcome=DispatchOutcome.FAILED, reason=f"{kind}: {error}", now=now)
     if row.kind == JobKind.BUILD:
-        return _build_failed(row, kind, error, now)
+        return _build_failed(row, kind, error, now, missing_paths=message.get("missing_paths"))
     evaluation = _locked_evaluation(row)
     if evaluation.status in EVALUATION_TERMINAL:
         return ReportOutcome(True, "evaluation already finished")
@@ -362,7 +362,9 @@ def _job_failed(row: DispatchedJob, message: dict[str, Any], now: datetime) -> R
     return ReportOutcome(True, "evaluation requeued")
 
 
-def _build_failed(row: DispatchedJob, kind: str, error: str, now: datetime) -> ReportOutcome:
+def _build_failed(
+    row: DispatchedJob, kind: str, error: str, now: datetime, missing_paths: list[str] | None = None
+) -> ReportOutcome:
     assert row.derivation_build_id is not None  # a build assignment always names its build
     build = DerivationBuild.objects.select_for_update(no_key=True).get(id=row.derivation_build_id)
     BuildAttempt.objects.filter(dispatched_job_id=row.id, outcome=BuildAttemptOutcome.RUNNING).update(
@@ -375,7 +377,9 @@ def _build_failed(row: DispatchedJob, kind: str, error: str, now: datetime) -> R
     )
     if build.status != BuildStatus.BUILDING:
         return ReportOutcome(True, f"build already {build.status}")
-    if drv_recovery.is_lost_drv_failure(kind=kind, error=error, drv_path=build.drv_path):
+    if drv_recovery.is_lost_drv_failure(
+        kind=kind, error=error, drv_path=build.drv_path, missing_paths=missing_paths
+    ):
         drv_recovery.build_mark_drv_lost(build=build, error=error, now=now)
         forget_sent(row.job_id)
         return ReportOutcome(True, "its .drv is lost: waiting for a DrvRecovery evaluation")
