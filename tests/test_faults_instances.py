@@ -32,8 +32,8 @@ from gradient.workers.models import WorkerSession
 from tests.support.faults import (
     FAST_WORKER,
     Operator,
-    jobs_not_completed_exactly_once,
     invariant_violations,
+    jobs_not_completed_exactly_once,
     scalar,
     service_env,
     wait_all_completed,

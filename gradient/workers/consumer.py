@@ -145,6 +145,16 @@ def _close_session(session: SessionRef, reason: str) -> None:
             time.sleep(DB_RETRY_PAUSE_SECS * attempt)
 
 
+def _forget_channel(layer: Any, channel_name: str | None) -> None:
+    """Drop this consumer's entry in channels_redis' per-process receive buffer. The layer leaves one
+    behind for every consumer whose receive was cancelled (django/channels_redis#212): a few kilobytes
+    per connection, refused ones included, for as long as the process lives. The channel name is this
+    consumer's own and never used again."""
+    buffer = getattr(layer, "receive_buffer", None)
+    if channel_name and isinstance(buffer, dict):
+        buffer.pop(channel_name, None)
+
+
 class WorkerConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]  # channels is untyped
     session: SessionRef | None
     closing: bool
@@ -166,6 +176,8 @@ class WorkerConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]  # channels 
                 session.worker_id if session is not None else self._peer(),
             )
             await self._end_after_failure(send)
+        finally:
+            _forget_channel(getattr(self, "channel_layer", None), getattr(self, "channel_name", None))
 
     async def _end_after_failure(self, send: Any) -> None:
         already_closing = getattr(self, "closing", False)

@@ -169,25 +169,40 @@ def scalar(sql: str, params: tuple[Any, ...] = ()) -> Any:
 
 
 def jobs_not_completed_exactly_once(evaluation_ids: list[str]) -> dict[str, Any]:
-    """For evaluations that all completed: each one's evaluation job and each build of each has exactly
-    one Completed assignment (a Substituted build needs none). Returns the offenders."""
+    """For evaluations that all completed: each one's evaluation job has exactly one Completed
+    assignment, and each of their Completed builds exactly one assignment that reported its
+    build_output (the report that completes a build) and at most one Completed one (a server killed
+    between build_output and JobCompleted leaves that row Abandoned, the build done). Returns the
+    offenders with their counts."""
     problems: dict[str, Any] = {}
     with connection.cursor() as cursor:
         cursor.execute(
             """
-            SELECT k.job_id, count(d.id) FILTER (WHERE d.outcome = 'Completed') FROM (
-                SELECT 'eval:' || e.id::text AS job_id FROM evaluation e WHERE e.id::text = ANY(%s)
-                UNION
-                SELECT 'build:' || b.id::text FROM evaluation_build eb JOIN derivation_build b
-                  ON b.id = eb.build_id
-                WHERE eb.evaluation_id::text = ANY(%s) AND b.status = 'Completed'
-            ) k LEFT JOIN dispatched_job d ON d.job_id = k.job_id
-            GROUP BY k.job_id HAVING count(d.id) FILTER (WHERE d.outcome = 'Completed') <> 1
+            SELECT 'eval:' || e.id::text, count(d.id) FILTER (WHERE d.outcome = 'Completed')
+            FROM evaluation e LEFT JOIN dispatched_job d ON d.job_id = 'eval:' || e.id::text
+            WHERE e.id::text = ANY(%s)
+            GROUP BY e.id HAVING count(d.id) FILTER (WHERE d.outcome = 'Completed') <> 1
             """,
-            (evaluation_ids, evaluation_ids),
+            (evaluation_ids,),
         )
         for job_id, completed in cursor.fetchall():
-            problems[job_id] = completed
+            problems[job_id] = {"completed": completed}
+        cursor.execute(
+            """
+            SELECT 'build:' || b.id::text,
+                   count(d.id) FILTER (WHERE d.phase = 'build_output'),
+                   count(d.id) FILTER (WHERE d.outcome = 'Completed')
+            FROM derivation_build b LEFT JOIN dispatched_job d ON d.job_id = 'build:' || b.id::text
+            WHERE b.status = 'Completed' AND b.id IN (
+                SELECT build_id FROM evaluation_build WHERE evaluation_id::text = ANY(%s))
+            GROUP BY b.id
+            HAVING count(d.id) FILTER (WHERE d.phase = 'build_output') <> 1
+                OR count(d.id) FILTER (WHERE d.outcome = 'Completed') > 1
+            """,
+            (evaluation_ids,),
+        )
+        for job_id, outputs, completed in cursor.fetchall():
+            problems[job_id] = {"build_output": outputs, "completed": completed}
     return problems
 
 
@@ -263,3 +278,57 @@ def own_redis(log_dir: Path) -> Iterator[RedisServer]:
         yield server
     finally:
         server.stop()
+
+
+# --- What a frame may not change ------------------------------------------------------------------
+
+# Written by every message a session sends (the throttled "seen" mark), not by what the message says.
+SEEN_COLUMNS = frozenset({("worker", "last_seen"), ("worker_session", "last_seen")})
+
+
+def _tables(cursor: Any) -> list[str]:
+    cursor.execute(
+        "SELECT table_name FROM information_schema.tables "
+        "WHERE table_schema = 'public' AND table_type = 'BASE TABLE' ORDER BY table_name"
+    )
+    return [r[0] for r in cursor.fetchall()]
+
+
+def database_snapshot(skip: frozenset[tuple[str, str]] = SEEN_COLUMNS) -> dict[str, list[tuple[Any, ...]]]:
+    """Every row of every table of the test database, without the `skip` columns; for small databases."""
+    result: dict[str, list[tuple[Any, ...]]] = {}
+    with connection.cursor() as cursor:
+        for table in _tables(cursor):
+            cursor.execute(
+                "SELECT column_name FROM information_schema.columns WHERE table_schema = 'public' "
+                "AND table_name = %s ORDER BY ordinal_position",
+                (table,),
+            )
+            columns = [c for (c,) in cursor.fetchall() if (table, c) not in skip]
+            listed = ", ".join(f'"{c}"' for c in columns)
+            cursor.execute(f'SELECT {listed} FROM "{table}" ORDER BY 1')  # noqa: S608 (catalogue names)
+            result[table] = sorted((tuple(row) for row in cursor.fetchall()), key=repr)
+    return result
+
+
+def explain_jobs(job_keys: list[str]) -> str:
+    """Each job's assignment rows and (for an evaluation) its record's entries, for a failure message."""
+    from gradient.records.models import RecordEntry
+    from gradient.scheduling.models import DispatchedJob
+
+    lines: list[str] = []
+    for key in job_keys:
+        lines.append(f"== {key}")
+        for r in DispatchedJob.objects.filter(job_id=key).order_by("dispatched_at"):
+            lines.append(
+                f"  row {r.id} worker {r.worker_id} {r.dispatched_at:%H:%M:%S.%f} -> "
+                f"{r.finished_at and f'{r.finished_at:%H:%M:%S.%f}'} {r.outcome} {r.phase!r} {r.reason!r}"
+            )
+        if key.startswith("eval:"):
+            for body in (
+                RecordEntry.objects.filter(record__job_key=key)
+                .order_by("revision")
+                .values_list("body", flat=True)
+            ):
+                lines.append(f"  record {body[:300]}")
+    return "\n".join(lines)

@@ -158,7 +158,16 @@ def _apply(
     old = evaluation.waiting_reason
     if verdict.reason is None:
         if evaluation.status == EvaluationStatus.WAITING:
-            target = EvaluationStatus.BUILDING if c.named > 0 else EvaluationStatus.QUEUED
+            # An eval_workers park is of an evaluation that still needs its evaluation job, even one with
+            # builds from an earlier eval_result whose job never completed (requeued by startup recovery
+            # or the watchdog): back to Queued, so it is evaluated again (and a cluster member stays its
+            # cluster's). Only a Building park goes back to Building.
+            parked_for = (old or {}).get("reason")
+            target = (
+                EvaluationStatus.BUILDING
+                if c.named > 0 and parked_for != "eval_workers"
+                else EvaluationStatus.QUEUED
+            )
             if history.evaluation_transition(
                 evaluation_id=evaluation.id,
                 to=target,

@@ -1,0 +1,252 @@
+"""Lost connections (issue 9): the server's database connections terminated mid-claim, and Redis
+restarted; the service recovers by itself and loses nothing.
+
+- `pg_terminate_backend`: the test holds a lock that makes the next claim (the INSERT into
+  dispatched_job) wait, finds the `serve` backend waiting on it in pg_stat_activity (by its
+  application_name, `gradient serve <pid>`, and its query), and terminates it there: mid-claim, every
+  time. Every other connection of `serve` and of Celery is terminated along with it. The consumer makes
+  the call again on a fresh connection (gradient.workers.consumer._handle), so the workers never lose
+  their sessions; every evaluation completes; no job is open twice nor completed twice.
+- Redis restart: a redis-server of the test's own (never the shared one) on a free port serves as
+  REDIS_URL for that test's `serve` and Celery. It is killed mid-run and started again empty. Each
+  consumer's channel-layer receive fails; the consumer then closes its socket with 1011 and its session
+  in the database (gradient.workers.consumer.WorkerConsumer.__call__), so the workers reconnect at once
+  rather than after the liveness timeout (left at its default of 120 s here, longer than the test
+  waits). Work submitted before and after completes, including a cluster that can only be placed after
+  the restart, whose AssignJob and StartCluster pushes go through the new Redis.
+
+The short form terminates 3 times; the long form (--faults-long, GRADIENT_FAULTS_LONG=1) 15 times, and
+restarts Redis 3 times.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import ExitStack
+from pathlib import Path
+
+import psycopg
+import pytest
+from django.conf import settings
+
+from gradient.clusters.models import ClusterJob
+from gradient.scheduling.models import DispatchedJob, Project
+from gradient.workers.models import Worker, WorkerSession
+from tests.support.faults import (
+    FAST_WORKER,
+    Operator,
+    explain_jobs,
+    invariant_violations,
+    jobs_not_completed_exactly_once,
+    own_redis,
+    service_env,
+    statuses,
+    wait_all_completed,
+)
+from tests.support.processes import (
+    ServeProcess,
+    WorkerProcess,
+    celery_worker,
+    reference_worker,
+    serve,
+    wait_until,
+)
+
+pytestmark = [pytest.mark.e2e, pytest.mark.faults, pytest.mark.django_db(transaction=True)]
+
+SHAPES = (
+    "sim:wide?n=4&duration_ms=150&salt={i}",
+    "sim:chain?n=3&duration_ms=150&salt={i}",
+    "sim:diamond?duration_ms=150&salt={i}",
+)
+
+
+def _dsn() -> str:
+    db = settings.DATABASES["default"]
+    return f"host={db['HOST']} port={db['PORT']} user={db['USER']} dbname={db['NAME']}"
+
+
+def _start_workers(
+    stack: ExitStack, op: Operator, server: ServeProcess, tmp_path: Path, n: int
+) -> list[WorkerProcess]:
+    workers = []
+    for k in range(n):
+        name = f"w{k}"
+        worker_id, token = op.worker(name)
+        workers.append(
+            stack.enter_context(
+                reference_worker(
+                    server.ws_url,
+                    worker_id,
+                    token,
+                    tmp_path,
+                    name=name,
+                    extra_args=[*FAST_WORKER, "--arch", "x86_64-linux", "--slots", "2"],
+                )
+            )
+        )
+    return workers
+
+
+def _dump(
+    server: ServeProcess | None, workers: list[WorkerProcess], celery_log: str, evaluations: list[str]
+) -> None:
+    for w in workers:
+        print(f"--- {w.name}\n{w.log()[-2500:]}")
+    if server is not None:
+        print(f"--- serve\n{server.log()[-6000:]}")
+    print(f"--- celery\n{celery_log[-3000:]}")
+    print("statuses", statuses(evaluations))
+    for c in ClusterJob.objects.all():
+        print("cluster", c.id, c.status, c.attempts, c.waiting_reason)
+
+
+def _terminate_mid_claim(server: ServeProcess, timeout: float = 30.0) -> int:
+    """Hold a lock that stops the next claim of `serve` at its INSERT, terminate that backend while it
+    waits (and every other connection of serve and Celery), then let go. Returns the terminated claim's
+    backend pid."""
+    app = f"gradient serve {server.process.pid}"
+    with psycopg.connect(_dsn()) as lock:
+        # SHARE conflicts with the ROW EXCLUSIVE lock an INSERT takes; reads go on.
+        lock.execute("LOCK TABLE dispatched_job IN SHARE MODE")
+        with psycopg.connect(_dsn(), autocommit=True) as admin:
+
+            def waiting_claim() -> int | None:
+                row = admin.execute(
+                    "SELECT pid FROM pg_stat_activity WHERE application_name = %s "
+                    "AND wait_event_type = 'Lock' AND query LIKE 'INSERT INTO dispatched_job%%' LIMIT 1",
+                    (app,),
+                ).fetchone()
+                return int(row[0]) if row else None
+
+            pid = wait_until(waiting_claim, timeout=timeout, interval=0.02, what=f"a claim of {app} waiting")
+            assert admin.execute("SELECT pg_terminate_backend(%s)", (pid,)).fetchone() == (True,)
+            admin.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE (application_name LIKE 'gradient serve %%' "
+                "OR application_name LIKE 'gradient celery %%') "
+                "AND datname = current_database() AND pid <> %s",
+                (pid,),
+            )
+        lock.rollback()
+    return pid
+
+
+def test_terminated_database_connections_mid_claim_cost_no_session_and_no_job(
+    tmp_path: Path, faults_long: bool
+) -> None:
+    env = service_env()
+    terminations, evaluations_n = (15, 40) if faults_long else (3, 9)
+    workers: list[WorkerProcess] = []
+    server: ServeProcess | None = None
+    evaluations: list[str] = []
+    with ExitStack() as stack:
+        beat = stack.enter_context(celery_worker(env, tmp_path))
+        server = stack.enter_context(serve(env, tmp_path))
+        op = Operator.login(server)
+        op.project("demo")
+        try:
+            workers = _start_workers(stack, op, server, tmp_path, 3)
+            per_round = max(1, evaluations_n // terminations)
+            for t in range(terminations):
+                # New work, so a claim comes; it waits on the lock and dies there.
+                evaluations += [
+                    op.evaluation(SHAPES[i % len(SHAPES)].format(i=i))
+                    for i in range(t * per_round, (t + 1) * per_round)
+                ]
+                _terminate_mid_claim(server)
+            evaluations += [
+                op.evaluation(SHAPES[i % len(SHAPES)].format(i=i))
+                for i in range(terminations * per_round, evaluations_n)
+            ]
+            wait_all_completed(evaluations, [], 300 if faults_long else 90, "every evaluation to complete")
+        except BaseException:
+            _dump(server, workers, beat.log(), evaluations)
+            raise
+        log = server.log()
+
+    # The claims died with their connections, and were made again: no worker lost its session for it.
+    assert log.count("database connection lost handling RequestJob") >= terminations, log[-5000:]
+    sessions = {w.name: WorkerSession.objects.filter(worker=w).count() for w in Worker.objects.all()}
+    assert sessions == {f"w{k}": 1 for k in range(3)}, sessions
+    assert "internal error" not in "".join(WorkerSession.objects.values_list("close_reason", flat=True))
+    assert invariant_violations() == {}
+    offenders = jobs_not_completed_exactly_once(evaluations)
+    assert offenders == {}, explain_jobs(list(offenders))
+    assert not DispatchedJob.objects.filter(finished_at__isnull=True).exists()
+
+
+def test_a_redis_restart_ends_sessions_cleanly_and_the_service_finishes_everything(
+    tmp_path: Path, faults_long: bool
+) -> None:
+    restarts, evaluations_n = (3, 30) if faults_long else (1, 8)
+    workers: list[WorkerProcess] = []
+    server: ServeProcess | None = None
+    evaluations: list[str] = []
+    with ExitStack() as stack:
+        redis = stack.enter_context(own_redis(tmp_path))
+        # The liveness timeout at its default (120 s): a session left open by a dead consumer would keep
+        # its worker out (496) for longer than this test waits.
+        env = service_env(redis_url=redis.url, GRADIENT_PROTO_WORKER_HEARTBEAT_TIMEOUT_SECS="120")
+        beat = stack.enter_context(celery_worker(env, tmp_path))
+        server = stack.enter_context(serve(env, tmp_path))
+        op = Operator.login(server)
+        op.project("demo")
+        op.project("late")
+        try:
+            # A cluster no worker may take yet: its project is given to the workers after the restart, so
+            # its placement and pushes happen on the new Redis.
+            members = [
+                op.evaluation(f"sim:wide?n=2&duration_ms=150&salt=late-{k}", project="late") for k in range(2)
+            ]
+            cluster = op.cluster([{"evaluation": e, "role": "peer"} for e in members])
+            evaluations += members
+            workers = _start_workers(stack, op, server, tmp_path, 3)
+            per_round = evaluations_n // (restarts + 1)
+            for r in range(restarts):
+                evaluations += [
+                    op.evaluation(SHAPES[i % len(SHAPES)].format(i=i))
+                    for i in range(r * per_round, (r + 1) * per_round)
+                ]
+                wait_until(
+                    lambda: DispatchedJob.objects.filter(finished_at__isnull=True).exists(),
+                    timeout=30,
+                    what="a busy moment",
+                )
+                opened = WorkerSession.objects.count()
+                redis.stop()
+                time.sleep(1.0)
+                redis.start()
+                # Every worker is back, on a new session (its consumer ended the old one).
+                wait_until(
+                    lambda opened=opened: (
+                        WorkerSession.objects.filter(closed_at__isnull=True).count() == 3
+                        and WorkerSession.objects.count() >= opened + 3
+                    ),
+                    timeout=40,
+                    what="every worker reconnected after the Redis restart",
+                )
+            evaluations += [
+                op.evaluation(SHAPES[i % len(SHAPES)].format(i=i))
+                for i in range(restarts * per_round, evaluations_n)
+            ]
+            late = Project.objects.get(name="late")
+            for worker in Worker.objects.all():
+                worker.projects.add(late)
+            wait_all_completed(
+                evaluations, [cluster], 300 if faults_long else 90, "every evaluation and the cluster"
+            )
+        except BaseException:
+            _dump(server, workers, beat.log(), evaluations)
+            raise
+        log = server.log()
+
+    assert ClusterJob.objects.get(id=cluster).status == "Completed"
+    # The sessions that Redis took down were ended by their consumers, not by the liveness pass.
+    reasons = list(WorkerSession.objects.exclude(closed_at=None).values_list("close_reason", flat=True))
+    assert reasons and not [r for r in reasons if "silent" in r], reasons
+    assert "the consumer of" in log
+    assert invariant_violations() == {}
+    offenders = jobs_not_completed_exactly_once(evaluations)
+    assert offenders == {}, explain_jobs(list(offenders))
+    assert not DispatchedJob.objects.filter(finished_at__isnull=True).exists()
