@@ -22,6 +22,7 @@ restarts Redis 3 times.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -101,14 +102,21 @@ def _dump(
         print("cluster", c.id, c.status, c.attempts, c.waiting_reason)
 
 
-def _terminate_mid_claim(server: ServeProcess, timeout: float = 30.0) -> int:
-    """Hold a lock that stops the next claim of `serve` at its INSERT, terminate that backend while it
-    waits (and every other connection of serve and Celery), then let go. Returns the terminated claim's
-    backend pid."""
+def _terminate_mid_claim(server: ServeProcess, submit: Callable[[], str], timeout: float = 30.0) -> str:
+    """With every worker idle, hold a lock that stops the next claim of `serve` at its INSERT, submit an
+    evaluation, terminate the claiming backend while it waits (and every other connection of serve and
+    Celery), then let go. Returns the evaluation."""
+    wait_until(
+        lambda: not DispatchedJob.objects.filter(finished_at__isnull=True).exists(),
+        timeout=60,
+        what="every worker idle",
+    )
     app = f"gradient serve {server.process.pid}"
     with psycopg.connect(_dsn()) as lock:
-        # SHARE conflicts with the ROW EXCLUSIVE lock an INSERT takes; reads go on.
+        # SHARE conflicts with the ROW EXCLUSIVE lock an INSERT (or an UPDATE) takes; reads go on. Idle
+        # workers report nothing, so only the claim of the new evaluation waits on it.
         lock.execute("LOCK TABLE dispatched_job IN SHARE MODE")
+        evaluation = submit()
         with psycopg.connect(_dsn(), autocommit=True) as admin:
 
             def waiting_claim() -> int | None:
@@ -129,7 +137,7 @@ def _terminate_mid_claim(server: ServeProcess, timeout: float = 30.0) -> int:
                 (pid,),
             )
         lock.rollback()
-    return pid
+    return evaluation
 
 
 def test_terminated_database_connections_mid_claim_cost_no_session_and_no_job(
@@ -147,17 +155,18 @@ def test_terminated_database_connections_mid_claim_cost_no_session_and_no_job(
         op.project("demo")
         try:
             workers = _start_workers(stack, op, server, tmp_path, 3)
-            per_round = max(1, evaluations_n // terminations)
             for t in range(terminations):
-                # New work, so a claim comes; it waits on the lock and dies there.
-                evaluations += [
-                    op.evaluation(SHAPES[i % len(SHAPES)].format(i=i))
-                    for i in range(t * per_round, (t + 1) * per_round)
-                ]
-                _terminate_mid_claim(server)
+                # The claim of this evaluation dies waiting at its INSERT; made again, it goes through.
+                evaluations.append(
+                    _terminate_mid_claim(server, lambda t=t: op.evaluation(SHAPES[0].format(i=t)))
+                )
+                wait_until(
+                    lambda e=evaluations[-1]: DispatchedJob.objects.filter(job_id=f"eval:{e}").exists(),
+                    timeout=30,
+                    what="the claim made again",
+                )
             evaluations += [
-                op.evaluation(SHAPES[i % len(SHAPES)].format(i=i))
-                for i in range(terminations * per_round, evaluations_n)
+                op.evaluation(SHAPES[i % len(SHAPES)].format(i=i)) for i in range(terminations, evaluations_n)
             ]
             wait_all_completed(evaluations, [], 300 if faults_long else 90, "every evaluation to complete")
         except BaseException:
