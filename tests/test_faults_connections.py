@@ -25,14 +25,22 @@ import time
 from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
+from typing import Any
 
+import msgspec
 import psycopg
 import pytest
 from django.conf import settings
+from django.db import OperationalError
 
 from gradient.clusters.models import ClusterJob
 from gradient.scheduling.models import DispatchedJob, Project
+from gradient.scheduling.services import assignment
+from gradient.workers import consumer, jobloop
 from gradient.workers.models import Worker, WorkerSession
+from gradient.workers.protocol import RequestJob, RequestJobList
+from gradient.workers.services import SessionRef
+from tests.factories import EvaluationFactory, ProjectFactory, connected_worker
 from tests.support.faults import (
     FAST_WORKER,
     Operator,
@@ -53,7 +61,7 @@ from tests.support.processes import (
     wait_until,
 )
 
-pytestmark = [pytest.mark.e2e, pytest.mark.faults, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.faults]
 
 SHAPES = (
     "sim:wide?n=4&duration_ms=150&salt={i}",
@@ -140,6 +148,8 @@ def _terminate_mid_claim(server: ServeProcess, submit: Callable[[], str], timeou
     return evaluation
 
 
+@pytest.mark.e2e
+@pytest.mark.django_db(transaction=True)
 def test_terminated_database_connections_mid_claim_cost_no_session_and_no_job(
     tmp_path: Path, faults_long: bool
 ) -> None:
@@ -185,6 +195,8 @@ def test_terminated_database_connections_mid_claim_cost_no_session_and_no_job(
     assert not DispatchedJob.objects.filter(finished_at__isnull=True).exists()
 
 
+@pytest.mark.e2e
+@pytest.mark.django_db(transaction=True)
 def test_a_redis_restart_ends_sessions_cleanly_and_the_service_finishes_everything(
     tmp_path: Path, faults_long: bool
 ) -> None:
@@ -259,3 +271,81 @@ def test_a_redis_restart_ends_sessions_cleanly_and_the_service_finishes_everythi
     offenders = jobs_not_completed_exactly_once(evaluations)
     assert offenders == {}, explain_jobs(list(offenders))
     assert not DispatchedJob.objects.filter(finished_at__isnull=True).exists()
+
+
+# --- The retry itself, at the seam ------------------------------------------------------------------
+
+
+def _session_of(worker: Worker) -> SessionRef:
+    session = WorkerSession.objects.get(worker=worker, closed_at__isnull=True)
+    return SessionRef(session_id=session.id, worker_id=worker.id)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_claim_whose_commit_went_unheard_is_handed_out_rather_than_left_open(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    project = ProjectFactory()
+    evaluation = EvaluationFactory(project=project)
+    worker = connected_worker([project])
+    real = assignment.request_job
+
+    def committed_then_lost(**kwargs: Any) -> Any:
+        real(**kwargs)  # the claim commits...
+        raise OperationalError("server closed the connection unexpectedly")  # ...and the caller never hears
+
+    monkeypatch.setattr(assignment, "request_job", committed_then_lost)
+    replies = jobloop.request_job(session=_session_of(worker), message=RequestJob(kind="flake"))
+
+    row = DispatchedJob.objects.get(job_id=f"eval:{evaluation.id}")
+    assert [msgspec.to_builtins(r) for r in replies] == [
+        {
+            "type": "AssignJob",
+            "job_id": row.job_id,
+            "assignment_id": str(row.id),
+            "job": row.job,
+            "cluster": None,
+        }
+    ]
+    assert row.finished_at is None and row.worker_id == worker.id
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_claim_lost_before_its_commit_is_left_to_the_retry(monkeypatch: pytest.MonkeyPatch) -> None:
+    project = ProjectFactory()
+    EvaluationFactory(project=project)
+    worker = connected_worker([project])
+
+    def lost(**kwargs: Any) -> Any:
+        raise OperationalError("terminating connection due to administrator command")
+
+    monkeypatch.setattr(assignment, "request_job", lost)
+    with pytest.raises(OperationalError):
+        jobloop.request_job(session=_session_of(worker), message=RequestJob(kind="flake"))
+    assert not DispatchedJob.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_job_loop_call_is_made_again_on_a_lost_connection_up_to_its_attempts(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(consumer, "DB_RETRY_PAUSE_SECS", 0.0)
+    worker = connected_worker([ProjectFactory()])
+    session = _session_of(worker)
+    calls: list[int] = []
+
+    def flaky(failures: int) -> Any:
+        def handler(*, session: SessionRef, message: Any) -> list[Any]:
+            calls.append(1)
+            if len(calls) <= failures:
+                raise OperationalError("server closed the connection unexpectedly")
+            return []
+
+        return handler
+
+    assert consumer._handle(flaky(consumer.DB_ATTEMPTS - 1), session, RequestJobList(), True) == []
+    assert len(calls) == consumer.DB_ATTEMPTS
+    calls.clear()
+    with pytest.raises(OperationalError):
+        consumer._handle(flaky(consumer.DB_ATTEMPTS), session, RequestJobList(), False)
+    assert len(calls) == consumer.DB_ATTEMPTS
