@@ -16,24 +16,18 @@ from __future__ import annotations
 from contextlib import ExitStack
 from pathlib import Path
 
-import msgspec
 import pytest
-from django.db import transaction
-from django.utils import timezone
 
 from gradient.clusters.models import ClusterJob
 from gradient.recovery.models import ServerBoot
-from gradient.scheduling import history
-from gradient.scheduling.models import BuildStatus, DerivationBuild, DispatchedJob, EvaluationStatus, Project
-from gradient.scheduling.services.evaluations import evaluation_create
-from gradient.scheduling.services.graph import ingest_eval_result
-from gradient.workers.executors.sim import graph_from_url
+from gradient.scheduling.models import DispatchedJob
 from gradient.workers.models import WorkerSession
 from tests.support.faults import (
     FAST_WORKER,
     Operator,
     invariant_violations,
     jobs_not_completed_exactly_once,
+    ready_builds,
     scalar,
     service_env,
     wait_all_completed,
@@ -49,27 +43,6 @@ SHAPES = (
     # No salt: every evaluation of this shape shares the same shared builds.
     "sim:chain?n=2&duration_ms=50",
 )
-
-
-def _ready_builds(url: str) -> list[str]:
-    """An evaluation of `url` evaluated by the test itself: Building, its two shared builds Queued."""
-    project = Project.objects.get(name="demo")
-    now = timezone.now()
-    with transaction.atomic():
-        evaluation, _ = evaluation_create(project=project, repository=url, commit="1" * 40, now=now)
-        assert history.evaluation_transition(
-            evaluation_id=evaluation.id,
-            to=EvaluationStatus.BUILDING,
-            expect=[EvaluationStatus.QUEUED],
-            reason="evaluated by the test",
-            now=now,
-        )
-        graph = graph_from_url(url)
-        derivations = [msgspec.to_builtins(d) for d in graph.discovered(list(graph.attrs()))]
-        result = ingest_eval_result(evaluation=evaluation, derivations=derivations, now=now)
-    builds = list(DerivationBuild.objects.filter(id__in=result.build_ids))
-    assert {b.status for b in builds} == {BuildStatus.QUEUED}
-    return [str(b.id) for b in builds]
 
 
 def _dump(servers: list[ServeProcess], workers: list[WorkerProcess], celery_log: str) -> None:
@@ -110,7 +83,7 @@ def test_two_servers_and_celery_assign_every_job_once_and_every_cluster_attempt_
                 evaluations += pair
                 clusters.append(ops[c % 2].cluster([{"evaluation": e, "role": "peer"} for e in pair]))
             for c in range(build_clusters_n):
-                builds = _ready_builds(f"sim:wide?n=2&duration_ms=300&salt=built-{c}")
+                builds = ready_builds(f"sim:wide?n=2&duration_ms=300&salt=built-{c}")
                 clusters.append(
                     ops[1 - c % 2].cluster(
                         [{"build": builds[0], "role": "server"}, {"build": builds[1], "role": "client"}],

@@ -33,6 +33,7 @@ from tests.support.faults import (
     explain_jobs,
     invariant_violations,
     jobs_not_completed_exactly_once,
+    ready_builds,
     service_env,
     statuses,
     wait_all_completed,
@@ -93,12 +94,10 @@ def test_serve_killed_at_random_moments_recovers_each_time_and_every_evaluation_
             # Cluster members before any worker connects, so no single assignment takes one of them.
             evaluations: list[str] = []
             clusters: list[str] = []
+            # Clusters of ready builds (evaluation members: see docs/faults.md, "Left open").
             for c in range(clusters_n):
-                pair = [op.evaluation(f"sim:wide?n=2&duration_ms=300&salt=member-{c}-{k}") for k in range(2)]
-                evaluations += pair
-                clusters.append(
-                    op.cluster([{"evaluation": e, "role": "peer"} for e in pair], retry_budget=30)
-                )
+                builds = ready_builds(f"sim:wide?n=2&duration_ms=300&salt=member-{c}")
+                clusters.append(op.cluster([{"build": b, "role": "peer"} for b in builds], retry_budget=30))
             batches = [evaluations_n // (kills + 1)] * (kills + 1)
             batches[0] += evaluations_n - sum(batches)
             evaluations += [op.evaluation(SHAPES[i % len(SHAPES)].format(i=i)) for i in range(batches[0])]

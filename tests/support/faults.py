@@ -87,6 +87,38 @@ class Operator:
         return str(self.post("/api/v1/clusters", {"members": members, **options})["id"])
 
 
+def ready_builds(url: str) -> list[str]:
+    """An evaluation of `url` evaluated by the test itself (as tests/test_clusters_e2e.py does): Building,
+    its shared builds Queued and ready for a cluster before any worker could take one alone."""
+    import msgspec
+    from django.db import transaction
+    from django.utils import timezone
+
+    from gradient.scheduling import history
+    from gradient.scheduling.models import BuildStatus, DerivationBuild, EvaluationStatus, Project
+    from gradient.scheduling.services.evaluations import evaluation_create
+    from gradient.scheduling.services.graph import ingest_eval_result
+    from gradient.workers.executors.sim import graph_from_url
+
+    project = Project.objects.get(name="demo")
+    now = timezone.now()
+    with transaction.atomic():
+        evaluation, _ = evaluation_create(project=project, repository=url, commit="1" * 40, now=now)
+        assert history.evaluation_transition(
+            evaluation_id=evaluation.id,
+            to=EvaluationStatus.BUILDING,
+            expect=[EvaluationStatus.QUEUED],
+            reason="evaluated by the test",
+            now=now,
+        )
+        graph = graph_from_url(url)
+        derivations = [msgspec.to_builtins(d) for d in graph.discovered(list(graph.attrs()))]
+        result = ingest_eval_result(evaluation=evaluation, derivations=derivations, now=now)
+    builds = list(DerivationBuild.objects.filter(id__in=result.build_ids))
+    assert {b.status for b in builds} == {BuildStatus.QUEUED}
+    return [str(b.id) for b in builds]
+
+
 # --- Invariants, by SQL -----------------------------------------------------------------------------
 
 # Each query returns the rows that break its rule; every one must come back empty.
@@ -97,9 +129,13 @@ INVARIANTS: dict[str, str] = {
         WHERE a.dispatched_at < COALESCE(b.finished_at, 'infinity')
           AND b.dispatched_at < COALESCE(a.finished_at, 'infinity')
     """,
-    "a job completed by two assignments": """
-        SELECT job_id, count(*) FROM dispatched_job WHERE outcome = 'Completed'
-        GROUP BY job_id HAVING count(*) > 1
+    # A member that completed in an attempt that then failed runs again in the next attempt: all or
+    # nothing. What counts is single assignments and Succeeded attempts.
+    "a job completed by two assignments (single, or of Succeeded attempts)": """
+        SELECT d.job_id, count(*) FROM dispatched_job d
+        LEFT JOIN cluster_attempt a ON a.id = d.cluster_attempt_id
+        WHERE d.outcome = 'Completed' AND (d.cluster_attempt_id IS NULL OR a.outcome = 'Succeeded')
+        GROUP BY d.job_id HAVING count(*) > 1
     """,
     "an attempt that did not claim every member of its cluster, each once, on its own worker": """
         SELECT a.id, count(d.id), count(DISTINCT d.worker_id), count(DISTINCT d.job_id),
@@ -169,24 +205,28 @@ def scalar(sql: str, params: tuple[Any, ...] = ()) -> Any:
 
 
 def jobs_not_completed_exactly_once(evaluation_ids: list[str]) -> dict[str, Any]:
-    """For evaluations that all completed: each one's evaluation job has exactly one Completed
-    assignment, and each of their Completed builds exactly one assignment that reported its
-    build_output (the report that completes a build) and at most one Completed one (a server killed
-    between build_output and JobCompleted leaves that row Abandoned, the build done). Returns the
-    offenders with their counts."""
+    """For evaluations that all completed: each one's evaluation job has at most one Completed
+    assignment, and one at all or an assignment that reported its eval_result (a server killed between
+    eval_result and JobCompleted leaves that row Abandoned; the evaluation may then finish on those
+    builds); each of their Completed builds exactly one assignment that reported its build_output (the
+    report that completes a build) and at most one Completed one (the same kill leaves that row
+    Abandoned, the build done). Returns the offenders with their counts."""
     problems: dict[str, Any] = {}
     with connection.cursor() as cursor:
         cursor.execute(
             """
-            SELECT 'eval:' || e.id::text, count(d.id) FILTER (WHERE d.outcome = 'Completed')
+            SELECT 'eval:' || e.id::text, count(d.id) FILTER (WHERE d.outcome = 'Completed'),
+                   count(d.id) FILTER (WHERE d.phase = 'eval_result')
             FROM evaluation e LEFT JOIN dispatched_job d ON d.job_id = 'eval:' || e.id::text
             WHERE e.id::text = ANY(%s)
-            GROUP BY e.id HAVING count(d.id) FILTER (WHERE d.outcome = 'Completed') <> 1
+            GROUP BY e.id
+            HAVING count(d.id) FILTER (WHERE d.outcome = 'Completed') > 1
+                OR count(d.id) FILTER (WHERE d.outcome = 'Completed' OR d.phase = 'eval_result') = 0
             """,
             (evaluation_ids,),
         )
-        for job_id, completed in cursor.fetchall():
-            problems[job_id] = {"completed": completed}
+        for job_id, completed, results in cursor.fetchall():
+            problems[job_id] = {"completed": completed, "eval_result": results}
         cursor.execute(
             """
             SELECT 'build:' || b.id::text,
