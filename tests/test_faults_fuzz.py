@@ -282,15 +282,18 @@ def _decodes_frame(frame: tuple[str, Any]) -> bool:
 # --- Memory ---------------------------------------------------------------------------------------
 
 
-MEMORY_ROUNDS_SHORT, MEMORY_ROUNDS_LONG = 240, 2000
-# Traced memory may move by this much between the second and the last third of the rounds (80 connections
-# in the short form): noise, never a per-connection leak. channels_redis' receive buffer alone leaked
-# ~5 KB a connection, +430 KB over those 80, before the consumer dropped its entry (_forget_channel); a
-# leaked 1 MiB frame would be far more.
-MEMORY_SLACK_BYTES = 100 * 1024
+MEMORY_ROUNDS_SHORT, MEMORY_ROUNDS_LONG = 300, 2100
+# Traced memory may move by this much between the second and the last third of the rounds (100 connections
+# in the short form): noise, never a per-connection leak. channels_redis' receive buffer alone leaked ~5 KB
+# a connection (+540 KB over those 100) before the consumer dropped its entry (_forget_channel); a leaked
+# 1 MiB frame would be far more. (Gradient's INFO lines are off meanwhile: pytest keeps every captured log
+# record for its report, ~2 KB a connection that is the test harness's, not the service's.)
+MEMORY_SLACK_BYTES = 128 * 1024
 
 
-def test_many_refused_connections_do_not_grow_memory(make_worker: Any, faults_long: bool) -> None:
+def test_many_refused_connections_do_not_grow_memory(
+    make_worker: Any, faults_long: bool, gradient_errors: list[logging.LogRecord]
+) -> None:
     worker_id, token, foreign = _setup(make_worker)
     rounds = MEMORY_ROUNDS_LONG if faults_long else MEMORY_ROUNDS_SHORT
     huge = "x" * (MAX_FRAME_BYTES + 1)
@@ -332,6 +335,10 @@ def test_many_refused_connections_do_not_grow_memory(make_worker: Any, faults_lo
                 marks.append(tracemalloc.get_traced_memory()[0])
         return marks
 
+    # Every refusal logs a line, which pytest's log capture keeps for the report: not the service's memory.
+    logger = logging.getLogger("gradient")
+    level = logger.level
+    logger.setLevel(logging.WARNING)  # setLevel, not the attribute: it clears the logger's level cache
     loop = asyncio.new_event_loop()
     tracemalloc.start()
     try:
@@ -339,9 +346,11 @@ def test_many_refused_connections_do_not_grow_memory(make_worker: Any, faults_lo
     finally:
         tracemalloc.stop()
         loop.close()
+        logger.setLevel(level)
     print(
         f"traced memory after {rounds // 3}, {2 * rounds // 3}, {rounds} connections: {first, second, last}"
     )
+    assert [r.getMessage() for r in gradient_errors] == []
     assert last - second < MEMORY_SLACK_BYTES, (first, second, last)
 
 

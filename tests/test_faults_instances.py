@@ -127,13 +127,14 @@ def test_two_servers_and_celery_assign_every_job_once_and_every_cluster_attempt_
     # Every cluster completed, each through attempts that claimed all of its members or none.
     assert set(ClusterJob.objects.filter(id__in=clusters).values_list("status", flat=True)) == {"Completed"}
     assert invariant_violations() == {}
-    # Every job finished exactly once, and no run of this fault-free service gave a single job twice: one
-    # assignment row per single job, ever.
+    # Every job finished exactly once, and this fault-free run gave each single job one assignment, ever,
+    # besides ones its worker declined (the reference worker declines an AssignJob that finds no free
+    # slot: two idle RequestJobs crossed one answer), which the protocol returns to the pool.
     assert jobs_not_completed_exactly_once(evaluations) == {}
     assert (
         scalar(
             "SELECT count(*) FROM (SELECT job_id FROM dispatched_job WHERE cluster_attempt_id IS NULL "
-            "GROUP BY job_id HAVING count(*) > 1) twice"
+            "AND reason NOT LIKE 'declined:%%' GROUP BY job_id HAVING count(*) > 1) twice"
         )
         == 0
     )
