@@ -8,6 +8,7 @@ multi-instance service (several `serve` processes, Celery worker and beat).
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import dj_database_url
@@ -30,6 +31,21 @@ def _env_int(name: str, default: int) -> int:
         return int(raw)
     except ValueError as exc:
         raise ValueError(f"{name} must be an integer, got {raw!r}") from exc
+
+
+def _application_name() -> str:
+    """How this process's connections show in pg_stat_activity: `gradient <role> <pid>`, the role being
+    the manage.py command (serve, migrate, ...), celery, or the program's name. Operators (and the fault
+    tests) find a given process's sessions by it."""
+    argv = sys.argv or ["python"]
+    program = Path(argv[0]).name
+    if program == "manage.py" and len(argv) > 1:
+        role = argv[1]
+    elif "celery" in argv[0]:
+        role = "celery"
+    else:
+        role = Path(argv[0]).stem or "python"
+    return f"gradient {role} {os.getpid()}"[:63]
 
 
 SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY") or "gradient-development-key-not-for-production"
@@ -104,6 +120,9 @@ if _db["ENGINE"] == "django.db.backends.sqlite3":
     # Several threads (the ASGI server, the pass runner) share one file: wait for the lock, never fail.
     _db.setdefault("OPTIONS", {})
     _db["OPTIONS"].update({"timeout": 30, "transaction_mode": "IMMEDIATE"})
+if _db["ENGINE"] == "django.db.backends.postgresql":
+    _db.setdefault("OPTIONS", {})
+    _db["OPTIONS"].setdefault("application_name", _application_name())
 DATABASES = {"default": _db}
 EMBEDDED = not DATABASE_URL
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"

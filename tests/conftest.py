@@ -3,8 +3,26 @@ need PostgreSQL itself (SQL-level delete actions, catalogue reads) say so with `
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from django.db import connection
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--faults-long",
+        action="store_true",
+        default=False,
+        help="run the fault tests (tests/test_faults_*.py) in their long form: more kills, more "
+        "terminations, many more fuzz examples (also GRADIENT_FAULTS_LONG=1)",
+    )
+
+
+@pytest.fixture(scope="session")
+def faults_long(request: pytest.FixtureRequest) -> bool:
+    """The fault tests' long form: `--faults-long`, or GRADIENT_FAULTS_LONG=1 (docs/faults.md)."""
+    return bool(request.config.getoption("--faults-long")) or os.environ.get("GRADIENT_FAULTS_LONG") == "1"
 
 
 @pytest.fixture

@@ -92,7 +92,7 @@ def test_a_drained_server_parks_in_flight_evaluations_and_the_next_start_resumes
         evaluation = Evaluation.objects.get(id=evaluation_id)
         assert (evaluation.status, evaluation.waiting_reason) == (
             EvaluationStatus.WAITING,
-            {"reason": "draining"},
+            {"reason": "draining", "resume": "Building"},
         ), first.log()[-4000:]
 
         # --- the next start ----------------------------------------------------------------------------

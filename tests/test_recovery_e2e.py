@@ -150,7 +150,15 @@ def test_a_killed_server_is_recovered_by_the_next_boot_and_the_same_workers_fini
             pair = submit("sim:wide?n=2&duration_ms=4000&salt=pair")
             # Evaluated: Building, or already parked Waiting by the waiting pass (no worker can build yet).
             evaluated = (EvaluationStatus.BUILDING, EvaluationStatus.WAITING)
-            wait_until(lambda: _status(pair) in evaluated, timeout=30, what="pair evaluated")
+            # (Waiting alone is not enough: before the evaluator connects it waits for an eval worker.)
+            wait_until(
+                lambda: (
+                    _status(pair) in evaluated
+                    and EvaluationBuild.objects.filter(evaluation_id=pair).count() == 2
+                ),
+                timeout=30,
+                what="pair evaluated",
+            )
             pair_builds = [
                 str(b)
                 for b in EvaluationBuild.objects.filter(evaluation_id=pair).values_list("build_id", flat=True)

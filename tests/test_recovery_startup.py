@@ -17,7 +17,8 @@ import pytest
 from django.utils import timezone
 
 from gradient.records.services import record_check_one
-from gradient.recovery.models import ServerBoot
+from gradient.recovery.models import PassState, ServerBoot
+from gradient.recovery.services import pass_lease_acquire
 from gradient.recovery.startup import dead_boot_ids, recover_interrupted_work
 from gradient.scheduling.models import (
     BuildAttempt,
@@ -179,6 +180,25 @@ def test_recovery_closes_the_sessions_of_a_killed_boot_on_this_host_but_not_of_a
     assert WorkerSession.objects.get(worker=w_live).closed_at is None
     assert WorkerSession.objects.get(worker=w_dead).closed_at is not None
     assert ServerBoot.objects.get(id=live_boot.id).stopped_at is None
+
+
+def test_a_pass_lease_held_by_a_killed_serve_is_freed_and_a_running_ones_is_kept() -> None:
+    host = socket.gethostname()
+    now = timezone.now()
+    with _child() as running, _child() as killed:
+        _local_boot(running.pid, now)
+        _local_boot(killed.pid, now)
+        # Each held a lease for a minute more, as the cluster-dispatch kick takes it inside serve.
+        for name, pid in (("cluster-dispatch", killed.pid), ("assignment", running.pid)):
+            assert pass_lease_acquire(name=name, holder=f"{host}:{pid}:abcd1234", lease_secs=60, now=now)
+        killed.kill()
+        killed.wait()
+        report = recover_interrupted_work(boot_id=uuid.uuid4(), now=timezone.now())
+    assert report.pass_leases_released == 1
+    assert PassState.objects.get(name="cluster-dispatch").lease_holder == ""
+    assert PassState.objects.get(name="assignment").lease_holder == f"{host}:{running.pid}:abcd1234"
+    # Free, so the next runner takes it at once.
+    assert pass_lease_acquire(name="cluster-dispatch", holder="next", lease_secs=60, now=timezone.now())
 
 
 def test_a_waiting_pass_right_after_recovery_closed_an_evaluations_assignment_finds_it_requeued(

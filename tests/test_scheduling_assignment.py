@@ -267,6 +267,13 @@ def test_rescore_wait_holds_an_offered_unscored_build_back_for_up_to_four_passes
     worker = connected_worker([project])
     offered_at = timezone.now()
     job_list(worker_id=worker.id, now=offered_at)  # the build is offered; the worker has not scored it
+    CandidateScore.objects.create(  # but it is a worker that scores its offers
+        worker=worker,
+        job_id="build:00000000-0000-0000-0000-000000000000",
+        missing_count=0,
+        missing_nar_size=0,
+        updated_at=offered_at,
+    )
     for passes in (0, 3):
         at = offered_at + timedelta(seconds=5 * passes + 1)
         assert request_job(worker_id=worker.id, protocol_kind="build", now=at) is None, passes
@@ -289,3 +296,7 @@ def test_a_scored_or_never_offered_build_is_not_held_back() -> None:
     other = connected_worker([project])
     _building_evaluation(project, [drv("fresh")])
     assert ask(other.id) is not None, "never offered to this worker: nothing to wait for"
+    silent = connected_worker([project])
+    _building_evaluation(project, [drv("unscored")])
+    job_list(worker_id=silent.id, now=timezone.now())
+    assert ask(silent.id) is not None, "a worker that never scores is not held back"

@@ -41,15 +41,37 @@ def test_draining_parks_everything_but_a_finished_evaluation() -> None:
     verdict = w.assess(
         status="Building", counters=building, has_open_job=False, pool=pool, blocking=None, draining=True
     )
-    assert verdict.reason == {"reason": "draining"}
+    assert verdict.reason == {"reason": "draining", "resume": "Building"}
+    evaluating = w.assess(
+        status="EvaluatingDerivation",
+        counters=building,
+        has_open_job=True,
+        pool=pool,
+        blocking=None,
+        draining=True,
+    )
+    assert evaluating.reason == {"reason": "draining", "resume": "Queued"}, (
+        "its evaluation job never completed"
+    )
+    parked = w.assess(
+        status="Waiting",
+        counters=building,
+        has_open_job=False,
+        pool=pool,
+        blocking=None,
+        draining=True,
+        parked_for="workers",
+    )
+    assert parked.reason == {"reason": "draining", "resume": "Building"}
     done = w.Counters(named=2, active=0, building=0)
     assert w.assess(
         status="Building", counters=done, has_open_job=False, pool=pool, blocking=None, draining=True
     ).finalize
-    assert w.unpark_status("draining", 0) == "Queued"
-    assert w.unpark_status("draining", 3) == "Building"
-    assert w.unpark_status("eval_workers", 0) == "Queued"
-    assert w.unpark_status("workers", 3) == "Building"
+    assert w.unpark_status({"reason": "draining", "resume": "Queued"}, 3) == "Queued"
+    assert w.unpark_status({"reason": "draining", "resume": "Building"}, 3) == "Building"
+    assert w.unpark_status({"reason": "draining", "resume": "Building"}, 0) == "Queued"
+    assert w.unpark_status({"reason": "eval_workers"}, 3) == "Queued"
+    assert w.unpark_status({"reason": "workers"}, 3) == "Building"
 
 
 @pytest.mark.django_db
@@ -101,7 +123,7 @@ def test_the_pass_parks_every_in_flight_evaluation_during_a_drain_and_leaves_for
     assert r.draining and r.parked == 2
     for evaluation in (queued, building):
         evaluation.refresh_from_db()
-        assert (evaluation.status, evaluation.waiting_reason) == ("Waiting", {"reason": "draining"})
+        assert evaluation.status == "Waiting" and evaluation.waiting_reason["reason"] == "draining"
     approval.refresh_from_db()
     assert approval.waiting_reason == {"reason": "approval"}
     assert "draining" in w.describe({"reason": "draining"})
@@ -138,7 +160,7 @@ def test_the_pass_unparks_draining_evaluations_once_an_instance_serves_again() -
     server_boot_drain(boot_id=a.id, now=timezone.now())
     refresh_waiting_state(now=timezone.now(), grace_secs=300, use_memo=False)
     evaluation.refresh_from_db()
-    assert evaluation.waiting_reason == {"reason": "draining"}
+    assert evaluation.waiting_reason == {"reason": "draining", "resume": "Queued"}
     _boot(started_ago=1)  # another instance serves
     r = refresh_waiting_state(now=timezone.now(), grace_secs=300, use_memo=False)
     evaluation.refresh_from_db()

@@ -182,6 +182,26 @@ def test_the_pass_parks_a_queued_evaluation_and_unparks_it_to_queued_when_the_ca
 
 
 @pytest.mark.django_db
+def test_a_requeued_evaluation_with_builds_of_an_unfinished_evaluation_unparks_to_queued_not_building() -> (
+    None
+):
+    # Its eval_result was ingested, then the server died before JobCompleted: startup recovery requeued it.
+    # With no fetch worker connected it parks for eval_workers; when one connects it must be evaluated
+    # again, not jump to Building on the builds of the unfinished run.
+    project = ProjectFactory()
+    evaluation = _building(project, [drv("solo")])
+    evaluation.status = EvaluationStatus.QUEUED
+    evaluation.save(update_fields=["status"])
+    refresh_waiting_state(now=timezone.now(), grace_secs=300, use_memo=False)
+    evaluation.refresh_from_db()
+    assert evaluation.status == "Waiting" and evaluation.waiting_reason["reason"] == "eval_workers"
+    connected_worker([project])
+    refresh_waiting_state(now=timezone.now(), grace_secs=300, use_memo=False)
+    evaluation.refresh_from_db()
+    assert (evaluation.status, evaluation.waiting_reason) == ("Queued", None)
+
+
+@pytest.mark.django_db
 def test_the_pass_never_touches_reasons_owned_by_other_hooks() -> None:
     evaluation = EvaluationFactory(status=EvaluationStatus.WAITING, waiting_reason={"reason": "approval"})
     refresh_waiting_state(now=timezone.now(), grace_secs=300, use_memo=False)

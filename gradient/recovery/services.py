@@ -56,6 +56,20 @@ def pass_lease_release(
     )
 
 
+def pass_leases_release_held_by(*, processes: list[tuple[str, int]], now: datetime) -> int:
+    """Free the unexpired leases held by these (hostname, pid) processes, which are gone: a `serve`
+    SIGKILLed while running the cluster-dispatch kick would otherwise hold that pass for the rest of
+    its lease. Returns how many were freed."""
+    held_by = Q()
+    for hostname, pid in processes:
+        held_by |= Q(lease_holder__startswith=f"{hostname}:{pid}:")
+    if not processes:
+        return 0
+    return PassState.objects.filter(held_by, lease_expires_at__gt=now).update(
+        lease_holder="", lease_expires_at=None
+    )
+
+
 def pass_run(*, name: str, body: Callable[[], T], lease_secs: float = 600.0) -> T | None:
     """Run `body` under the pass's lease. Returns its result, or None when another runner holds it."""
     holder = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"

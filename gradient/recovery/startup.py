@@ -27,6 +27,7 @@ from django.utils import timezone
 from gradient.clusters.services import recover_clusters_at_startup
 from gradient.recovery.models import ServerBoot
 from gradient.recovery.selectors import DEAD_BOOT_SECS
+from gradient.recovery.services import pass_leases_release_held_by
 from gradient.scheduling import history
 from gradient.scheduling.models import (
     EVALUATION_EVALUATING,
@@ -60,6 +61,7 @@ class RecoveryReport:
     builds_requeued: int = 0
     builds_unpromoted: int = 0
     evaluations_requeued: int = 0
+    pass_leases_released: int = 0
     clusters: dict[str, Any] = field(default_factory=dict)
     draining_unparked: int = 0
 
@@ -121,7 +123,17 @@ def recover_interrupted_work(*, boot_id: uuid.UUID, now: datetime) -> RecoveryRe
     report = RecoveryReport()
     dead = dead_boot_ids(current=boot_id, now=now)
     report.dead_boots = len(dead)
+    # Pass leases held by a crashed process on this host are free now (the cluster-dispatch kick runs in
+    # serve): else that pass would wait for the rest of the lease.
+    crashed = [
+        (b.hostname, b.pid)
+        for b in ServerBoot.objects.filter(
+            id__in=dead, stopped_at__isnull=True, hostname=socket.gethostname()
+        )
+        if b.pid != os.getpid() and boot_process_gone(b)
+    ]
     ServerBoot.objects.filter(id__in=dead, stopped_at__isnull=True).update(stopped_at=now)
+    report.pass_leases_released = pass_leases_release_held_by(processes=crashed, now=now)
 
     # Sessions held by dead servers are gone with their sockets.
     orphaned_sessions = WorkerSession.objects.filter(closed_at__isnull=True, server_boot__in=dead)

@@ -75,6 +75,33 @@ def open_assignments(worker_id: uuid.UUID, kind: str | None = None) -> QuerySet[
     return qs.filter(kind=kind) if kind else qs
 
 
+def unheard_assignment(worker_id: uuid.UUID, dispatched_at: datetime) -> dict[str, Any] | None:
+    """The AssignJob of an open single-job assignment of this worker claimed at exactly `dispatched_at`
+    and not answered yet: a claim whose COMMIT succeeded although the connection died before the
+    caller heard so (jobloop.request_job hands it out instead of leaving it open on a worker that never
+    heard of it)."""
+    row = (
+        DispatchedJob.objects.filter(
+            worker_id=worker_id,
+            dispatched_at=dispatched_at,
+            finished_at__isnull=True,
+            accepted_at__isnull=True,
+            cluster_attempt__isnull=True,
+        )
+        .only("id", "job_id", "job")
+        .first()
+    )
+    if row is None:
+        return None
+    return {
+        "type": "AssignJob",
+        "job_id": row.job_id,
+        "assignment_id": str(row.id),
+        "job": row.job,
+        "cluster": None,
+    }
+
+
 def has_idle_eval_only_worker() -> bool:
     """WorkerPool::has_idle_eval_only_worker: active, eval without fetch, no assigned job."""
     busy = DispatchedJob.objects.filter(worker_id=OuterRef("worker_id"), finished_at__isnull=True)

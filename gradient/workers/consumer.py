@@ -10,6 +10,12 @@ refused with Reject{400} (close 4400), as the handshake says.
 
 Pushes from anywhere (AssignJob, AbortJob, StartCluster, AbortCluster, ClusterSignal, JobOffer, and
 orders to close) reach the consumer through the worker's channel-layer group (gradient.workers.push).
+
+Faults (docs/faults.md): a database connection that dies under a job-loop call (a restart,
+pg_terminate_backend, a failover) is replaced and the call made again, so the worker keeps its session;
+a channel layer that fails under the consumer (Redis restarted) ends the session cleanly, socket closed
+with 1011 and session closed in the database, so the worker reconnects at once instead of waiting for
+the liveness pass to free it.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from typing import Any
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
+from django.db import InterfaceError, OperationalError, connection
 from django.utils import timezone
 
 from gradient.recovery.boot import current_boot
@@ -87,15 +94,65 @@ SEEN_EVERY_SECS = 1.0
 GROUP_RENEW_SECS = 600.0
 # On SIGTERM: how long a session with open assignments may keep reporting before it is closed.
 DRAIN_GRACE_SECS = 15.0
+# A job-loop call whose database connection died is made again on a fresh connection this many times in
+# all; a session close, which frees the worker to reconnect, too.
+DB_ATTEMPTS = 3
+DB_RETRY_PAUSE_SECS = 0.1
+# How long a channel-layer call may take when the session ends; Redis may be the thing that is down.
+CHANNEL_LAYER_TIMEOUT_SECS = 2.0
 
 _live: weakref.WeakSet[WorkerConsumer] = weakref.WeakSet()
 _server_draining = False
 
 
 def _handle(handler: Handler, session: SessionRef, message: Message, mark_seen: bool) -> list[ServerMessage]:
-    if mark_seen:
-        services.worker_seen(session=session, now=timezone.now())
-    return handler(session=session, message=message)
+    """One job-loop call. A lost database connection (OperationalError or InterfaceError outside any
+    transaction: the transaction it was in has rolled back) is dropped and the call made again, up to
+    DB_ATTEMPTS in all. Every job-loop function is safe to repeat: reports are fenced by their
+    assignment_id, writes are conditional, and request_job hands out a claim whose commit it did not hear
+    (jobloop.request_job)."""
+    for attempt in range(1, DB_ATTEMPTS + 1):
+        try:
+            if mark_seen:
+                services.worker_seen(session=session, now=timezone.now())
+            return handler(session=session, message=message)
+        except (OperationalError, InterfaceError) as exc:
+            if attempt == DB_ATTEMPTS or connection.in_atomic_block:
+                raise
+            log.warning(
+                "database connection lost handling %s from worker %s (%s); trying again",
+                tag_of(type(message)),
+                session.worker_id,
+                str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__,
+            )
+            jobloop.drop_connection()
+            time.sleep(DB_RETRY_PAUSE_SECS * attempt)
+    raise AssertionError("unreachable")
+
+
+def _close_session(session: SessionRef, reason: str) -> None:
+    """Close the session in the database, retried on a lost connection: a session left open keeps its
+    worker out (496) until the liveness pass. The close is conditional, so repeating it is harmless."""
+    for attempt in range(1, DB_ATTEMPTS + 1):
+        try:
+            services.worker_session_close(session_id=session.session_id, reason=reason, now=timezone.now())
+            return
+        except (OperationalError, InterfaceError):
+            if attempt == DB_ATTEMPTS:
+                raise
+            log.warning("database connection lost closing the session of %s; trying again", session.worker_id)
+            jobloop.drop_connection()
+            time.sleep(DB_RETRY_PAUSE_SECS * attempt)
+
+
+def _forget_channel(layer: Any, channel_name: str | None) -> None:
+    """Drop this consumer's entry in channels_redis' per-process receive buffer. The layer leaves one
+    behind for every consumer whose receive was cancelled (django/channels_redis#212): a few kilobytes
+    per connection, refused ones included, for as long as the process lives. The channel name is this
+    consumer's own and never used again."""
+    buffer = getattr(layer, "receive_buffer", None)
+    if channel_name and isinstance(buffer, dict):
+        buffer.pop(channel_name, None)
 
 
 class WorkerConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]  # channels is untyped
@@ -103,6 +160,37 @@ class WorkerConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]  # channels 
     closing: bool
     close_reason: str
     group: str | None
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        """Channels' consumer loop, which ends by raising when the channel layer fails under it (Redis
+        restarted: the receive on this consumer's channel raises). Then nothing would run disconnect():
+        the session would stay open, refusing the worker's reconnection with 496 until the liveness
+        pass. End the session cleanly instead: close the socket with 1011 and the session in the
+        database, so the worker reconnects, and its jobs go back to the pool at once."""
+        try:
+            await super().__call__(scope, receive, send)
+        except Exception:
+            session = getattr(self, "session", None)
+            log.exception(
+                "the consumer of %s failed; ending its session",
+                session.worker_id if session is not None else self._peer(),
+            )
+            await self._end_after_failure(send)
+        finally:
+            _forget_channel(getattr(self, "channel_layer", None), getattr(self, "channel_name", None))
+
+    async def _end_after_failure(self, send: Any) -> None:
+        already_closing = getattr(self, "closing", False)
+        self.closing = True
+        self._cancel_handshake_timer()
+        _live.discard(self)
+        if not already_closing:
+            try:
+                await send({"type": "websocket.close", "code": 1011, "reason": "internal error"})
+            except Exception:  # the socket is gone already
+                log.debug("closing the socket after a failure failed", exc_info=True)
+        await self._leave_group()
+        await self._end_session(getattr(self, "close_reason", "") or "internal error: the consumer failed")
 
     async def connect(self) -> None:
         self.session = None
@@ -209,8 +297,13 @@ class WorkerConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]  # channels 
         for reply in replies:
             await self._send(reply)
         if isinstance(message, WorkerMetrics) and self.group and now - self._grouped_at >= GROUP_RENEW_SECS:
-            await self.channel_layer.group_add(self.group, self.channel_name)
-            self._grouped_at = now
+            # Failing here (Redis away) costs nothing: the next heartbeat tries again, and a lost channel
+            # layer ends the session through __call__ anyway.
+            try:
+                await self.channel_layer.group_add(self.group, self.channel_name)
+                self._grouped_at = now
+            except Exception:
+                log.warning("renewing the channel-layer group of worker %s failed", session.worker_id)
 
     # --- pushes through the channel layer -------------------------------------------------------------
 
@@ -232,14 +325,34 @@ class WorkerConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]  # channels 
     async def disconnect(self, code: int) -> None:
         self._cancel_handshake_timer()
         _live.discard(self)
-        if self.group is not None:
-            await self.channel_layer.group_discard(self.group, self.channel_name)
-        if self.session is not None:
-            reason = self.close_reason or f"disconnected ({code})"
-            await database_sync_to_async(services.worker_session_close)(
-                session_id=self.session.session_id, reason=reason, now=timezone.now()
+        await self._leave_group()
+        await self._end_session(self.close_reason or f"disconnected ({code})")
+
+    async def _leave_group(self) -> None:
+        """Best effort: with the channel layer down the membership expires by itself, and the session
+        must still be closed."""
+        group, self.group = getattr(self, "group", None), None
+        if group is None:
+            return
+        try:
+            await asyncio.wait_for(
+                self.channel_layer.group_discard(group, self.channel_name), CHANNEL_LAYER_TIMEOUT_SECS
             )
-            log.info("worker %s disconnected: %s", self.session.worker_id, reason)
+        except Exception:
+            log.warning("leaving the channel-layer group %s failed", group)
+
+    async def _end_session(self, reason: str) -> None:
+        """Close the session in the database, once (disconnect and a failure may both get here)."""
+        session = getattr(self, "session", None)
+        if session is None or getattr(self, "_session_ended", False):
+            return
+        self._session_ended = True
+        try:
+            await database_sync_to_async(_close_session)(session, reason)
+        except Exception:
+            log.exception("closing the session of %s failed; the liveness pass will", session.worker_id)
+            return
+        log.info("worker %s disconnected: %s", session.worker_id, reason)
 
     async def _send(self, message: ServerMessage) -> None:
         await self.send(text_data=encode(message))

@@ -19,6 +19,7 @@ from datetime import datetime
 from typing import Any
 
 import msgspec
+from django.db import InterfaceError, OperationalError, connection
 from django.utils import timezone
 
 from gradient.clusters.selectors import clusters_wait_for_placement, is_cluster_assignment
@@ -29,6 +30,7 @@ from gradient.clusters.services import (
     cluster_signal_forward,
 )
 from gradient.scheduling.effects import to_server_message
+from gradient.scheduling.selectors import unheard_assignment
 from gradient.scheduling.services import assignment, offers, reports
 from gradient.workers import services
 from gradient.workers.protocol import (
@@ -57,6 +59,14 @@ def server_messages(messages: list[dict[str, Any]]) -> list[ServerMessage]:
 
 
 NO_REPLY: list[ServerMessage] = []
+
+
+def drop_connection() -> None:
+    """Forget this thread's database connection after it died; the next query opens a new one."""
+    try:
+        connection.close()
+    except Exception:  # it is dead already
+        log.debug("closing a dead database connection failed", exc_info=True)
 
 
 def worker_capabilities(*, session: SessionRef, message: WorkerCapabilities) -> list[ServerMessage]:
@@ -96,7 +106,18 @@ def request_job(*, session: SessionRef, message: RequestJob) -> list[ServerMessa
     with its AssignJob (the claim has committed when this returns). Unanswered, the request is an idle
     slot for cluster placement and gets no reply."""
     now = timezone.now()
-    handed = assignment.request_job(worker_id=session.worker_id, protocol_kind=message.kind, now=now)
+    try:
+        handed = assignment.request_job(worker_id=session.worker_id, protocol_kind=message.kind, now=now)
+    except (OperationalError, InterfaceError):
+        # The connection died while claiming. Dying at COMMIT, the claim may have won without this call
+        # hearing so: that job is this worker's now and must go out, or it would stay open on a worker
+        # that never heard of it. Otherwise it rolled back, and the consumer asks again.
+        drop_connection()
+        unheard = unheard_assignment(session.worker_id, now)
+        if unheard is None:
+            raise
+        log.warning("a claim for worker %s committed unheard; handing it out", session.worker_id)
+        return server_messages([unheard])
     if handed is None:
         _kick_cluster_dispatch(now)
         return []

@@ -19,6 +19,7 @@ from typing import Any
 import uvicorn
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandParser
+from django.db import close_old_connections
 from django.utils import timezone
 
 from gradient.passrunner import PassRunner
@@ -137,8 +138,6 @@ class Command(BaseCommand):
         stop_heartbeat = threading.Event()
 
         def heartbeat() -> None:
-            from django.db import close_old_connections
-
             while not stop_heartbeat.wait(BOOT_HEARTBEAT_SECS):
                 try:
                     server_boot_heartbeat(boot_id=boot.id, now=timezone.now())
@@ -168,4 +167,7 @@ class Command(BaseCommand):
             stop_heartbeat.set()
             if runner is not None:
                 runner.stop()
+            # This thread's connection dates from startup recovery: the database may have dropped it
+            # since (a restart, pg_terminate_backend). The health check replaces a dead one.
+            close_old_connections()
             server_boot_stop(boot_id=boot.id, now=timezone.now())

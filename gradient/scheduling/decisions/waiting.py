@@ -115,7 +115,13 @@ class Verdict:
 
 
 NOT_WAITING = Verdict(None)
-DRAINING = Verdict({"reason": "draining"})
+
+
+def draining_verdict(status: str, parked_for: str | None) -> Verdict:
+    """The drain park, with where the evaluation resumes: Building only when it was building (its
+    evaluation job completed); anything before that is evaluated again."""
+    building = status == "Building" or (status == "Waiting" and parked_for in ("workers", "graph_stuck"))
+    return Verdict({"reason": "draining", "resume": "Building" if building else "Queued"})
 
 
 def pre_build_verdict(status: str, has_open_job: bool, pool: Pool) -> Verdict:
@@ -168,13 +174,24 @@ def assess(
     pool: Pool,
     blocking: Sequence[BlockingBuild] | None,
     draining: bool = False,
+    parked_for: str | None = None,
 ) -> Verdict:
-    """The whole decision for one evaluation. `blocking` may be None when the counters decide. While the
-    service drains, every in-flight evaluation that is not finished is parked as `draining`."""
+    """The whole decision for one evaluation. `blocking` may be None when the counters decide.
+
+    An evaluation whose evaluation job has not completed (Queued, Fetching, Evaluating*, or Waiting parked
+    before building: `parked_for` eval_workers, or no builds yet) is judged by the pre-build rules even
+    when it has builds from an interrupted run's eval_result: it is never finalized on them, it is
+    evaluated again. While the service drains, every in-flight evaluation that is not finished is parked
+    as `draining`."""
     phase = phase_from_counters(counters)
+    pre_build = status in PRE_BUILD or (
+        status == "Waiting" and (phase == Phase.PRE_BUILD or parked_for == "eval_workers")
+    )
     if draining:
-        return Verdict(None, finalize=True) if phase == Phase.FINALIZE else DRAINING
-    if status in PRE_BUILD or (status == "Waiting" and phase == Phase.PRE_BUILD):
+        if phase == Phase.FINALIZE and not pre_build:
+            return Verdict(None, finalize=True)
+        return draining_verdict(status, parked_for)
+    if pre_build:
         return pre_build_verdict("Queued" if status == "Waiting" else status, has_open_job, pool)
     if phase == Phase.FINALIZE:
         return Verdict(None, finalize=True)
@@ -183,11 +200,15 @@ def assess(
     return building_verdict(blocking or (), pool)
 
 
-def unpark_status(reason_name: str | None, named: int) -> str:
-    """Where an evaluation goes when its reason clears: back to Queued when it has no shared builds yet
-    (eval_workers, or a drain before its eval_result), else to Building (its builds are queued already:
-    evaluating it again would only find the same graph)."""
-    if reason_name == "eval_workers" or named == 0:
+def unpark_status(reason: dict[str, Any] | None, named: int) -> str:
+    """Where an evaluation goes when its reason clears. A drain park says where it resumes (Building only
+    when its evaluation job had completed: its builds are queued already). An eval_workers park still
+    needs its evaluation job, even with builds from an eval_result whose job never completed: Queued.
+    A workers or graph_stuck park goes back to Building."""
+    name = (reason or {}).get("reason")
+    if name == "draining":
+        return "Building" if (reason or {}).get("resume") == "Building" and named > 0 else "Queued"
+    if name == "eval_workers" or named == 0:
         return "Queued"
     return "Building"
 

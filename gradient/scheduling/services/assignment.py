@@ -14,6 +14,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import transaction
+from django.utils import timezone
 
 from gradient.clusters.selectors import worker_reserved_for
 from gradient.scheduling import history, jobs, selectors
@@ -143,7 +144,9 @@ def _assign_build(state: selectors.WorkerState, now: datetime) -> Assignment | N
     }
     if not refs:
         return None
-    offered = _offered_passes_ago(state.id, [k for k in refs if k not in scores], now)
+    # RescoreWait holds back what a scoring worker was offered and has not scored yet; a worker that
+    # never sends scores is not held back for them.
+    offered = _offered_passes_ago(state.id, [k for k in refs if k not in scores], now) if scores else {}
     candidates = []
     for key, b in refs.items():
         s = scores.get(key)
@@ -164,6 +167,9 @@ def _assign_build(state: selectors.WorkerState, now: datetime) -> Assignment | N
         build = _lock_if_free(DerivationBuild, refs[choice.job_id].id, BuildStatus.QUEUED)
         if build is None:  # another RequestJob is claiming it right now, or it is gone: the next one
             continue
+        # The claim's time is when the row was locked, not when the request arrived: a build queued by a
+        # dependency that finished meanwhile is never shown dispatched before that dependency finished.
+        claimed_at = max(now, timezone.now())
         s = scores.get(choice.job_id)
         job = jobs.build_job(build)
         request = ClaimRequest(
@@ -178,7 +184,9 @@ def _assign_build(state: selectors.WorkerState, now: datetime) -> Assignment | N
             job=job,
             queued_at=build.queued_at,
         )
-        assignment_id = _claim(request, now, lambda aid, b=build: _start_build(b, aid, state.id, now))
+        assignment_id = _claim(
+            request, claimed_at, lambda aid, b=build, t=claimed_at: _start_build(b, aid, state.id, t)
+        )
         if assignment_id is not None:
             return Assignment(assignment_id, build.job_key, JobKind.BUILD, job, choice)
         lost += 1

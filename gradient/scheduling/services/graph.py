@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from django.db.models import Exists, OuterRef
+from django.db.models import Exists, OuterRef, Q
 
 from gradient.scheduling import history
 from gradient.scheduling.models import (
@@ -200,12 +200,18 @@ class EvaluationFinish:
 
 
 def finish_evaluations(*, evaluation_ids: Iterable[uuid.UUID], now: datetime) -> list[EvaluationFinish]:
-    """check_evaluation_done: a Building (or Waiting) evaluation completes when everything it needs
-    succeeded and fails on a lasting failure. Returns what changed. Two indexed EXISTS-style reads per
-    evaluation, whatever its size: this runs after every finished build."""
+    """check_evaluation_done: a Building (or Waiting while building) evaluation completes when everything
+    it needs succeeded and fails on a lasting failure. Returns what changed. Two indexed EXISTS-style reads
+    per evaluation, whatever its size: this runs after every finished build."""
     finished: list[EvaluationFinish] = []
+    # Only an evaluation whose evaluation job completed: Building, or parked while building. One requeued
+    # mid-evaluation (builds from an eval_result, no JobCompleted) is evaluated again first.
+    parked_building = Q(waiting_reason__reason__in=["workers", "graph_stuck"]) | Q(
+        waiting_reason__reason="draining", waiting_reason__resume="Building"
+    )
     candidates = Evaluation.objects.filter(
-        id__in=set(evaluation_ids), status__in=[EvaluationStatus.BUILDING, EvaluationStatus.WAITING]
+        Q(status=EvaluationStatus.BUILDING) | (Q(status=EvaluationStatus.WAITING) & parked_building),
+        id__in=set(evaluation_ids),
     ).values_list("id", flat=True)
     for evaluation_id in candidates:
         links = EvaluationBuild.objects.filter(evaluation_id=evaluation_id, blocks_evaluation=True)

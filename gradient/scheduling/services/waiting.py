@@ -12,6 +12,7 @@ import uuid
 from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from typing import Any
 
 from django.db import transaction
 from django.db.models import Count, Exists, OuterRef, Q
@@ -125,11 +126,18 @@ def refresh_waiting_state(
     )
     counters = _counters([e.id for e in evaluations])
     for evaluation in evaluations:
-        if evaluation.waiting_reason and evaluation.waiting_reason.get("reason") in w.FOREIGN_REASONS:
+        parked_for = (evaluation.waiting_reason or {}).get("reason")
+        if parked_for in w.FOREIGN_REASONS:
+            continue
+        c = counters[evaluation.id]
+        if parked_for == "draining":
+            # Parked for this drain already: its `resume` stays as written. Once an instance serves
+            # again it goes back where it was; the next pass assesses it from there.
+            if not result.draining and _unpark_drained(evaluation.id, evaluation.waiting_reason, c, now):
+                result.unparked += 1
             continue
         result.assessed += 1
-        c = counters[evaluation.id]
-        memo_key = f"{evaluation.id}:{c.key()}:{evaluation.status}:{evaluation.has_open_job}"
+        memo_key = f"{evaluation.id}:{c.key()}:{evaluation.status}:{evaluation.has_open_job}:{parked_for}"
         verdict = _MEMO.get(memo_key, fingerprint, now) if use_memo else None
         if verdict is None:
             blocking = _blocking(evaluation.id) if w.phase_from_counters(c) == w.Phase.ASSESS else None
@@ -140,6 +148,7 @@ def refresh_waiting_state(
                 pool=pool,
                 blocking=blocking,
                 draining=result.draining,
+                parked_for=parked_for,
             )
             _MEMO.put(memo_key, fingerprint, verdict, now)
         _apply(evaluation, verdict, c, now, result)
@@ -170,24 +179,25 @@ def refresh_waiting_state(
 
 def unpark_draining_evals(*, now: datetime) -> int:
     """At startup, after recovery (and whenever a serving instance is back): every evaluation parked for
-    a drain goes back to Queued, or to Building when it has its shared builds already."""
-    count = 0
+    a drain goes back where it was: Building when its evaluation job had completed, else Queued."""
     parked = Evaluation.objects.filter(status=EvaluationStatus.WAITING, waiting_reason__reason="draining")
-    ids = list(parked.values_list("id", flat=True))
-    named = _counters(ids)
-    for evaluation_id in ids:
-        target = w.unpark_status("draining", named[evaluation_id].named)
-        if history.evaluation_transition(
-            evaluation_id=evaluation_id,
-            to=target,
-            expect=[EvaluationStatus.WAITING],
-            reason="no longer waiting (draining): the server is back",
-            now=now,
-            waiting_reason=None,
-            waiting_since=None,
-        ):
-            count += 1
-    return count
+    reasons = dict(parked.values_list("id", "waiting_reason"))
+    counters = _counters(list(reasons))
+    return sum(_unpark_drained(e, reasons[e], counters[e], now) for e in reasons)
+
+
+def _unpark_drained(
+    evaluation_id: uuid.UUID, reason: dict[str, Any] | None, c: w.Counters, now: datetime
+) -> bool:
+    return history.evaluation_transition(
+        evaluation_id=evaluation_id,
+        to=w.unpark_status(reason, c.named),
+        expect=[EvaluationStatus.WAITING],
+        reason="no longer waiting (draining): the server is back",
+        now=now,
+        waiting_reason=None,
+        waiting_since=None,
+    )
 
 
 def _apply(
@@ -200,7 +210,11 @@ def _apply(
     old = evaluation.waiting_reason
     if verdict.reason is None:
         if evaluation.status == EvaluationStatus.WAITING:
-            target = w.unpark_status((old or {}).get("reason"), c.named)
+            # An eval_workers park is of an evaluation that still needs its evaluation job, even one with
+            # builds from an earlier eval_result whose job never completed (requeued by startup recovery
+            # or the watchdog): back to Queued, so it is evaluated again (and a cluster member stays its
+            # cluster's). Only a Building park goes back to Building (w.unpark_status).
+            target = w.unpark_status(old, c.named)
             if history.evaluation_transition(
                 evaluation_id=evaluation.id,
                 to=target,

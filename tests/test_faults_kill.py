@@ -1,0 +1,172 @@
+"""SIGKILL (issue 9): `serve` is killed with SIGKILL at random moments of a busy run, many times, and
+started again on the same port each time; the same reference-worker processes reconnect by themselves.
+
+After each restart, once the new boot has recovered (before it answers /healthz), SQL shows that nothing
+of an earlier boot is open: no assignment dispatched and no cluster attempt created before the new boot
+started, no session of an earlier boot. At the end every evaluation and cluster has finished, no job was
+ever open twice at once nor completed twice, and every cluster attempt was all or nothing.
+
+The passes run on a Celery worker with beat throughout (service mode), so they keep running while
+`serve` is down, as they would in production. The short form kills 3 times; the long form
+(--faults-long, GRADIENT_FAULTS_LONG=1) 20 times over more work. The seed of the random moments is
+printed, and GRADIENT_FAULTS_SEED replays it.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import time
+from contextlib import ExitStack
+from pathlib import Path
+
+import pytest
+
+from gradient.clusters.models import ClusterAttempt, ClusterJob
+from gradient.recovery.models import ServerBoot
+from gradient.scheduling.models import DispatchedJob, Evaluation
+from gradient.workers.models import WorkerSession
+from tests.support.faults import (
+    FAST_WORKER,
+    Operator,
+    explain_jobs,
+    invariant_violations,
+    jobs_not_completed_exactly_once,
+    ready_builds,
+    service_env,
+    statuses,
+    wait_all_completed,
+)
+from tests.support.processes import (
+    ServeProcess,
+    WorkerProcess,
+    celery_worker,
+    reference_worker,
+    serve,
+    wait_until,
+)
+
+pytestmark = [pytest.mark.e2e, pytest.mark.faults, pytest.mark.django_db(transaction=True)]
+
+SHAPES = (
+    "sim:wide?n=3&duration_ms=300&eval_ms=400&salt={i}",
+    "sim:chain?n=3&duration_ms=300&salt={i}",
+    "sim:diamond?duration_ms=200&eval_ms=800&salt={i}",
+)
+
+
+def _left_open_by_earlier_boots(boot: ServerBoot) -> dict[str, list[str]]:
+    """What the new boot's recovery must have closed: anything open from before it started."""
+    return {
+        "assignments": [
+            f"{r.job_id} on {r.worker_id} at {r.dispatched_at}"
+            for r in DispatchedJob.objects.filter(finished_at__isnull=True, dispatched_at__lt=boot.started_at)
+        ],
+        "attempts": [
+            f"{a.id} of {a.cluster_job_id} at {a.created_at}"
+            for a in ClusterAttempt.objects.filter(finished_at__isnull=True, created_at__lt=boot.started_at)
+        ],
+        "sessions": [
+            f"{s.worker_id} of boot {s.server_boot}"
+            for s in WorkerSession.objects.filter(closed_at__isnull=True).exclude(server_boot=boot.id)
+        ],
+    }
+
+
+def test_serve_killed_at_random_moments_recovers_each_time_and_every_evaluation_finishes_once(
+    tmp_path: Path, faults_long: bool
+) -> None:
+    env = service_env()
+    kills, evaluations_n, clusters_n = (20, 60, 4) if faults_long else (3, 12, 1)
+    seed = int(os.environ.get("GRADIENT_FAULTS_SEED") or random.SystemRandom().randrange(1 << 30))
+    print(f"GRADIENT_FAULTS_SEED={seed}")
+    rng = random.Random(seed)
+    workers: list[WorkerProcess] = []
+    server: ServeProcess | None = None
+    with ExitStack() as stack:
+        beat = stack.enter_context(celery_worker(env, tmp_path))
+        server = stack.enter_context(serve(env, tmp_path))
+        port = server.port
+        op = Operator.login(server)
+        op.project("demo")
+        try:
+            # Cluster members before any worker connects, so no single assignment takes one of them.
+            evaluations: list[str] = []
+            clusters: list[str] = []
+            # Clusters of ready builds (evaluation members: see docs/faults.md, "Left open").
+            for c in range(clusters_n):
+                builds = ready_builds(f"sim:wide?n=2&duration_ms=300&salt=member-{c}")
+                clusters.append(op.cluster([{"build": b, "role": "peer"} for b in builds], retry_budget=30))
+            batches = [evaluations_n // (kills + 1)] * (kills + 1)
+            batches[0] += evaluations_n - sum(batches)
+            evaluations += [op.evaluation(SHAPES[i % len(SHAPES)].format(i=i)) for i in range(batches[0])]
+
+            for k in range(4):
+                name = f"w{k}"
+                worker_id, token = op.worker(name)
+                workers.append(
+                    stack.enter_context(
+                        reference_worker(
+                            server.ws_url,
+                            worker_id,
+                            token,
+                            tmp_path,
+                            name=name,
+                            extra_args=[*FAST_WORKER, "--arch", "x86_64-linux", "--slots", "2"],
+                        )
+                    )
+                )
+
+            submitted = batches[0]
+            for kill in range(kills):
+                # A busy moment: some job is out on a worker, then a random instant later.
+                wait_until(
+                    lambda: DispatchedJob.objects.filter(finished_at__isnull=True).exists(),
+                    timeout=60,
+                    what=f"a busy moment before kill {kill + 1}",
+                )
+                time.sleep(rng.uniform(0.0, 1.5))
+                old = ServerBoot.objects.get(pid=server.process.pid, stopped_at__isnull=True)
+                assert server.stop(signal.SIGKILL) == -signal.SIGKILL
+                server = None
+                time.sleep(rng.uniform(0.0, 1.0))
+                server = stack.enter_context(serve(env, tmp_path, port=port))
+                new = ServerBoot.objects.get(pid=server.process.pid)
+                assert new.recovered_at is not None
+                old.refresh_from_db()
+                assert old.stopped_at is not None
+                assert _left_open_by_earlier_boots(new) == {"assignments": [], "attempts": [], "sessions": []}
+                op = Operator(server.base_url, op.token)
+                evaluations += [
+                    op.evaluation(SHAPES[i % len(SHAPES)].format(i=i))
+                    for i in range(submitted, submitted + batches[kill + 1])
+                ]
+                submitted += batches[kill + 1]
+
+            timeout = 400 if faults_long else 90
+            wait_all_completed(
+                evaluations, clusters, timeout, f"every evaluation to finish after {kills} kills"
+            )
+        except BaseException:
+            for w in workers:
+                print(f"--- {w.name}\n{w.log()[-2000:]}")
+            if server is not None:
+                print(f"--- serve\n{server.log()[-5000:]}")
+            print(f"--- celery\n{beat.log()[-4000:]}")
+            print("statuses", statuses(evaluations))
+            for e in Evaluation.objects.exclude(status="Completed"):
+                print("evaluation", e.id, e.repository, e.status, e.waiting_reason)
+            for c in ClusterJob.objects.all():
+                print("cluster", c.id, c.status, c.attempts, c.waiting_reason)
+            raise
+
+    assert ServerBoot.objects.count() == kills + 1
+    assert not DispatchedJob.objects.filter(finished_at__isnull=True).exists()
+    assert not ClusterAttempt.objects.filter(finished_at__isnull=True).exists()
+    assert set(ClusterJob.objects.filter(id__in=clusters).values_list("status", flat=True)) == {"Completed"}
+    assert invariant_violations() == {}
+    offenders = jobs_not_completed_exactly_once(evaluations)
+    assert offenders == {}, explain_jobs(list(offenders))
+    abandoned = DispatchedJob.objects.filter(outcome="Abandoned", reason="server restarted").count()
+    print(f"{kills} kills; {abandoned} assignments closed by startup recovery and handed out again")
