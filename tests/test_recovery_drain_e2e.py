@@ -9,13 +9,19 @@ from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
-from django.conf import settings
-from django.contrib.auth.models import User
 
 from gradient.records.models import RecordEntry
 from gradient.recovery.models import ServerBoot
 from gradient.scheduling.models import DispatchedJob, DispatchOutcome, Evaluation, EvaluationStatus
-from tests.support.processes import ServeProcess, base_env, http_json, reference_worker, serve, wait_until
+from tests.support.processes import (
+    base_env,
+    database_env,
+    http_json,
+    operator_token,
+    reference_worker,
+    serve,
+    wait_until,
+)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
@@ -25,20 +31,7 @@ FAST = ["--heartbeat-secs", "2", "--idle-request-secs", "1", "--cpu-core-score",
 @pytest.fixture
 def embedded_passes_env() -> dict[str, str]:
     """PostgreSQL, no Redis: the passes run in the serve process, and stop with it."""
-    db = settings.DATABASES["default"]
-    if db["ENGINE"] != "django.db.backends.postgresql":
-        pytest.skip("needs PostgreSQL")
-    url = f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}"
-    return base_env(DATABASE_URL=url, REDIS_URL="", GRADIENT_SCHEDULER_PASS_INTERVAL_SECS="1")
-
-
-def _token(server: ServeProcess) -> str:
-    User.objects.create_user("operator", password="operator-pw", is_staff=True)
-    status, body = http_json(
-        "POST", f"{server.base_url}/api/v1/auth/token", {"username": "operator", "password": "operator-pw"}
-    )
-    assert status == 200, body
-    return str(body["token"])
+    return database_env(redis=False, GRADIENT_SCHEDULER_PASS_INTERVAL_SECS="1")
 
 
 def test_a_drained_server_parks_in_flight_evaluations_and_the_next_start_resumes_them(
@@ -47,7 +40,7 @@ def test_a_drained_server_parks_in_flight_evaluations_and_the_next_start_resumes
     with ExitStack() as stack:
         first = stack.enter_context(serve(embedded_passes_env, tmp_path))
         port, base = first.port, first.base_url
-        token = _token(first)
+        token = operator_token(first)
         assert http_json("POST", f"{base}/api/v1/projects", {"name": "demo"}, token)[0] == 201
         status, worker = http_json(
             "POST", f"{base}/api/v1/workers", {"name": "w0", "projects": ["demo"]}, token

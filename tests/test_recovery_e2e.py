@@ -15,8 +15,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from django.conf import settings
-from django.contrib.auth.models import User
 from django.utils import timezone
 
 from gradient.clusters.models import AttemptOutcome, ClusterAttempt, ClusterJob, ClusterStatus
@@ -42,7 +40,9 @@ from tests.support.processes import (
     WorkerProcess,
     base_env,
     celery_worker,
+    database_env,
     http_json,
+    operator_token,
     reference_worker,
     serve,
     wait_until,
@@ -55,32 +55,13 @@ FAST = ["--heartbeat-secs", "2", "--idle-request-secs", "1", "--cpu-core-score",
 
 @pytest.fixture
 def service_env() -> dict[str, str]:
-    db = settings.DATABASES["default"]
-    if db["ENGINE"] != "django.db.backends.postgresql" or not settings.REDIS_URL:
-        pytest.skip("needs PostgreSQL and Redis")
-    url = f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}"
-    # The simple policy: no ResourceSaturation veto when other processes keep this machine's CPU busy.
-    return base_env(
-        DATABASE_URL=url,
-        REDIS_URL=settings.REDIS_URL,
-        GRADIENT_SCHEDULER_PASS_INTERVAL_SECS="1",
-        GRADIENT_SCHEDULING_POLICY="simple",
-    )
+    return database_env(GRADIENT_SCHEDULER_PASS_INTERVAL_SECS="1")
 
 
 def _post(base: str, path: str, body: dict[str, Any], token: str) -> dict[str, Any]:
     status, answer = http_json("POST", f"{base}{path}", body, token)
     assert status == 201, answer
     return answer  # type: ignore[no-any-return]
-
-
-def _token(server: ServeProcess) -> str:
-    User.objects.create_user("operator", password="operator-pw", is_staff=True)
-    status, body = http_json(
-        "POST", f"{server.base_url}/api/v1/auth/token", {"username": "operator", "password": "operator-pw"}
-    )
-    assert status == 200, body
-    return str(body["token"])
 
 
 def _status(evaluation_id: str) -> str:
@@ -117,7 +98,7 @@ def test_a_killed_server_is_recovered_by_the_next_boot_and_the_same_workers_fini
         beat = stack.enter_context(celery_worker(service_env, tmp_path))
         first = stack.enter_context(serve(service_env, tmp_path))
         port, base, ws_url = first.port, first.base_url, first.ws_url
-        token = _token(first)
+        token = operator_token(first)
         _post(base, "/api/v1/projects", {"name": "demo"}, token)
         ids = {
             name: _post(base, "/api/v1/workers", {"name": name, "projects": ["demo"]}, token)

@@ -8,7 +8,6 @@ from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
-from django.conf import settings
 from django.contrib.auth.models import User
 from django.db.models import Min
 
@@ -19,7 +18,7 @@ from gradient.scheduling.models import (
     Evaluation,
     EvaluationStatus,
 )
-from tests.support.processes import base_env, http_json, reference_worker, serve, wait_until
+from tests.support.processes import base_env, database_env, http_json, reference_worker, serve, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
@@ -28,13 +27,8 @@ FAST = ["--heartbeat-secs", "1", "--idle-request-secs", "0.5", "--cpu-core-score
 
 @pytest.fixture
 def service_env() -> dict[str, str]:
-    db = settings.DATABASES["default"]
-    if db["ENGINE"] != "django.db.backends.postgresql" or not settings.REDIS_URL:
-        pytest.skip("needs PostgreSQL and Redis")
-    url = f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}"
-    # Server and workers share this machine: the workers' CPU figures are the whole machine's, so the
-    # resource-aware policy would see the test's own load as saturation (tested in test_scheduling_scoring).
-    return base_env(DATABASE_URL=url, REDIS_URL=settings.REDIS_URL, GRADIENT_SCHEDULING_POLICY="simple")
+    # Server and workers share this machine: base_env scores with `simple` (see there).
+    return database_env()
 
 
 def _post(base: str, path: str, body: dict, token: str) -> dict:  # type: ignore[type-arg]

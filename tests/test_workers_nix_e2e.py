@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from django.conf import settings
 from django.contrib.auth.models import User
 
 from gradient.examples import example_repository
@@ -40,6 +39,7 @@ from tests.support.processes import (
     ServeProcess,
     WorkerProcess,
     base_env,
+    database_env,
     http_json,
     reference_worker,
     serve,
@@ -55,11 +55,7 @@ BUILDING = re.compile(r"^(\S+ \S+) INFO gradient\.worker\.nix: nix: building (/n
 
 @pytest.fixture
 def service_env() -> dict[str, str]:
-    db = settings.DATABASES["default"]
-    if db["ENGINE"] != "django.db.backends.postgresql" or not settings.REDIS_URL:
-        pytest.skip("needs PostgreSQL and Redis")
-    url = f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}"
-    return base_env(DATABASE_URL=url, REDIS_URL=settings.REDIS_URL, GRADIENT_SCHEDULING_POLICY="simple")
+    return database_env()
 
 
 def _post(server: ServeProcess, path: str, body: dict[str, Any], token: str) -> dict[str, Any]:

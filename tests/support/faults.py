@@ -26,14 +26,9 @@ FAST_WORKER = ["--heartbeat-secs", "1", "--idle-request-secs", "0.5", "--cpu-cor
 
 def service_env(redis_url: str | None = None, **overrides: str | None) -> dict[str, str]:
     """The environment of `serve` and Celery on the test database and Redis (skips without them)."""
-    from tests.support.processes import base_env
+    from tests.support.processes import database_env
 
-    db = settings.DATABASES["default"]
-    if db["ENGINE"] != "django.db.backends.postgresql" or not settings.REDIS_URL:
-        pytest.skip("needs PostgreSQL and Redis")
-    url = f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}"
     env = {
-        "DATABASE_URL": url,
         "REDIS_URL": redis_url or settings.REDIS_URL,
         "GRADIENT_SCHEDULER_PASS_INTERVAL_SECS": "1",
         "GRADIENT_SCHEDULER_CLUSTER_PREPARE_TIMEOUT_SECS": "10",
@@ -42,7 +37,7 @@ def service_env(redis_url: str | None = None, **overrides: str | None) -> dict[s
         "GRADIENT_SCHEDULING_POLICY": "simple",
     }
     env.update({k: v for k, v in overrides.items() if v is not None})
-    return base_env(**env)
+    return database_env(**env)
 
 
 @dataclass

@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+import pytest
+
 T = TypeVar("T")
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -92,6 +94,33 @@ def base_env(**overrides: str | None) -> dict[str, str]:
         else:
             env[key] = value
     return env
+
+
+def database_env(*, redis: bool = True, **overrides: str | None) -> dict[str, str]:
+    """The environment of `serve`, workers and Celery on the test's own PostgreSQL database (and its
+    Redis, unless `redis` is False: then the channel layer and the passes are in-process). Skips the
+    test without them."""
+    from django.conf import settings
+
+    db = settings.DATABASES["default"]
+    if db["ENGINE"] != "django.db.backends.postgresql" or (redis and not settings.REDIS_URL):
+        pytest.skip("needs PostgreSQL" + (" and Redis" if redis else ""))
+    url = f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}"
+    values: dict[str, str | None] = {"DATABASE_URL": url, "REDIS_URL": settings.REDIS_URL if redis else ""}
+    values.update(overrides)
+    return base_env(**values)
+
+
+def operator_token(server: ServeProcess, username: str = "operator") -> str:
+    """A staff user and its REST token from `server` (the test's database must be the server's)."""
+    from django.contrib.auth.models import User
+
+    User.objects.create_user(username, password=f"{username}-pw", is_staff=True)
+    status, body = http_json(
+        "POST", f"{server.base_url}/api/v1/auth/token", {"username": username, "password": f"{username}-pw"}
+    )
+    assert status == 200, body
+    return str(body["token"])
 
 
 @contextlib.contextmanager
