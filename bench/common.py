@@ -1,4 +1,5 @@
-"""Shared set-up for the benchmarks: a dedicated PostgreSQL database, migrated and emptied."""
+"""Shared set-up for the benchmarks: a dedicated PostgreSQL database, migrated and emptied; the real
+processes (`serve`, Celery) from tests/support/processes.py; memory, load and pass-duration sampling."""
 
 from __future__ import annotations
 
@@ -6,11 +7,18 @@ import os
 import platform
 import statistics
 import sys
+import time
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlparse
 
 ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
 DEFAULT_DATABASE_URL = "postgres://postgres@127.0.0.1:5432/gradient_bench"
+DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/7"
+LOG_DIR = ROOT / "var" / "bench"
 
 
 def setup_django(database_url: str | None = None) -> str:
@@ -18,8 +26,7 @@ def setup_django(database_url: str | None = None) -> str:
     url = database_url or os.environ.get("BENCH_DATABASE_URL") or DEFAULT_DATABASE_URL
     os.environ["DATABASE_URL"] = url
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "gradient.settings")
-    sys.path.insert(0, str(ROOT))
-    _create_database(url)
+    create_database(url)
     import django
 
     django.setup()
@@ -29,7 +36,11 @@ def setup_django(database_url: str | None = None) -> str:
     return url
 
 
-def _create_database(url: str) -> None:
+def redis_url() -> str:
+    return os.environ.get("REDIS_URL") or DEFAULT_REDIS_URL
+
+
+def create_database(url: str) -> None:
     import psycopg
 
     parsed = urlparse(url)
@@ -49,8 +60,76 @@ def reset_tables() -> None:
             "TRUNCATE dispatched_job, build_attempt, evaluation_build, derivation_build_dependency, "
             "derivation_build, cluster_member, cluster_attempt, cluster_job, evaluation, idle_slot, "
             "sent_candidate, candidate_score, worker_session, worker_project, worker, project, "
-            "record_entry, job_record CASCADE"
+            "record_entry, job_record, cached_path, pass_state, server_boot CASCADE"
         )
+
+
+def service_env(database_url: str, redis: str | None, **extra: str | None) -> dict[str, str]:
+    """The environment of a `serve` or Celery process of a benchmark: the tests' (scoring policy
+    `simple`, since the workers' CPU figures are this machine's and would read as saturation), quiet
+    logs, this database, and Redis when given (None: the in-memory channel layer and in-process
+    passes)."""
+    from tests.support.processes import base_env
+
+    return base_env(
+        DATABASE_URL=database_url,
+        REDIS_URL=redis,
+        GRADIENT_LOG_LEVEL=os.environ.get("GRADIENT_LOG_LEVEL", "WARNING"),
+        **extra,
+    )
+
+
+def log_dir() -> Path:
+    LOG_DIR.mkdir(parents=True, exist_ok=True)
+    return LOG_DIR
+
+
+def rss_mb(pid: int) -> float:
+    """Resident memory of a process in MiB (NaN once it is gone)."""
+    import psutil
+
+    try:
+        return float(psutil.Process(pid).memory_info().rss) / 2**20
+    except psutil.Error:
+        return float("nan")
+
+
+def load_average() -> str:
+    one, five, fifteen = os.getloadavg()
+    return f"load average {one:.2f} {five:.2f} {fifteen:.2f}"
+
+
+class PassSampler:
+    """Pass durations as the passes record them: each run of a pass ends in pass_lease_release, which
+    writes its `last_duration_ms` and bumps `runs` on its pass_state row. Polled often enough (well
+    under a pass interval), every run is seen once."""
+
+    def __init__(self) -> None:
+        self.runs: dict[str, int] = {}
+        self.durations: dict[str, list[float]] = {}
+
+    def baseline(self) -> None:
+        """Runs finished before the measured run do not count."""
+        from gradient.recovery.models import PassState
+
+        self.runs = dict(PassState.objects.values_list("name", "runs"))
+
+    def poll(self) -> None:
+        from gradient.recovery.models import PassState
+
+        for name, runs, duration in PassState.objects.values_list("name", "runs", "last_duration_ms"):
+            if runs > self.runs.get(name, 0) and duration is not None:
+                self.durations.setdefault(name, []).append(duration)
+            self.runs[name] = runs
+
+    def lines(self) -> list[str]:
+        if not self.durations:
+            return ["  (no pass finished during the run)"]
+        return [
+            f"  {name:<26} {len(values):>3} runs: p50 {percentile(values, 50):8.1f} ms, "
+            f"max {max(values):8.1f} ms"
+            for name, values in sorted(self.durations.items())
+        ]
 
 
 def percentile(values: list[float], p: float) -> float:
@@ -66,7 +145,7 @@ def describe_machine() -> str:
 
     return (
         f"{platform.node()}: {psutil.cpu_count()} cores, {psutil.virtual_memory().total / 2**30:.0f} GiB, "
-        f"Python {platform.python_version()}"
+        f"Python {platform.python_version()}; {load_average()}"
     )
 
 
@@ -77,3 +156,15 @@ def summary(values: list[float]) -> str:
         f"p50 {percentile(values, 50):.2f} ms, p99 {percentile(values, 99):.2f} ms, "
         f"mean {statistics.fmean(values):.2f} ms (n={len(values)})"
     )
+
+
+def wait_for(predicate: Any, timeout: float, interval: float = 0.2, what: str = "") -> Any:
+    """Poll `predicate` until it is truthy; raise naming `what` after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(interval)

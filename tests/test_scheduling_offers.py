@@ -91,3 +91,40 @@ def test_a_worker_is_offered_only_what_it_can_run() -> None:
     assert job_list(worker_id=stranger.id, now=timezone.now())[0]["candidates"] == []
     [c] = job_list(worker_id=arm.id, now=timezone.now())[0]["candidates"]
     assert c["job_id"] == DerivationBuild.objects.get().job_key
+
+
+def test_build_offers_are_deltas_of_the_full_list_and_claimed_builds_drop_out() -> None:
+    from gradient.scheduling import selectors
+    from gradient.scheduling.services.offers import candidates_for_worker
+
+    project = ProjectFactory()
+    evaluation = EvaluationFactory(project=project, status=EvaluationStatus.BUILDING)
+    graph.ingest_eval_result(
+        evaluation=evaluation,
+        derivations=[
+            drv("a"),
+            drv("b"),
+            drv("c"),
+            drv("kvm", features=["kvm"]),
+            drv("arm", system="aarch64-linux"),
+            drv("top", "a"),
+        ],
+        now=timezone.now(),
+    )
+    worker = connected_worker([project], architectures=["x86_64-linux"], system_features=["big"])
+    state = selectors.worker_state(worker.id)
+    assert state is not None
+    full = [c["job_id"] for c in candidates_for_worker(state, timezone.now())]
+    [offer] = job_offers(worker_id=worker.id, now=timezone.now())
+    assert [c["job_id"] for c in offer["candidates"]] == full
+    assert len(full) == 3  # a, b, c: not the kvm one, not the aarch64 one, not top (a is not built)
+    assert job_offers(worker_id=worker.id, now=timezone.now()) == []
+    claimed = ask(worker.id)
+    assert claimed is not None
+    assert job_offers(worker_id=worker.id, now=timezone.now()) == []
+    sent = set(SentCandidate.objects.filter(worker=worker).values_list("job_id", flat=True))
+    assert sent == set(full) - {claimed.job_key}
+    returned = next(iter(sent))
+    forget_sent(returned)
+    [again] = job_offers(worker_id=worker.id, now=timezone.now())
+    assert [c["job_id"] for c in again["candidates"]] == [returned]

@@ -226,3 +226,82 @@ def test_an_evaluation_fails_after_ten_lost_dispatches() -> None:
     evaluation.refresh_from_db()
     assert (evaluation.status, evaluation.lost_dispatches) == (EvaluationStatus.FAILED, 10)
     assert "10 evaluation dispatches were lost" in evaluation.errors[-1]
+
+
+def _finish_two_builds_at_once(project, derivations):  # type: ignore[no-untyped-def]
+    """Two workers' builds finish in two transactions at once: the first has finished its build but not
+    committed when the second finishes its own, and commits only a moment later."""
+    import threading
+    import time
+
+    from django.db import connection, transaction
+
+    evaluation = EvaluationFactory(project=project, status=EvaluationStatus.BUILDING)
+    graph.ingest_eval_result(evaluation=evaluation, derivations=derivations, now=timezone.now())
+    first, second = connected_worker([project]), connected_worker([project])
+    a, b = ask(first.id), ask(second.id)
+    assert a is not None and b is not None
+    first_done, second_started = threading.Event(), threading.Event()
+    errors: list[BaseException] = []
+
+    def finish_first() -> None:
+        try:
+            with transaction.atomic():
+                build(first.id, a)
+                first_done.set()
+                second_started.wait(10)
+                time.sleep(0.3)  # the second is now inside its own transaction, or waiting on ours
+        except BaseException as exc:  # noqa: BLE001 (reported below)
+            errors.append(exc)
+            first_done.set()
+        finally:
+            connection.close()
+
+    def finish_second() -> None:
+        try:
+            first_done.wait(10)
+            second_started.set()
+            with transaction.atomic():
+                build(second.id, b)
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=finish_first), threading.Thread(target=finish_second)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    return evaluation
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_last_two_builds_finishing_at_once_complete_the_evaluation_without_a_pass() -> None:
+    from django.db import connection
+
+    if connection.vendor != "postgresql":
+        pytest.skip("needs concurrent connections")
+    project = ProjectFactory()
+    evaluation = _finish_two_builds_at_once(project, [drv("left"), drv("right")])
+    evaluation.refresh_from_db()
+    assert evaluation.status == EvaluationStatus.COMPLETED
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_dependencies_finishing_at_once_queue_their_dependent_without_the_resync() -> None:
+    from django.db import connection
+
+    if connection.vendor != "postgresql":
+        pytest.skip("needs concurrent connections")
+    project = ProjectFactory()
+    evaluation = _finish_two_builds_at_once(project, [drv("left"), drv("right"), drv("top", "left", "right")])
+    statuses = {p.rsplit("-", 1)[1]: s for p, s in DerivationBuild.objects.values_list("drv_path", "status")}
+    assert statuses == {
+        "left.drv": BuildStatus.COMPLETED,
+        "right.drv": BuildStatus.COMPLETED,
+        "top.drv": "Queued",
+    }
+    evaluation.refresh_from_db()
+    assert evaluation.status == EvaluationStatus.BUILDING

@@ -222,6 +222,16 @@ def queued_builds(state: WorkerState, now: datetime) -> list[DerivationBuild]:
     ]
 
 
+def offerable_builds(state: WorkerState, now: datetime) -> QuerySet[DerivationBuild]:
+    """queued_builds as one query, the features check included (PostgreSQL: jsonb `<@`), so that it can
+    be diffed against the sent set in SQL."""
+    if not state.worker.can_build:
+        return DerivationBuild.objects.none()
+    return _queued_builds_for(state, now).filter(
+        required_features__contained_by=list(state.worker.system_features or [])
+    )
+
+
 def eval_requires(steps: tuple[str, ...]) -> tuple[bool, bool]:
     """(needs fetch, needs eval) for a job's steps: WorkerCaps::can_eval."""
     return "FetchFlake" in steps, any(s in ("EvaluateFlake", "EvaluateDerivations") for s in steps)

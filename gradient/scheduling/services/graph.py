@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from django.db.models import Exists, OuterRef, Q
+from django.db import transaction
+from django.db.models import Exists, OuterRef, Q, QuerySet
 
 from gradient.scheduling import history
 from gradient.scheduling.models import (
@@ -136,12 +137,26 @@ def queue_ready_builds(*, build_ids: Sequence[uuid.UUID] | None = None, now: dat
     qs = DerivationBuild.objects.filter(status=BuildStatus.CREATED, drv_lost_at__isnull=True)
     if build_ids is not None:
         qs = qs.filter(id__in=build_ids)
+        # Lock the candidates first (in id order, so two callers never wait on each other in a cycle).
+        # Two dependencies finishing at once in two transactions would otherwise each read the other
+        # as unfinished and neither queue the build, leaving it to the 60 s resync; with the lock the
+        # second waits for the first to commit and then reads both (READ COMMITTED: a fresh snapshot
+        # per statement).
+        _lock_ids(qs)
     ready = list(qs.exclude(Exists(unfinished_dep)).values_list("id", flat=True))
     if not ready:
         return 0
     return DerivationBuild.objects.filter(id__in=ready, status=BuildStatus.CREATED).update(
         status=BuildStatus.QUEUED, queued_at=now, updated_at=now
     )
+
+
+def _lock_ids(qs: QuerySet[Any]) -> list[uuid.UUID]:
+    """The ids of `qs`, each row locked (FOR NO KEY UPDATE) in id order for this transaction. Outside a
+    transaction (autocommit: every statement commits on its own) there is nothing to hold a lock for."""
+    if transaction.get_connection().in_atomic_block:
+        qs = qs.select_for_update(no_key=True)
+    return list(qs.order_by("id").values_list("id", flat=True))
 
 
 def fail_dependents(*, build_ids: Sequence[uuid.UUID], now: datetime) -> int:
@@ -209,10 +224,15 @@ def finish_evaluations(*, evaluation_ids: Iterable[uuid.UUID], now: datetime) ->
     parked_building = Q(waiting_reason__reason__in=["workers", "graph_stuck"]) | Q(
         waiting_reason__reason="draining", waiting_reason__resume="Building"
     )
-    candidates = Evaluation.objects.filter(
-        Q(status=EvaluationStatus.BUILDING) | (Q(status=EvaluationStatus.WAITING) & parked_building),
-        id__in=set(evaluation_ids),
-    ).values_list("id", flat=True)
+    # Locked, in id order, for the same reason as in queue_ready_builds: the last two builds of an
+    # evaluation finishing in two transactions at once would each see the other still Building, and
+    # the evaluation would wait for the next waiting pass to complete.
+    candidates = _lock_ids(
+        Evaluation.objects.filter(
+            Q(status=EvaluationStatus.BUILDING) | (Q(status=EvaluationStatus.WAITING) & parked_building),
+            id__in=set(evaluation_ids),
+        )
+    )
     for evaluation_id in candidates:
         links = EvaluationBuild.objects.filter(evaluation_id=evaluation_id, blocks_evaluation=True)
         failed = list(

@@ -11,11 +11,12 @@ import uuid
 from datetime import datetime
 from typing import Any
 
-from django.db import transaction
-from django.db.models import Q
+from django.db import connection, transaction
+from django.db.models import CharField, Exists, OuterRef, Q, UUIDField, Value
+from django.db.models.functions import Cast, Concat, Substr
 
 from gradient.scheduling import jobs, selectors
-from gradient.scheduling.models import BuildStatus, DerivationBuild
+from gradient.scheduling.models import BuildStatus, DerivationBuild, Evaluation
 from gradient.workers.models import SentCandidate, WorkerSession
 
 PAGE_SIZE = 1000
@@ -26,13 +27,19 @@ def candidates_for_worker(state: selectors.WorkerState, now: datetime) -> list[d
     cached required paths."""
     if state.draining:
         return []
+    return _candidates(_offerable_evaluations(state), selectors.queued_builds(state, now))
+
+
+def _offerable_evaluations(state: selectors.WorkerState) -> list[Evaluation]:
     split = selectors.has_idle_eval_only_worker()
-    evaluations = [
+    return [
         e
         for e in selectors.queued_evaluations(state)[:20000]
         if selectors.worker_can_run_eval_steps(state.worker, jobs.eval_steps(e, split=split))
     ]
-    builds = selectors.queued_builds(state, now)
+
+
+def _candidates(evaluations: list[Evaluation], builds: list[DerivationBuild]) -> list[dict[str, Any]]:
     inputs = selectors.input_paths([b.id for b in builds])
     sources = [e.flake_source for e in evaluations if e.followup_pending and e.flake_source]
     sizes = selectors.nar_sizes(sources + [p for paths in inputs.values() for p in paths])
@@ -79,12 +86,49 @@ def job_offers(*, worker_id: uuid.UUID, now: datetime) -> list[dict[str, Any]]:
         state = selectors.worker_state(worker_id)
         if state is None:
             return []
-        candidates = candidates_for_worker(state, now)
-        new = _reset_sent(worker_id, {c["job_id"] for c in candidates}, now)
-    fresh = [c for c in candidates if c["job_id"] in new]
+        if connection.vendor == "postgresql":
+            fresh = _fresh_candidates(state, now)
+        else:  # the embedded database: the whole diff in Python, fine at its scale
+            candidates = candidates_for_worker(state, now)
+            new = _reset_sent(worker_id, {c["job_id"] for c in candidates}, now)
+            fresh = [c for c in candidates if c["job_id"] in new]
     if not fresh:
         return []
     return [{"type": "JobOffer", "candidates": page} for page in _pages(fresh)]
+
+
+def _fresh_candidates(state: selectors.WorkerState, now: datetime) -> list[dict[str, Any]]:
+    """What job_offers' reset of the sent set gives, with the builds diffed in SQL: the assignment pass
+    runs this for every connected worker every few seconds, and with a deep queue (100 000 pending
+    builds) loading every pending build and every sent row per worker took the pass far past its
+    interval. Only the builds not sent yet are loaded; sent rows of builds no longer visible are deleted
+    by an anti-join. Evaluations (few, and capped) are diffed in Python as before."""
+    sent = SentCandidate.objects.filter(worker_id=state.id)
+    if state.draining:
+        sent.delete()
+        return []
+    evaluations = _offerable_evaluations(state)
+    sent_evals = set(sent.filter(job_id__startswith="eval:").values_list("job_id", flat=True))
+    gone = sent_evals - {e.job_key for e in evaluations}
+    if gone:
+        sent.filter(job_id__in=gone).delete()
+    builds = selectors.offerable_builds(state, now)
+    # Correlated on the build's primary key (the key's uuid part), so each sent row is one index probe.
+    sent.filter(job_id__startswith="build:").exclude(
+        Exists(builds.filter(id=Cast(Substr(OuterRef("job_id"), 7), output_field=UUIDField())))
+    ).delete()
+    # PostgreSQL writes a uuid as Python's str() does, so this is the build's job key.
+    already = SentCandidate.objects.filter(
+        worker_id=state.id, job_id=Concat(Value("build:"), Cast(OuterRef("id"), CharField()))
+    )
+    fresh = _candidates(
+        [e for e in evaluations if e.job_key not in sent_evals], list(builds.exclude(Exists(already)))
+    )
+    SentCandidate.objects.bulk_create(
+        [SentCandidate(worker_id=state.id, job_id=c["job_id"], sent_at=now) for c in fresh],
+        ignore_conflicts=True,
+    )
+    return fresh
 
 
 def promote_retries(*, now: datetime) -> int:
