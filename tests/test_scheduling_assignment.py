@@ -300,3 +300,26 @@ def test_a_scored_or_never_offered_build_is_not_held_back() -> None:
     _building_evaluation(project, [drv("unscored")])
     job_list(worker_id=silent.id, now=timezone.now())
     assert ask(silent.id) is not None, "a worker that never scores is not held back"
+
+
+def test_a_claimed_job_drops_out_of_every_workers_sent_set_and_scores() -> None:
+    from gradient.scheduling.services.offers import job_list
+    from gradient.workers.models import SentCandidate
+
+    project = ProjectFactory()
+    _building_evaluation(project, [drv("claimed"), drv("other")])
+    first, second = connected_worker([project]), connected_worker([project])
+    now = timezone.now()
+    for worker in (first, second):
+        job_list(worker_id=worker.id, now=now)
+        for b in DerivationBuild.objects.all():
+            CandidateScore.objects.create(
+                worker=worker, job_id=b.job_key, missing_count=0, missing_nar_size=0, updated_at=now
+            )
+    a = ask(first.id)
+    assert a is not None
+    assert not SentCandidate.objects.filter(job_id=a.job_key).exists()
+    assert not CandidateScore.objects.filter(job_id=a.job_key).exists()
+    other = DerivationBuild.objects.exclude(id=a.job["builds"][0]["build_id"]).get()
+    assert CandidateScore.objects.filter(job_id=other.job_key).count() == 2, "other jobs keep theirs"
+    assert SentCandidate.objects.filter(job_id=other.job_key).count() == 2

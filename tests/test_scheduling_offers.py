@@ -128,3 +128,27 @@ def test_build_offers_are_deltas_of_the_full_list_and_claimed_builds_drop_out() 
     forget_sent(returned)
     [again] = job_offers(worker_id=worker.id, now=timezone.now())
     assert [c["job_id"] for c in again["candidates"]] == [returned]
+
+
+def test_offers_within_one_pass_share_candidate_messages_and_say_the_same_as_a_full_list() -> None:
+    from gradient.scheduling.services.offers import pass_cache
+
+    project = ProjectFactory()
+    evaluation = EvaluationFactory(project=project, status=EvaluationStatus.BUILDING)
+    graph.ingest_eval_result(
+        evaluation=evaluation,
+        derivations=[drv("dep", cached=True), drv("app", "dep"), drv("solo")],
+        now=timezone.now(),
+    )
+    first, second, listed = (connected_worker([project]) for _ in range(3))
+    now = timezone.now()
+    with pass_cache() as cache:
+        a = job_offers(worker_id=first.id, now=now)
+        b = job_offers(worker_id=second.id, now=now)
+    assert len(cache.builds) == DerivationBuild.objects.filter(status="Queued").count() == 2
+    full = {c["job_id"]: c for c in job_list(worker_id=listed.id, now=now)[0]["candidates"]}
+    for offers in (a, b):
+        assert {c["job_id"]: c for c in offers[0]["candidates"]} == full
+    app = next(c for c in a[0]["candidates"] if c["required_paths"])
+    assert app["required_paths"][0]["nar_size"] == 1000, "a cached input path carries its NAR size"
+    assert job_offers(worker_id=first.id, now=now) == [], "nothing new after the pass"

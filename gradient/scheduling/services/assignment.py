@@ -266,9 +266,18 @@ def _claim(request: ClaimRequest, now: datetime, start: Any) -> uuid.UUID | None
             if assignment_id is None:
                 return None
             start(assignment_id)
+            _drop_candidate(request.job_key)
             return assignment_id
     except _ClaimLost:
         return None
+
+
+def _drop_candidate(job_key: str) -> None:
+    """A claimed job is no worker's candidate any more: its sent flags and the workers' scores of it go
+    (a job returned to the pool is offered, and scored, afresh). Without this every RequestJob would read
+    every score its worker ever sent."""
+    SentCandidate.objects.filter(job_id=job_key).delete()
+    CandidateScore.objects.filter(job_id=job_key).delete()
 
 
 def _start_build(

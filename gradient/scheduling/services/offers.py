@@ -8,6 +8,10 @@ pool deletes its rows (forget_sent), which puts it into the next delta.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -30,8 +34,40 @@ def candidates_for_worker(state: selectors.WorkerState, now: datetime) -> list[d
     return _candidates(_offerable_evaluations(state), selectors.queued_builds(state, now))
 
 
+@dataclass
+class PassCache:
+    """What one assignment pass computes once for all the workers it offers to: the split decision
+    (design: decided per pass) and each build's candidate message, which is the same for every worker."""
+
+    split: bool | None = None
+    builds: dict[uuid.UUID, dict[str, Any]] = field(default_factory=dict)
+
+
+_PASS_CACHE: ContextVar[PassCache | None] = ContextVar("gradient_offer_pass_cache", default=None)
+
+
+@contextmanager
+def pass_cache() -> Iterator[PassCache]:
+    """Share candidate messages between the offers of one pass (nothing outlives it)."""
+    cache = PassCache()
+    token = _PASS_CACHE.set(cache)
+    try:
+        yield cache
+    finally:
+        _PASS_CACHE.reset(token)
+
+
+def _split() -> bool:
+    cache = _PASS_CACHE.get()
+    if cache is None:
+        return selectors.has_idle_eval_only_worker()
+    if cache.split is None:
+        cache.split = selectors.has_idle_eval_only_worker()
+    return cache.split
+
+
 def _offerable_evaluations(state: selectors.WorkerState) -> list[Evaluation]:
-    split = selectors.has_idle_eval_only_worker()
+    split = _split()
     return [
         e
         for e in selectors.queued_evaluations(state)[:20000]
@@ -40,11 +76,17 @@ def _offerable_evaluations(state: selectors.WorkerState) -> list[Evaluation]:
 
 
 def _candidates(evaluations: list[Evaluation], builds: list[DerivationBuild]) -> list[dict[str, Any]]:
-    inputs = selectors.input_paths([b.id for b in builds])
+    cache = _PASS_CACHE.get()
+    known = cache.builds if cache is not None else {}
+    missing = [b for b in builds if b.id not in known]
+    inputs = selectors.input_paths([b.id for b in missing])
     sources = [e.flake_source for e in evaluations if e.followup_pending and e.flake_source]
     sizes = selectors.nar_sizes(sources + [p for paths in inputs.values() for p in paths])
+    made = {b.id: jobs.build_candidate(b, inputs.get(b.id, []), sizes) for b in missing}
+    if cache is not None:
+        cache.builds.update(made)
     out = [jobs.eval_candidate(e, sizes) for e in evaluations]
-    out.extend(jobs.build_candidate(b, inputs.get(b.id, []), sizes) for b in builds)
+    out.extend(made[b.id] if b.id in made else known[b.id] for b in builds)
     return out
 
 
@@ -122,7 +164,8 @@ def _fresh_candidates(state: selectors.WorkerState, now: datetime) -> list[dict[
         worker_id=state.id, job_id=Concat(Value("build:"), Cast(OuterRef("id"), CharField()))
     )
     fresh = _candidates(
-        [e for e in evaluations if e.job_key not in sent_evals], list(builds.exclude(Exists(already)))
+        [e for e in evaluations if e.job_key not in sent_evals],
+        list(builds.exclude(Exists(already))),
     )
     SentCandidate.objects.bulk_create(
         [SentCandidate(worker_id=state.id, job_id=c["job_id"], sent_at=now) for c in fresh],

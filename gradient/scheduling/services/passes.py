@@ -10,7 +10,12 @@ from django.conf import settings
 
 from gradient.scheduling.effects import send_to_worker_now
 from gradient.scheduling.services import graph
-from gradient.scheduling.services.offers import connected_worker_ids, job_offers, promote_retries
+from gradient.scheduling.services.offers import (
+    connected_worker_ids,
+    job_offers,
+    pass_cache,
+    promote_retries,
+)
 from gradient.scheduling.services.waiting import WaitingPassResult, refresh_waiting_state
 
 
@@ -35,9 +40,10 @@ def assignment_pass(*, now: datetime) -> AssignmentPassResult:
     """Every 5 s: builds out of backoff go back to the queue, every connected worker is offered what it
     was not offered yet (SchedulerMsg::ReOffer), and the waiting pass runs at the end."""
     result = AssignmentPassResult(promoted=promote_retries(now=now))
-    for worker_id in connected_worker_ids():
-        result.workers += 1
-        result.offers += offer_step(worker_id=worker_id, now=now)
+    with pass_cache():  # each build's candidate message is made once for all the workers
+        for worker_id in connected_worker_ids():
+            result.workers += 1
+            result.offers += offer_step(worker_id=worker_id, now=now)
     result.waiting = refresh_waiting_state(
         now=now, grace_secs=settings.GRADIENT_SCHEDULER_UNBUILDABLE_GRACE_SECS
     )
