@@ -132,6 +132,30 @@ def test_bad_members_are_refused_with_a_clear_error_and_nothing_is_written(case:
     assert message in str(error)
 
 
+def test_an_evaluation_parked_before_its_evaluation_job_can_be_a_member_and_one_parked_building_cannot() -> (
+    None
+):
+    waiting_for_eval = EvaluationFactory(
+        status=EvaluationStatus.WAITING,
+        waiting_reason={"reason": "eval_workers", "capability": "fetch", "connected_workers": 0},
+    )
+    cluster = cluster_create(
+        members=[MemberSpec(role="peer", evaluation_id=waiting_for_eval.id)], now=timezone.now()
+    )
+    assert ClusterMember.objects.get(cluster_job=cluster).evaluation_id == waiting_for_eval.id
+    waiting_for_workers = EvaluationFactory(
+        status=EvaluationStatus.WAITING,
+        waiting_reason={
+            "reason": "workers",
+            "unmet": [],
+            "connected_workers": 0,
+            "available_architectures": [],
+        },
+    )
+    error = _refused([MemberSpec(role="peer", evaluation_id=waiting_for_workers.id)])
+    assert "cannot start again" in str(error)
+
+
 def test_a_negative_retry_budget_is_refused() -> None:
     error = _refused([MemberSpec(role="r", build_id=queued_build(ProjectFactory()).id)], retry_budget=-1)
     assert "retry_budget" in error.errors

@@ -302,7 +302,7 @@ def test_a_scored_or_never_offered_build_is_not_held_back() -> None:
     assert ask(silent.id) is not None, "a worker that never scores is not held back"
 
 
-def test_a_claimed_job_drops_out_of_every_workers_sent_set_and_scores() -> None:
+def test_a_claimed_job_drops_out_of_every_workers_sent_set_and_a_finished_one_out_of_the_scores() -> None:
     from gradient.scheduling.services.offers import job_list
     from gradient.workers.models import SentCandidate
 
@@ -319,7 +319,9 @@ def test_a_claimed_job_drops_out_of_every_workers_sent_set_and_scores() -> None:
     a = ask(first.id)
     assert a is not None
     assert not SentCandidate.objects.filter(job_id=a.job_key).exists()
-    assert not CandidateScore.objects.filter(job_id=a.job_key).exists()
+    assert CandidateScore.objects.filter(job_id=a.job_key).count() == 2, "scores stay while it runs"
+    build(first.id, a)
+    assert not CandidateScore.objects.filter(job_id=a.job_key).exists(), "finished: nobody's candidate"
     other = DerivationBuild.objects.exclude(id=a.job["builds"][0]["build_id"]).get()
     assert CandidateScore.objects.filter(job_id=other.job_key).count() == 2, "other jobs keep theirs"
     assert SentCandidate.objects.filter(job_id=other.job_key).count() == 2

@@ -43,6 +43,7 @@ from gradient.clusters.services.settle import abort_member_job, resolve_attempt,
 from gradient.records.errors import UnknownRecord
 from gradient.records.schemas import Cancel, parse_job_key
 from gradient.records.services import Receipt, commit_control
+from gradient.scheduling.decisions.waiting import evaluation_job_done
 from gradient.scheduling.models import (
     BUILD_LASTING_FAILURE,
     BUILD_SUCCESS,
@@ -50,14 +51,12 @@ from gradient.scheduling.models import (
     BuildStatus,
     DerivationBuild,
     Evaluation,
-    EvaluationStatus,
 )
 from gradient.workers.models import Worker
 
 log = logging.getLogger("gradient.clusters")
 
 MAX_MEMBERS = 64
-EVAL_JOB_DONE = (EvaluationStatus.BUILDING, EvaluationStatus.WAITING)
 
 
 @dataclass(frozen=True)
@@ -85,6 +84,7 @@ def _member_problems(members: Sequence[MemberSpec]) -> list[str]:
     eval_ids = [m.evaluation_id for m in members if m.evaluation_id is not None]
     build_ids = [m.build_id for m in members if m.build_id is not None]
     evaluations = dict(Evaluation.objects.filter(id__in=eval_ids).values_list("id", "status"))
+    reasons = dict(Evaluation.objects.filter(id__in=eval_ids).values_list("id", "waiting_reason"))
     builds = dict(DerivationBuild.objects.filter(id__in=build_ids).values_list("id", "status"))
     taken = set(
         ClusterMember.objects.filter(evaluation_id__in=eval_ids).values_list("evaluation_id", flat=True)
@@ -113,7 +113,9 @@ def _member_problems(members: Sequence[MemberSpec]) -> list[str]:
             problems[i] = f"Job {job} is already a member of a cluster."
         elif m.evaluation_id is not None and evaluations[m.evaluation_id] in EVALUATION_TERMINAL:
             problems[i] = f"Evaluation {m.evaluation_id} already ended ({evaluations[m.evaluation_id]})."
-        elif m.evaluation_id is not None and evaluations[m.evaluation_id] in EVAL_JOB_DONE:
+        elif m.evaluation_id is not None and evaluation_job_done(
+            evaluations[m.evaluation_id], reasons[m.evaluation_id]
+        ):
             problems[i] = f"Evaluation {m.evaluation_id} was evaluated already; its job cannot start again."
         elif m.build_id is not None and builds[m.build_id] in (
             *BUILD_SUCCESS,

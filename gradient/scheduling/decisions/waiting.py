@@ -200,6 +200,21 @@ def assess(
     return building_verdict(blocking or (), pool)
 
 
+BUILDING_PARKS = frozenset({"workers", "graph_stuck"})
+
+
+def evaluation_job_done(status: str, reason: dict[str, Any] | None) -> bool:
+    """Whether the evaluation's own job completed: Building, or Waiting parked while building (workers,
+    graph_stuck, or a drain that resumes to Building). A Waiting evaluation parked for eval_workers (or a
+    drain resuming to Queued) still needs its evaluation job."""
+    if status == "Building":
+        return True
+    if status != "Waiting" or not reason:
+        return False
+    name = reason.get("reason")
+    return name in BUILDING_PARKS or (name == "draining" and reason.get("resume") == "Building")
+
+
 def unpark_status(reason: dict[str, Any] | None, named: int) -> str:
     """Where an evaluation goes when its reason clears. A drain park says where it resumes (Building only
     when its evaluation job had completed: its builds are queued already). An eval_workers park still

@@ -273,11 +273,9 @@ def _claim(request: ClaimRequest, now: datetime, start: Any) -> uuid.UUID | None
 
 
 def _drop_candidate(job_key: str) -> None:
-    """A claimed job is no worker's candidate any more: its sent flags and the workers' scores of it go
-    (a job returned to the pool is offered, and scored, afresh). Without this every RequestJob would read
-    every score its worker ever sent."""
+    """A claimed job drops out of every worker's sent set (a job returned to the pool is offered
+    afresh). The workers' scores of it go when it finishes (reports.forget_scores)."""
     SentCandidate.objects.filter(job_id=job_key).delete()
-    CandidateScore.objects.filter(job_id=job_key).delete()
 
 
 def _start_build(

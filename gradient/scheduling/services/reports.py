@@ -40,7 +40,7 @@ from gradient.scheduling.models import (
 )
 from gradient.scheduling.services import drv_recovery, graph
 from gradient.scheduling.services.claims import assignment_close
-from gradient.workers.models import SentCandidate
+from gradient.workers.models import CandidateScore, SentCandidate
 
 log = logging.getLogger("gradient.reports")
 
@@ -86,6 +86,12 @@ def fenced_assignment(*, worker_id: uuid.UUID, job_key: str, assignment_id: str)
         .filter(id=parsed, job_id=job_key, worker_id=worker_id, finished_at__isnull=True)
         .first()
     )
+
+
+def forget_scores(job_key: str) -> None:
+    """A finished job is nobody's candidate again: the workers' scores of it go, so that a RequestJob
+    reads only scores of jobs that can still be handed out."""
+    CandidateScore.objects.filter(job_id=job_key).delete()
 
 
 def forget_sent(job_key: str) -> None:
@@ -267,6 +273,7 @@ def complete_build(row: DispatchedJob, *, now: datetime, substituted: bool = Fal
         outcome=BuildAttemptOutcome.SUBSTITUTED if substituted else BuildAttemptOutcome.BUILT, finished_at=now
     )
     if changed:
+        forget_scores(row.job_id)
         graph.queue_ready_builds(build_ids=graph.dependents_of(build_id), now=now)
         graph.finish_evaluations(evaluation_ids=graph.evaluations_needing([build_id]), now=now)
 
@@ -412,6 +419,7 @@ def _build_failed(
     }[decision.verdict]
     build.finished_at = now
     build.save()
+    forget_scores(row.job_id)
     failed = graph.fail_dependents(build_ids=[build.id], now=now)
     graph.finish_evaluations(evaluation_ids=graph.evaluations_needing([build.id]), now=now)
     return ReportOutcome(True, f"{build.status}; {failed} dependents failed")

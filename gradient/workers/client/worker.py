@@ -376,10 +376,6 @@ class Connection:
 
     async def on_job_offer(self, message: JobOffer) -> None:
         await self.send(RequestJobChunk(scores=await self._scores(message.candidates), is_final=True))
-        # An offer means new work: a worker with a free slot asks now rather than at its next idle
-        # interval. Frames of one socket are handled in order, so the scores are in before this request.
-        if self.listed:
-            await self.request_free_slots()
 
     # --- assignments ----------------------------------------------------------------------------------
 
