@@ -222,6 +222,19 @@ def test_a_seat_whose_idle_slot_is_stale_or_whose_worker_drains_is_refused(two) 
     assert _written() == (0, 0, 0, 0)
 
 
+def test_a_fresh_build_slot_of_a_worker_whose_build_slots_are_all_taken_is_stale(two) -> None:  # type: ignore[no-untyped-def]
+    cluster, _, _, a, b = two
+    project = cluster.members.first().derivation_build.evaluation_links.first().evaluation.project
+    running = queued_build(project)
+    DispatchedJob.objects.create(
+        kind="build", job_id=running.job_key, derivation_build=running, worker=a, dispatched_at=timezone.now()
+    )
+    assert a.max_concurrent_builds == 1
+    assert claim_cluster(placement=placement_of(cluster, [a, b]), now=timezone.now()) is None
+    assert ClusterAttempt.objects.count() == 0
+    assert DispatchedJob.objects.count() == 1, "only the worker's own running build"
+
+
 def test_a_won_claim_takes_the_idle_slots_of_its_seats(two) -> None:  # type: ignore[no-untyped-def]
     cluster, _, _, a, b = two
     claim(cluster, [a, b])

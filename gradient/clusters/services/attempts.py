@@ -151,7 +151,17 @@ def _insert_attempt(
 
 def _take_idle_slot(*, worker_id: uuid.UUID, kind: str, now: datetime) -> bool:
     """Consume the seat's idle slot (an assignment clears the slot). False when the worker went busy,
-    drained or disconnected since the snapshot: its slot is gone or stale."""
+    drained or disconnected since the snapshot: its slot is gone or stale. A build slot of a worker whose
+    build slots are all taken is stale too: a RequestJob that went unanswered just before the worker was
+    handed a job (a member pushed to it, say) left it behind."""
+    if kind == "build":
+        limit = Worker.objects.filter(id=worker_id).values_list("max_concurrent_builds", flat=True).first()
+        running = DispatchedJob.objects.filter(
+            worker_id=worker_id, kind="build", finished_at__isnull=True
+        ).count()
+        if limit is None or running >= max(1, limit):
+            IdleSlot.objects.filter(worker_id=worker_id, kind=kind).delete()
+            return False
     connected = WorkerSession.objects.filter(
         worker_id=OuterRef("worker_id"), closed_at__isnull=True, draining=False, worker__active=True
     )
