@@ -76,6 +76,7 @@ _COMMON = {
     "401": ("No valid token: send `Authorization: Token <token>`.", "Error"),
     "403": ("Not allowed: not staff, or not a member of the job's project.", "Error"),
     "404": ("No such id.", "Error"),
+    "415": ("The body's media type is not accepted (send `application/json`); nothing was changed.", "Error"),
     "429": ("Too many requests; retry after the `Retry-After` header's seconds.", "Error"),
 }
 
@@ -112,6 +113,8 @@ def add_error_responses(result: dict[str, Any], generator: Any, request: Any, pu
                 p.get("in") == "query" for p in operation.get("parameters", [])
             ):
                 codes.append("400")
+            if "requestBody" in operation:
+                codes.append("415")  # a body DRF's parsers cannot read (a malformed multipart, say)
             if not anonymous:
                 codes += ["401", "403"]
             if has_id:
