@@ -169,15 +169,22 @@ class WorkerConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]  # channels 
         database, so the worker reconnects, and its jobs go back to the pool at once."""
         try:
             await super().__call__(scope, receive, send)
+        except RuntimeError as exc:
+            if "GeneratorExit" in str(exc):
+                raise  # the consumer's own coroutine is being closed (its task torn down): not a failure
+            await self._failed(send)
         except Exception:
-            session = getattr(self, "session", None)
-            log.exception(
-                "the consumer of %s failed; ending its session",
-                session.worker_id if session is not None else self._peer(),
-            )
-            await self._end_after_failure(send)
+            await self._failed(send)
         finally:
             _forget_channel(getattr(self, "channel_layer", None), getattr(self, "channel_name", None))
+
+    async def _failed(self, send: Any) -> None:
+        session = getattr(self, "session", None)
+        log.exception(
+            "the consumer of %s failed; ending its session",
+            session.worker_id if session is not None else self._peer(),
+        )
+        await self._end_after_failure(send)
 
     async def _end_after_failure(self, send: Any) -> None:
         already_closing = getattr(self, "closing", False)
