@@ -133,3 +133,32 @@ def record_problems(*job_keys: str) -> dict[str, tuple[str, ...]]:
         if problems:
             out[key] = problems
     return out
+
+
+def evaluated_builds(project: Project, url: str) -> list[DerivationBuild]:
+    """An evaluation of the sim `url` that has been evaluated: Building, its shared builds (by drv path)
+    all Queued."""
+    import msgspec
+    from django.db import transaction
+
+    from gradient.scheduling import history
+    from gradient.scheduling.services.evaluations import evaluation_create
+    from gradient.scheduling.services.graph import ingest_eval_result
+    from gradient.workers.executors.sim import graph_from_url
+
+    now = timezone.now()
+    with transaction.atomic():
+        evaluation, _ = evaluation_create(project=project, repository=url, commit="1" * 40, now=now)
+        assert history.evaluation_transition(
+            evaluation_id=evaluation.id,
+            to=EvaluationStatus.BUILDING,
+            expect=[EvaluationStatus.QUEUED],
+            reason="evaluated by the test",
+            now=now,
+        )
+        graph = graph_from_url(url)
+        derivations = [msgspec.to_builtins(d) for d in graph.discovered(list(graph.attrs()))]
+        result = ingest_eval_result(evaluation=evaluation, derivations=derivations, now=now)
+    builds = list(DerivationBuild.objects.filter(id__in=result.build_ids).order_by("drv_path"))
+    assert {b.status for b in builds} == {BuildStatus.QUEUED}
+    return builds

@@ -35,12 +35,9 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-import msgspec
 import pytest
 from django.conf import settings
 from django.contrib.auth.models import User
-from django.db import transaction
-from django.utils import timezone
 
 from gradient.clusters.models import (
     AttemptOutcome,
@@ -50,13 +47,9 @@ from gradient.clusters.models import (
     ClusterStatus,
     SeatResult,
 )
-from gradient.scheduling import history
 from gradient.scheduling.models import BuildStatus, DerivationBuild, Evaluation, EvaluationStatus, Project
-from gradient.scheduling.services.evaluations import evaluation_create
-from gradient.scheduling.services.graph import ingest_eval_result
-from gradient.workers.executors.sim import graph_from_url
 from gradient.workers.models import Worker, WorkerSession
-from tests.clusters_helpers import record_problems
+from tests.clusters_helpers import evaluated_builds, record_problems
 from tests.support.processes import (
     ServeProcess,
     WorkerProcess,
@@ -105,26 +98,6 @@ def _post(server: ServeProcess, path: str, body: dict[str, Any], token: str) -> 
     return answer  # type: ignore[no-any-return]
 
 
-def _ready_builds(project: Project, url: str) -> list[DerivationBuild]:
-    """An evaluation of `url` that has been evaluated: Building, its shared builds Queued."""
-    now = timezone.now()
-    with transaction.atomic():
-        evaluation, _ = evaluation_create(project=project, repository=url, commit="1" * 40, now=now)
-        assert history.evaluation_transition(
-            evaluation_id=evaluation.id,
-            to=EvaluationStatus.BUILDING,
-            expect=[EvaluationStatus.QUEUED],
-            reason="evaluated by the test",
-            now=now,
-        )
-        graph = graph_from_url(url)
-        derivations = [msgspec.to_builtins(d) for d in graph.discovered(list(graph.attrs()))]
-        result = ingest_eval_result(evaluation=evaluation, derivations=derivations, now=now)
-    builds = list(DerivationBuild.objects.filter(id__in=result.build_ids).order_by("drv_path"))
-    assert [b.status for b in builds] == [BuildStatus.QUEUED, BuildStatus.QUEUED]
-    return builds
-
-
 def _attempts(cluster_id: str) -> list[ClusterAttempt]:
     return list(ClusterAttempt.objects.filter(cluster_job_id=cluster_id).order_by("number"))
 
@@ -166,8 +139,9 @@ def test_a_pinned_same_zone_cluster_completes_in_zone_a_and_a_killed_member_is_r
         zones = {"wa1": "a", "wa2": "a", "wb": "b"}
         project = Project.objects.get(name="demo")
 
-        pinned_builds = _ready_builds(project, PINNED_URL)
-        retried_builds = _ready_builds(project, RETRIED_URL)
+        pinned_builds = evaluated_builds(project, PINNED_URL)
+        retried_builds = evaluated_builds(project, RETRIED_URL)
+        assert len(pinned_builds) == len(retried_builds) == 2
         pinned = _post(
             server,
             "/api/v1/clusters",

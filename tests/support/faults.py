@@ -85,33 +85,10 @@ class Operator:
 def ready_builds(url: str) -> list[str]:
     """An evaluation of `url` evaluated by the test itself (as tests/test_clusters_e2e.py does): Building,
     its shared builds Queued and ready for a cluster before any worker could take one alone."""
-    import msgspec
-    from django.db import transaction
-    from django.utils import timezone
+    from gradient.scheduling.models import Project
+    from tests.clusters_helpers import evaluated_builds
 
-    from gradient.scheduling import history
-    from gradient.scheduling.models import BuildStatus, DerivationBuild, EvaluationStatus, Project
-    from gradient.scheduling.services.evaluations import evaluation_create
-    from gradient.scheduling.services.graph import ingest_eval_result
-    from gradient.workers.executors.sim import graph_from_url
-
-    project = Project.objects.get(name="demo")
-    now = timezone.now()
-    with transaction.atomic():
-        evaluation, _ = evaluation_create(project=project, repository=url, commit="1" * 40, now=now)
-        assert history.evaluation_transition(
-            evaluation_id=evaluation.id,
-            to=EvaluationStatus.BUILDING,
-            expect=[EvaluationStatus.QUEUED],
-            reason="evaluated by the test",
-            now=now,
-        )
-        graph = graph_from_url(url)
-        derivations = [msgspec.to_builtins(d) for d in graph.discovered(list(graph.attrs()))]
-        result = ingest_eval_result(evaluation=evaluation, derivations=derivations, now=now)
-    builds = list(DerivationBuild.objects.filter(id__in=result.build_ids))
-    assert {b.status for b in builds} == {BuildStatus.QUEUED}
-    return [str(b.id) for b in builds]
+    return [str(b.id) for b in evaluated_builds(Project.objects.get(name="demo"), url)]
 
 
 # --- Invariants, by SQL -----------------------------------------------------------------------------
