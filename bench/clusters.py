@@ -118,7 +118,7 @@ def seed_database(clusters: list[Cluster], pool: Pool, now: datetime) -> None:
     from django.utils import timezone
 
     from gradient.clusters.services.lifecycle import MemberSpec, cluster_create
-    from gradient.recovery.services import server_boot_start
+    from gradient.runtime.passes import server_boot_start
     from gradient.scheduling.models import (
         DerivationBuild,
         Evaluation,

@@ -348,10 +348,10 @@ def host_main(spec_path: str, out_path: str) -> None:
     """Run the reference workers of one spec file until SIGTERM; then write what they saw."""
     import logging
 
+    from gradient.core.protocol import AssignJob, RequestJob
     from gradient.workers.client import worker as client
     from gradient.workers.client.config import parse_config
     from gradient.workers.executors import make_executor
-    from gradient.workers.protocol import AssignJob, RequestJob
 
     logging.basicConfig(level=logging.WARNING)  # reconnects show in var/bench/fleet-host-*.log
     spec = json.loads(Path(spec_path).read_text())

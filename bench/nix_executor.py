@@ -22,11 +22,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import describe_machine, summary  # noqa: E402
-from gradient.examples import git_commit_all  # noqa: E402
-from gradient.workers.executors.base import JobContext  # noqa: E402
-from gradient.workers.executors.nix import NixExecutor  # noqa: E402
-from gradient.workers.executors.nix_parse import OFFLINE_NIX_CONFIG  # noqa: E402
-from gradient.workers.protocol import (  # noqa: E402
+from gradient.core.protocol import (  # noqa: E402
     BuildProgress,
     BuildSpec,
     ClusterAddress,
@@ -34,6 +30,10 @@ from gradient.workers.protocol import (  # noqa: E402
     EvalProgress,
     RepositorySource,
 )
+from gradient.examples import git_commit_all  # noqa: E402
+from gradient.workers.executors.base import JobContext  # noqa: E402
+from gradient.workers.executors.nix import NixExecutor  # noqa: E402
+from gradient.workers.executors.nix_parse import OFFLINE_NIX_CONFIG  # noqa: E402
 
 FLAKE = """{
   outputs = { self }: {

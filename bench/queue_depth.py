@@ -37,7 +37,7 @@ def seed(depth: int, workers: int) -> tuple[list[Any], list[str]]:
     """The pending builds, their evaluation and the connected workers. Returns (workers, job keys)."""
     from django.utils import timezone
 
-    from gradient.recovery.services import server_boot_start
+    from gradient.runtime.passes import server_boot_start
     from gradient.scheduling.models import DerivationBuild, Evaluation, EvaluationBuild, EvaluationStatus
     from gradient.workers.models import Worker, WorkerSession
     from gradient.workers.services import project_create

@@ -12,7 +12,7 @@ django_asgi_app = get_asgi_application()
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402  (needs Django set up first)
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 
-from gradient.workers.routing import websocket_urlpatterns  # noqa: E402
+from gradient.workers.proto.routing import websocket_urlpatterns  # noqa: E402
 
 application = ProtocolTypeRouter(
     {

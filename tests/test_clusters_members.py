@@ -515,7 +515,7 @@ def test_a_signal_from_a_worker_that_is_no_member_or_malformed_is_dropped() -> N
 
 
 def test_every_message_the_services_push_fits_the_protocols_strict_server_schema() -> None:
-    protocol = pytest.importorskip("gradient.workers.protocol")  # the wire structs of the workers app
+    protocol = pytest.importorskip("gradient.core.protocol")  # the wire structs of the workers app
     import msgspec
 
     t = Trio()

@@ -5,12 +5,12 @@ restarted; the service recovers by itself and loses nothing.
   dispatched_job) wait, finds the `serve` backend waiting on it in pg_stat_activity (by its
   application_name, `gradient serve <pid>`, and its query), and terminates it there: mid-claim, every
   time. Every other connection of `serve` and of Celery is terminated along with it. The consumer makes
-  the call again on a fresh connection (gradient.workers.consumer._handle), so the workers never lose
+  the call again on a fresh connection (gradient.workers.proto.consumer._handle), so the workers never lose
   their sessions; every evaluation completes; no job is open twice nor completed twice.
 - Redis restart: a redis-server of the test's own (never the shared one) on a free port serves as
   REDIS_URL for that test's `serve` and Celery. It is killed mid-run and started again empty. Each
   consumer's channel-layer receive fails; the consumer then closes its socket with 1011 and its session
-  in the database (gradient.workers.consumer.WorkerConsumer.__call__), so the workers reconnect at once
+  in the database (gradient.workers.proto.consumer.WorkerConsumer.__call__), so the workers reconnect at once
   rather than after the liveness timeout (left at its default of 120 s here, longer than the test
   waits). Work submitted before and after completes, including a cluster that can only be placed after
   the restart, whose AssignJob and StartCluster pushes go through the new Redis.
@@ -34,11 +34,11 @@ from django.conf import settings
 from django.db import OperationalError
 
 from gradient.clusters.models import ClusterJob
+from gradient.core.protocol import RequestJob, RequestJobList
 from gradient.scheduling.models import DispatchedJob, Project
 from gradient.scheduling.services import assignment
-from gradient.workers import consumer, jobloop
 from gradient.workers.models import Worker, WorkerSession
-from gradient.workers.protocol import RequestJob, RequestJobList
+from gradient.workers.proto import consumer, jobloop
 from gradient.workers.services import SessionRef
 from tests.factories import EvaluationFactory, ProjectFactory, connected_worker
 from tests.support.faults import (

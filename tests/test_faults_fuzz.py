@@ -34,7 +34,7 @@ from channels.db import database_sync_to_async
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gradient.workers.protocol import MAX_FRAME_BYTES, ProtocolError, decode_worker_message
+from gradient.core.protocol import MAX_FRAME_BYTES, ProtocolError, decode_worker_message
 from tests.factories import DispatchedJobFactory
 from tests.support.faults import database_snapshot, service_env
 from tests.support.processes import http_get, serve

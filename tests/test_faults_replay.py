@@ -248,7 +248,7 @@ def _ids(assign: dict[str, Any]) -> dict[str, Any]:
 
 def test_replay_frames_are_valid_protocol_messages() -> None:
     """The replays are well-formed, so what the test shows is fencing, not a decode error."""
-    from gradient.workers.protocol import decode_worker_message
+    from gradient.core.protocol import decode_worker_message
 
     flake = {"job_id": "eval:x", "assignment_id": str(uuid.uuid4()), "job": {}}
     build = {

@@ -18,7 +18,7 @@ from gradient.clusters.models import AttemptOutcome, ClusterAttempt, ClusterJob,
 from gradient.clusters.services import cluster_jobs_delete_expired
 from gradient.passrunner import PassRunner
 from gradient.recovery.models import PassState
-from gradient.recovery.services import pass_run
+from gradient.runtime.passes import pass_run
 from gradient.schedule import PASSES, beat_schedule
 from tests.factories import ClusterAttemptFactory, ClusterJobFactory, ClusterMemberFactory
 

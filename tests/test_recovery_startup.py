@@ -18,8 +18,8 @@ from django.utils import timezone
 
 from gradient.records.services import record_check_one
 from gradient.recovery.models import PassState, ServerBoot
-from gradient.recovery.services import pass_lease_acquire
 from gradient.recovery.startup import dead_boot_ids, recover_interrupted_work
+from gradient.runtime.passes import pass_lease_acquire
 from gradient.scheduling.models import (
     BuildAttempt,
     BuildStatus,

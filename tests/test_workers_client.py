@@ -11,10 +11,7 @@ from dataclasses import dataclass
 import pytest
 from websockets.asyncio.server import Server, ServerConnection, serve
 
-from gradient.workers.client.config import WorkerConfig
-from gradient.workers.client.worker import EXIT_OK, EXIT_REJECTED, Worker
-from gradient.workers.executors.sim import SimExecutor, graph_from_url, source_store_path
-from gradient.workers.protocol import (
+from gradient.core.protocol import (
     AbortCluster,
     AbortJob,
     AssignJob,
@@ -57,6 +54,9 @@ from gradient.workers.protocol import (
     decode_worker_message,
     encode,
 )
+from gradient.workers.client.config import WorkerConfig
+from gradient.workers.client.worker import EXIT_OK, EXIT_REJECTED, Worker
+from gradient.workers.executors.sim import SimExecutor, graph_from_url, source_store_path
 
 TIMEOUT = 10.0
 NOISE = (WorkerMetrics, RequestJob)

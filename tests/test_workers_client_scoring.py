@@ -5,8 +5,8 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
+from gradient.core.protocol import BuildRequirement, JobCandidate, RequiredPath
 from gradient.workers.client.scoring import paths_to_check, score_candidate, score_candidates
-from gradient.workers.protocol import BuildRequirement, JobCandidate, RequiredPath
 
 PATHS = [f"/nix/store/{i:032d}-p{i}" for i in range(8)]
 

@@ -16,13 +16,13 @@ from django.db import transaction
 from django.utils import timezone
 
 from gradient.clusters.models import ClusterAttempt, ClusterJob, ClusterMember, ClusterSeat
-from gradient.recovery.boot import current_boot
+from gradient.core.protocol import MAX_FRAME_BYTES, AbortJob
 from gradient.recovery.models import ServerBoot
+from gradient.runtime.boot import current_boot
+from gradient.runtime.outbox import push_to_worker, push_to_worker_on_commit
 from gradient.scheduling.models import DispatchedJob, JobKind, build_key
-from gradient.workers import consumer as consumer_module
 from gradient.workers.models import CandidateScore, IdleSlot, Worker, WorkerSession
-from gradient.workers.protocol import MAX_FRAME_BYTES, AbortJob
-from gradient.workers.push import push_to_worker, push_to_worker_on_commit
+from gradient.workers.proto import consumer as consumer_module
 from gradient.workers.services import worker_deactivate, worker_session_close, workers_drop_silent
 from tests.factories import DerivationBuildFactory, DispatchedJobFactory
 from tests.support.proto import (

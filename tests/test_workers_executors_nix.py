@@ -15,6 +15,20 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from gradient.core.protocol import (
+    BuildFailureKind,
+    BuildProgress,
+    BuildSpec,
+    CachedOutput,
+    CachedSource,
+    ClusterAddress,
+    ClusterSignalDelivery,
+    EvalProgress,
+    JobCandidate,
+    OutputPath,
+    RepositorySource,
+    RequiredPath,
+)
 from gradient.examples import example_repository
 from gradient.workers.client.scoring import paths_to_check, score_candidates
 from gradient.workers.executors import make_executor
@@ -36,20 +50,6 @@ from gradient.workers.executors.nix_parse import (
     split_attr_path,
     wildcard_patterns,
     with_executor_config,
-)
-from gradient.workers.protocol import (
-    BuildFailureKind,
-    BuildProgress,
-    BuildSpec,
-    CachedOutput,
-    CachedSource,
-    ClusterAddress,
-    ClusterSignalDelivery,
-    EvalProgress,
-    JobCandidate,
-    OutputPath,
-    RepositorySource,
-    RequiredPath,
 )
 from tests.support.nix import nix_environ, requires_nix, write_flake
 

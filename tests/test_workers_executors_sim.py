@@ -11,6 +11,19 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from gradient.core.protocol import (
+    BuildFailureKind,
+    BuildProgress,
+    BuildSpec,
+    CachedSource,
+    ClusterAddress,
+    ClusterMembership,
+    ClusterPeer,
+    ClusterSignalDelivery,
+    EvalProgress,
+    OutputPath,
+    RepositorySource,
+)
 from gradient.workers.executors import ExecutorUnavailable, make_executor
 from gradient.workers.executors.base import ExecutorFailure, JobContext
 from gradient.workers.executors.sim import (
@@ -24,19 +37,6 @@ from gradient.workers.executors.sim import (
     source_store_path,
     unescape_name,
     url_of_source,
-)
-from gradient.workers.protocol import (
-    BuildFailureKind,
-    BuildProgress,
-    BuildSpec,
-    CachedSource,
-    ClusterAddress,
-    ClusterMembership,
-    ClusterPeer,
-    ClusterSignalDelivery,
-    EvalProgress,
-    OutputPath,
-    RepositorySource,
 )
 
 

@@ -17,6 +17,23 @@ from gradient.clusters.models import (
     SeatResult,
 )
 from gradient.clusters.services.attempts import ClaimedAttempt
+from gradient.core.protocol import (
+    AssignJobResponse,
+    BuildFailureKind,
+    BuildProgress,
+    EvalProgress,
+    Fetching,
+    JobCompleted,
+    JobFailed,
+    JobListChunk,
+    JobUpdate,
+    RequestJob,
+    RequestJobChunk,
+    RequestJobList,
+)
+from gradient.core.protocol import (
+    CandidateScore as Score,
+)
 from gradient.recovery.models import PassState
 from gradient.scheduling.models import (
     BuildStatus,
@@ -33,25 +50,8 @@ from gradient.scheduling.models import (
     build_key,
     eval_key,
 )
-from gradient.workers import jobloop
 from gradient.workers.models import CandidateScore, IdleSlot, SentCandidate, Worker, WorkerSession
-from gradient.workers.protocol import (
-    AssignJobResponse,
-    BuildFailureKind,
-    BuildProgress,
-    EvalProgress,
-    Fetching,
-    JobCompleted,
-    JobFailed,
-    JobListChunk,
-    JobUpdate,
-    RequestJob,
-    RequestJobChunk,
-    RequestJobList,
-)
-from gradient.workers.protocol import (
-    CandidateScore as Score,
-)
+from gradient.workers.proto import jobloop
 from gradient.workers.services import SessionRef
 from tests.clusters_helpers import claim, make_cluster, queued_build, seat_worker, started
 from tests.factories import (

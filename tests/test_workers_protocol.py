@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gradient.workers import protocol as p
+from gradient.core import protocol as p
 
 SAMPLES_FROM_WORKER: list[p.Message] = [
     p.InitConnection(

@@ -9,6 +9,7 @@ import pytest
 from django.utils import timezone
 
 from gradient.clusters.models import ClusterAttempt
+from gradient.core.protocol import InitCapabilities
 from gradient.recovery.models import PassState
 from gradient.schedule import PASSES
 from gradient.scheduling.models import (
@@ -22,7 +23,6 @@ from gradient.scheduling.models import (
     JobKind,
 )
 from gradient.workers.models import IdleSlot, SentCandidate, Worker, WorkerSession
-from gradient.workers.protocol import InitCapabilities
 from gradient.workers.services import (
     HandshakeAccepted,
     HandshakeRejected,

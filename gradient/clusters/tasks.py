@@ -11,7 +11,7 @@ from django.utils import timezone
 
 from gradient.clusters.services.dispatch import PASS_NAME, cluster_dispatch_pass
 from gradient.clusters.services.retention import RETENTION_BATCH, cluster_jobs_delete_expired
-from gradient.recovery.services import pass_run
+from gradient.runtime.passes import pass_run
 
 
 def _retention() -> int:

@@ -8,7 +8,7 @@ from celery import shared_task
 from django.utils import timezone
 
 from gradient.records.services import records_check
-from gradient.recovery.services import pass_run
+from gradient.runtime.passes import pass_run
 
 
 def _check() -> dict[str, Any]:

@@ -27,7 +27,7 @@ from django.utils import timezone
 from gradient.clusters.services import recover_clusters_at_startup
 from gradient.recovery.models import ServerBoot
 from gradient.recovery.selectors import DEAD_BOOT_SECS
-from gradient.recovery.services import pass_leases_release_held_by
+from gradient.runtime.passes import pass_leases_release_held_by
 from gradient.scheduling import history
 from gradient.scheduling.models import (
     EVALUATION_EVALUATING,

@@ -5,8 +5,8 @@ from __future__ import annotations
 from celery import shared_task
 from django.utils import timezone
 
-from gradient.recovery.services import pass_run
 from gradient.recovery.sweeps import abandoned_dispatch_sweep, evaluation_watchdog
+from gradient.runtime.passes import pass_run
 
 
 @shared_task(name="gradient.recovery.tasks.abandoned_dispatch_sweep")

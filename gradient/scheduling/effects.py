@@ -1,5 +1,5 @@
 """Messages from the scheduler to workers, sent only once the transaction that decided them has
-committed, through gradient.workers.push (a pass in a Celery worker or another `serve` reaches a
+committed, through gradient.runtime.outbox (a pass in a Celery worker or another `serve` reaches a
 worker connected anywhere). The scheduler builds plain dicts with the protocol's names; they are
 checked against the strict server-message schema here, on their way out."""
 
@@ -10,8 +10,8 @@ from typing import Any
 
 import msgspec
 
-from gradient.workers.protocol import ServerMessage, decode_server_message
-from gradient.workers.push import push_to_worker, push_to_worker_on_commit, worker_group
+from gradient.core.protocol import ServerMessage, decode_server_message
+from gradient.runtime.outbox import push_to_worker, push_to_worker_on_commit, worker_group
 
 __all__ = ["send_to_worker_now", "send_to_worker_on_commit", "to_server_message", "worker_group"]
 

@@ -8,7 +8,7 @@ from typing import Any
 from celery import shared_task
 from django.utils import timezone
 
-from gradient.recovery.services import pass_run
+from gradient.runtime.passes import pass_run
 from gradient.scheduling.services.passes import assignment_pass as run_assignment_pass
 from gradient.scheduling.services.passes import build_resync_pass as run_build_resync
 from gradient.scheduling.services.waiting import reheal_pass

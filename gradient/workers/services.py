@@ -2,7 +2,7 @@
 liveness, and handing a lost worker's jobs back to the pool.
 
 Every close carries `closed_at IS NULL` / `finished_at IS NULL`, so a stale or repeated close changes
-nothing; messages to workers go out on commit (gradient.workers.push).
+nothing; messages to workers go out on commit (gradient.runtime.outbox).
 """
 
 from __future__ import annotations
@@ -18,7 +18,22 @@ from django.db import IntegrityError, transaction
 from django.db.models import Exists, OuterRef, Q
 
 from gradient.clusters.services import cluster_worker_lost
+from gradient.core.protocol import (
+    CandidateScore as CandidateScoreMessage,
+)
+from gradient.core.protocol import (
+    InitCapabilities,
+    JobKindName,
+    WorkerCapabilities,
+    WorkerMetrics,
+)
 from gradient.recovery.models import ServerBoot
+from gradient.runtime.outbox import (
+    CLOSE_DEACTIVATED,
+    CLOSE_SILENT,
+    close_worker_session,
+    close_worker_session_on_commit,
+)
 from gradient.scheduling.models import (
     DispatchedJob,
     EvaluationStatus,
@@ -27,21 +42,6 @@ from gradient.scheduling.models import (
 )
 from gradient.scheduling.services.reports import assignment_return_to_pool
 from gradient.workers.models import CandidateScore, IdleSlot, SentCandidate, Worker, WorkerSession
-from gradient.workers.protocol import (
-    CandidateScore as CandidateScoreMessage,
-)
-from gradient.workers.protocol import (
-    InitCapabilities,
-    JobKindName,
-    WorkerCapabilities,
-    WorkerMetrics,
-)
-from gradient.workers.push import (
-    CLOSE_DEACTIVATED,
-    CLOSE_SILENT,
-    close_worker_session,
-    close_worker_session_on_commit,
-)
 from gradient.workers.selectors import parse_job_key, parse_uuid, worker_project_names
 from gradient.workers.tokens import token_matches, token_new
 

@@ -6,7 +6,7 @@ from celery import shared_task
 from django.conf import settings
 from django.utils import timezone
 
-from gradient.recovery.services import pass_run
+from gradient.runtime.passes import pass_run
 from gradient.workers.services import workers_drop_silent
 
 

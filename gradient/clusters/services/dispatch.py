@@ -24,7 +24,7 @@ from gradient.clusters.models import ClusterJob, ClusterReservation, ClusterStat
 from gradient.clusters.selectors import dispatch_pool, queued_clusters, reservation_state
 from gradient.clusters.services.attempts import claim_cluster, expire_overdue_prepares
 from gradient.clusters.services.common import planner_policy, reservation_policy
-from gradient.recovery.services import pass_run
+from gradient.runtime.passes import pass_run
 
 log = logging.getLogger("gradient.clusters")
 

@@ -23,8 +23,8 @@ from django.db import close_old_connections
 from django.utils import timezone
 
 from gradient.passrunner import PassRunner
-from gradient.recovery.boot import set_current_boot
-from gradient.recovery.services import (
+from gradient.runtime.boot import set_current_boot
+from gradient.runtime.passes import (
     server_boot_drain,
     server_boot_heartbeat,
     server_boot_start,
@@ -48,7 +48,7 @@ class GradientServer(uvicorn.Server):
     boot_id: uuid.UUID | None = None
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
-        from gradient.workers.consumer import drain_local_sessions
+        from gradient.workers.proto.consumer import drain_local_sessions
 
         for server in self.servers:
             server.close()

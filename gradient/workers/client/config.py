@@ -13,8 +13,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from gradient.core.protocol import JobKindName
 from gradient.workers.executors import EXECUTORS
-from gradient.workers.protocol import JobKindName
 
 
 class ConfigError(ValueError):

@@ -7,7 +7,7 @@ import time
 
 import psutil
 
-from gradient.workers.protocol import WorkerMetrics
+from gradient.core.protocol import WorkerMetrics
 
 MIB = 1024 * 1024
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Set
 
-from gradient.workers.protocol import CandidateScore, JobCandidate
+from gradient.core.protocol import CandidateScore, JobCandidate
 
 
 def paths_to_check(candidates: Iterable[JobCandidate]) -> list[str]:

@@ -23,11 +23,7 @@ from typing import Any
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidURI, WebSocketException
 
-from gradient.workers.client.config import WorkerConfig
-from gradient.workers.client.metrics import collect_metrics, cpu_core_benchmark, hardware, prime_cpu_usage
-from gradient.workers.client.scoring import paths_to_check, score_candidates
-from gradient.workers.executors.base import Executor, ExecutorFailure, JobContext
-from gradient.workers.protocol import (
+from gradient.core.protocol import (
     PROTOCOL_VERSION,
     AbortCluster,
     AbortJob,
@@ -77,6 +73,10 @@ from gradient.workers.protocol import (
     encode,
     tag_of,
 )
+from gradient.workers.client.config import WorkerConfig
+from gradient.workers.client.metrics import collect_metrics, cpu_core_benchmark, hardware, prime_cpu_usage
+from gradient.workers.client.scoring import paths_to_check, score_candidates
+from gradient.workers.executors.base import Executor, ExecutorFailure, JobContext
 
 log = logging.getLogger("gradient.worker")
 

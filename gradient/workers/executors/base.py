@@ -13,7 +13,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from gradient.workers.protocol import (
+from gradient.core.protocol import (
     BuildFailureKind,
     BuildProgress,
     BuildSpec,

@@ -37,6 +37,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gradient.core.protocol import (
+    BuildFailureKind,
+    BuildProgress,
+    BuildSpec,
+    BuiltOutput,
+    CachedSource,
+    EvalProgress,
+    FlakeSource,
+    OutputPath,
+    RepositorySource,
+)
 from gradient.workers.executors.base import (
     BuildResult,
     DerivationEvaluation,
@@ -66,17 +77,6 @@ from gradient.workers.executors.nix_parse import (
     strip_ansi,
     wildcard_patterns,
     with_executor_config,
-)
-from gradient.workers.protocol import (
-    BuildFailureKind,
-    BuildProgress,
-    BuildSpec,
-    BuiltOutput,
-    CachedSource,
-    EvalProgress,
-    FlakeSource,
-    OutputPath,
-    RepositorySource,
 )
 
 log = logging.getLogger("gradient.worker.nix")

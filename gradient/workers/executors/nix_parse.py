@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qsl, urlencode
 
-from gradient.workers.protocol import BuildFailureKind, CachedOutput, DiscoveredDerivation, OutputPath
+from gradient.core.protocol import BuildFailureKind, CachedOutput, DiscoveredDerivation, OutputPath
 
 STORE_DIR = "/nix/store"
 # A store path: the store, 32 characters of Nix's base32, a dash and a name.

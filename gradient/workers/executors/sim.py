@@ -48,15 +48,7 @@ from fnmatch import fnmatchcase
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
-from gradient.workers.executors.base import (
-    BuildResult,
-    DerivationEvaluation,
-    Executor,
-    ExecutorFailure,
-    FlakeEvaluation,
-    JobContext,
-)
-from gradient.workers.protocol import (
+from gradient.core.protocol import (
     BuildFailureKind,
     BuildSpec,
     BuiltOutput,
@@ -67,6 +59,14 @@ from gradient.workers.protocol import (
     FlakeSource,
     OutputPath,
     RepositorySource,
+)
+from gradient.workers.executors.base import (
+    BuildResult,
+    DerivationEvaluation,
+    Executor,
+    ExecutorFailure,
+    FlakeEvaluation,
+    JobContext,
 )
 
 STORE = "/nix/store/"

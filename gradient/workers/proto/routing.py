@@ -6,7 +6,7 @@ from typing import Any
 
 from django.urls import re_path
 
-from gradient.workers.consumer import WorkerConsumer
+from gradient.workers.proto.consumer import WorkerConsumer
 
 websocket_urlpatterns: list[Any] = [
     re_path(r"^proto$", WorkerConsumer.as_asgi()),

@@ -21,7 +21,7 @@ from asgiref.sync import async_to_sync
 from channels.layers import InMemoryChannelLayer, get_channel_layer
 from django.db import transaction
 
-from gradient.workers.protocol import ServerMessage, encode
+from gradient.core.protocol import ServerMessage, encode
 
 log = logging.getLogger("gradient.workers")
 

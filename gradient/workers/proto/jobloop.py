@@ -5,7 +5,7 @@ Each function is synchronous (the consumer calls it through database_sync_to_asy
 speaking session and the strictly decoded message as keyword arguments, and returns the messages to
 send back on this socket, possibly none. Whatever it returns is sent after it returned, and every
 service called here commits its own transaction first, so an AssignJob only goes out once its claim
-is committed. Messages for other workers go through gradient.workers.push on commit.
+is committed. Messages for other workers go through gradient.runtime.outbox on commit.
 
 The consumer has already checked the message is allowed in the session's state and marked the worker
 seen. Reports are fenced by the scheduler (gradient.scheduling.services.reports): a report whose
@@ -29,11 +29,7 @@ from gradient.clusters.services import (
     cluster_member_report,
     cluster_signal_forward,
 )
-from gradient.scheduling.effects import to_server_message
-from gradient.scheduling.selectors import unheard_assignment
-from gradient.scheduling.services import assignment, offers, reports
-from gradient.workers import services
-from gradient.workers.protocol import (
+from gradient.core.protocol import (
     AssignJobResponse,
     BuildProgress,
     ClusterSignal,
@@ -49,6 +45,10 @@ from gradient.workers.protocol import (
     WorkerCapabilities,
     WorkerMetrics,
 )
+from gradient.scheduling.effects import to_server_message
+from gradient.scheduling.selectors import unheard_assignment
+from gradient.scheduling.services import assignment, offers, reports
+from gradient.workers import services
 from gradient.workers.services import SessionRef
 
 log = logging.getLogger("gradient.workers")

@@ -1,6 +1,6 @@
 """The /proto WebSocket consumer: transport only.
 
-It decodes each text frame strictly into a typed message (gradient.workers.protocol), checks that the
+It decodes each text frame strictly into a typed message (gradient.core.protocol), checks that the
 message is allowed in the session's state, and hands it to one service through
 database_sync_to_async, via the explicit table JOB_LOOP; then it sends what the service returned.
 Every protocol violation (too large, invalid JSON, unknown type, unknown or missing field, wrong type,
@@ -9,7 +9,7 @@ database. Before InitAck the only acceptable message is InitConnection: another 
 refused with Reject{400} (close 4400), as the handshake says.
 
 Pushes from anywhere (AssignJob, AbortJob, StartCluster, AbortCluster, ClusterSignal, JobOffer, and
-orders to close) reach the consumer through the worker's channel-layer group (gradient.workers.push).
+orders to close) reach the consumer through the worker's channel-layer group (gradient.runtime.outbox).
 
 Faults (docs/faults.md): a database connection that dies under a job-loop call (a restart,
 pg_terminate_backend, a failover) is replaced and the call made again, so the worker keeps its session;
@@ -32,9 +32,7 @@ from channels.generic.websocket import AsyncWebsocketConsumer
 from django.db import InterfaceError, OperationalError, connection
 from django.utils import timezone
 
-from gradient.recovery.boot import current_boot
-from gradient.workers import jobloop, services
-from gradient.workers.protocol import (
+from gradient.core.protocol import (
     CLOSE_PROTOCOL_ERROR,
     PROTOCOL_VERSION,
     AssignJobResponse,
@@ -61,7 +59,10 @@ from gradient.workers.protocol import (
     encode,
     tag_of,
 )
-from gradient.workers.push import CLOSE_SERVER_DRAINING, remember_serve_loop, worker_group
+from gradient.runtime.boot import current_boot
+from gradient.runtime.outbox import CLOSE_SERVER_DRAINING, remember_serve_loop, worker_group
+from gradient.workers import services
+from gradient.workers.proto import jobloop
 from gradient.workers.selectors import workers_with_open_assignments
 from gradient.workers.services import HandshakeRejected, SessionRef
 
