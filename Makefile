@@ -26,7 +26,7 @@ run: $(STAMP)
 migrate: $(STAMP)
 	$(BIN)/python manage.py migrate --noinput
 
-## test: lint, type check, then the whole suite on PostgreSQL and Redis
+## test: lint (ruff, and the layer contracts of docs/architecture.md), type check, then the whole suite
 test: check pytest
 
 check: lint typecheck
@@ -34,6 +34,7 @@ check: lint typecheck
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check gradient tests bench
+	$(BIN)/lint-imports --no-logo
 
 typecheck: $(STAMP)
 	$(BIN)/mypy gradient

@@ -112,6 +112,8 @@ def naive_queue(jobs: int, threads: int, skip_locked: bool) -> float:
     from django.db import connection, transaction
     from django.utils import timezone
 
+    from gradient.core.jobkey import build_key
+
     reset_tables()
     _make_builds(jobs)
     workers = _make_workers(threads)
@@ -133,7 +135,7 @@ def naive_queue(jobs: int, threads: int, skip_locked: bool) -> float:
                     "INSERT INTO dispatched_job (id, kind, job_id, derivation_build_id, worker_id, score, "
                     "score_breakdown, job, phase, dispatched_at, reason) "
                     "VALUES (%s, 'build', %s, %s, %s, 0, '{}', '{}', '', %s, '')",
-                    [uuid.uuid4(), f"build:{row[0]}", row[0], workers[i].id, timezone.now()],
+                    [uuid.uuid4(), build_key(row[0]), row[0], workers[i].id, timezone.now()],
                 )
                 taken[i] += 1
 

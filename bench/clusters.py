@@ -29,13 +29,13 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from gradient.clusters.decisions.planner import plan_pass  # noqa: E402
 from gradient.clusters.decisions.types import (  # noqa: E402
-    CandidateScore,
     Cluster,
-    IdleSlot,
     Member,
     Pool,
+    ScoreSnapshot,
     SlotKind,
-    Worker,
+    SlotSnapshot,
+    WorkerSnapshot,
 )
 
 ZONES = ("zone-a", "zone-b", "zone-c", "zone-d", None)
@@ -49,11 +49,11 @@ def build_snapshot(
 ) -> tuple[list[Cluster], Pool]:
     # About one worker in four idles for both kinds, so n_slots slots sit on ~0.8 * n_slots workers.
     n_workers = max(1, int(n_slots / 1.25))
-    workers: list[Worker] = []
+    workers: list[WorkerSnapshot] = []
     for n in range(n_workers):
         arch = rng.choice(SYSTEMS)
         workers.append(
-            Worker(
+            WorkerSnapshot(
                 worker_id=f"w{n:05d}",
                 name=f"worker-{n}",
                 zone=rng.choice(ZONES),
@@ -65,14 +65,14 @@ def build_snapshot(
                 projects=None if rng.random() < 0.7 else frozenset(rng.sample(PROJECTS, 3)),
             )
         )
-    slots: list[IdleSlot] = []
+    slots: list[SlotSnapshot] = []
     for w in workers:
-        slots.append(IdleSlot(w.worker_id, SlotKind.BUILD, now - timedelta(seconds=rng.uniform(0, 20))))
+        slots.append(SlotSnapshot(w.worker_id, SlotKind.BUILD, now - timedelta(seconds=rng.uniform(0, 20))))
     for w in rng.sample(workers, n_slots - len(slots)):
-        slots.append(IdleSlot(w.worker_id, SlotKind.EVAL, now - timedelta(seconds=rng.uniform(0, 20))))
+        slots.append(SlotSnapshot(w.worker_id, SlotKind.EVAL, now - timedelta(seconds=rng.uniform(0, 20))))
 
     clusters: list[Cluster] = []
-    scores: list[CandidateScore] = []
+    scores: list[ScoreSnapshot] = []
     for c in range(n_clusters):
         size = rng.randint(2, 4)
         members: list[Member] = []
@@ -96,7 +96,7 @@ def build_snapshot(
             )
             # Each member was offered to, and scored by, a few dozen workers.
             for w in rng.sample(workers, min(30, n_workers)):
-                scores.append(CandidateScore(w.worker_id, key, rng.randint(0, 8 << 30)))
+                scores.append(ScoreSnapshot(w.worker_id, key, rng.randint(0, 8 << 30)))
         clusters.append(
             Cluster(
                 cluster_id=f"c{c:05d}",
@@ -120,13 +120,14 @@ def seed_database(clusters: list[Cluster], pool: Pool, now: datetime) -> None:
     from gradient.clusters.services.lifecycle import MemberSpec, cluster_create
     from gradient.runtime.passes import server_boot_start
     from gradient.scheduling.models import (
+        CandidateScore,
         DerivationBuild,
         Evaluation,
         EvaluationBuild,
         EvaluationStatus,
         Project,
     )
-    from gradient.workers.models import CandidateScore, IdleSlot, WorkerSession
+    from gradient.workers.models import IdleSlot, WorkerSession
     from gradient.workers.models import Worker as WorkerRow
 
     projects = {name: Project.objects.create(name=name) for name in PROJECTS}

@@ -155,8 +155,9 @@ def run(workers: int, procs: int, heartbeat_secs: float, secs: float, database_u
     import psutil
     from django.db import close_old_connections
 
+    from gradient.scheduling.services.projects import project_create
     from gradient.workers.models import WorkerSession
-    from gradient.workers.services import project_create, worker_register
+    from gradient.workers.services import worker_register
     from tests.support.processes import serve
 
     limit = raise_fd_limit(workers + 200)

@@ -125,7 +125,8 @@ class FleetResult:
 
 
 def _register(config: FleetConfig) -> tuple[Any, list[tuple[str, str]]]:
-    from gradient.workers.services import project_create, worker_register
+    from gradient.scheduling.services.projects import project_create
+    from gradient.workers.services import worker_register
 
     reset_tables()
     project = project_create(name="fleet")

@@ -39,8 +39,8 @@ def seed(depth: int, workers: int) -> tuple[list[Any], list[str]]:
 
     from gradient.runtime.passes import server_boot_start
     from gradient.scheduling.models import DerivationBuild, Evaluation, EvaluationBuild, EvaluationStatus
+    from gradient.scheduling.services.projects import project_create
     from gradient.workers.models import Worker, WorkerSession
-    from gradient.workers.services import project_create
 
     reset_tables()
     now = timezone.now()
@@ -90,7 +90,7 @@ def seed(depth: int, workers: int) -> tuple[list[Any], list[str]]:
 def score_everything(worker_id: Any, keys: list[str]) -> None:
     from django.utils import timezone
 
-    from gradient.workers.models import CandidateScore
+    from gradient.scheduling.models import CandidateScore
 
     now = timezone.now()
     for start in range(0, len(keys), BATCH):

@@ -16,9 +16,10 @@ from django.utils import timezone
 
 from gradient.clusters.decisions.matcher import IDLE_SLOT_TTL_SECS
 from gradient.clusters.decisions.waiting_text import describe_cluster_waiting
-from gradient.clusters.models import ClusterJob, ClusterReservation, ClusterStatus
+from gradient.clusters.models import ClusterJob, ClusterReservation
+from gradient.core.vocab import BuildStatus, ClusterStatus, EvaluationStatus, JobKind
 from gradient.scheduling.decisions.waiting import describe
-from gradient.scheduling.models import BuildStatus, DerivationBuild, Evaluation, EvaluationStatus, JobKind
+from gradient.scheduling.models import DerivationBuild, Evaluation
 from gradient.scheduling.services.waiting import waiting_counts
 from gradient.workers.models import IdleSlot, WorkerSession
 

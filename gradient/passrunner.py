@@ -1,6 +1,6 @@
 """The in-process pass runner of embedded mode (no REDIS_URL): one daemon thread that runs every pass
 of gradient.schedule.PASSES on its interval, through the same Celery task bodies Celery beat would
-call. Leases (recovery.services.pass_run) keep it from overlapping with any other runner.
+call. Leases (runtime.passes.pass_run) keep it from overlapping with any other runner.
 
 It installs the passes into django-celery-beat's table as beat would, and honours the admin's switch:
 a pass whose *Periodic task* is disabled is skipped until it is enabled again."""

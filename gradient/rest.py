@@ -11,6 +11,7 @@ APIView imports them while this module imports DRF's views).
 from __future__ import annotations
 
 import logging
+import uuid
 from typing import Any
 
 from django.http import HttpRequest, HttpResponse, JsonResponse
@@ -18,6 +19,8 @@ from django.views import defaults
 from rest_framework import exceptions, serializers
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
+
+from gradient.core.ids import parse_uuid
 
 log = logging.getLogger("gradient.rest")
 
@@ -31,6 +34,14 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
     if isinstance(exc, exceptions.ValidationError) and not isinstance(response.data, dict):
         response.data = {"non_field_errors": response.data}
     return response
+
+
+def uuid_or_404(value: str) -> uuid.UUID:
+    """An id from the URL path: anything that is no uuid is a 404, as no row has that id."""
+    parsed = parse_uuid(value)
+    if parsed is None:
+        raise exceptions.NotFound("No such id.")
+    return parsed
 
 
 class ControlReceiptSerializer(serializers.Serializer[Any]):

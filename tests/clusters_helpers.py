@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
+import msgspec
 from django.utils import timezone
 
 from gradient.clusters.decisions.types import Placement, Seat, SlotKind
@@ -15,6 +16,7 @@ from gradient.clusters.services.attempts import ClaimedAttempt, claim_cluster
 from gradient.clusters.services.common import Push
 from gradient.clusters.services.lifecycle import MemberSpec, cluster_create
 from gradient.clusters.services.members import cluster_member_answer, cluster_member_report
+from gradient.core.protocol import tag_of
 from gradient.scheduling.models import (
     BuildStatus,
     DerivationBuild,
@@ -23,9 +25,10 @@ from gradient.scheduling.models import (
     EvaluationStatus,
     Project,
 )
-from gradient.scheduling.services.reports import ReportOutcome
+from gradient.scheduling.services.lifecycle import ReportOutcome
 from gradient.workers.models import IdleSlot, Worker
 from tests.factories import DerivationBuildFactory, EvaluationFactory, connected_worker
+from tests.scheduling_helpers import wire
 
 
 def queued_build(project: Project, **fields: Any) -> DerivationBuild:
@@ -107,7 +110,7 @@ def started(cluster: ClusterJob, workers: Sequence[Worker]) -> ClaimedAttempt:
     claimed = claim(cluster, workers)
     by_worker = {str(w.id): w for w in workers}
     for job_key, assignment_id in claimed.assignments.items():
-        worker = next(by_worker[p[0]] for p in claimed.pushes if p[1]["job_id"] == job_key)
+        worker = next(by_worker[p[0]] for p in claimed.pushes if p[1].job_id == job_key)
         answer(worker, assignment_id)
     return claimed
 
@@ -116,11 +119,16 @@ def member_report(
     worker: Worker, claimed: ClaimedAttempt, job_key: str, type_: str, **fields: Any
 ) -> ReportOutcome:
     message = {"type": type_, "job_id": job_key, "assignment_id": str(claimed.assignments[job_key]), **fields}
-    return cluster_member_report(worker_id=worker.id, message=message, now=timezone.now())
+    return cluster_member_report(worker_id=worker.id, message=wire(message), now=timezone.now())
+
+
+def as_json(pushes: Sequence[Push]) -> list[tuple[str, Any]]:
+    """The pushes with each message as its JSON object (what the worker receives)."""
+    return [(w, msgspec.to_builtins(m)) for w, m in pushes]
 
 
 def types(pushes: Sequence[Push]) -> list[str]:
-    return [m["type"] for _, m in pushes]
+    return [tag_of(type(m)) for _, m in pushes]
 
 
 def record_problems(*job_keys: str) -> dict[str, tuple[str, ...]]:

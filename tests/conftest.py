@@ -55,19 +55,20 @@ def make_worker() -> object:
 
 @pytest.fixture
 def sent(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, dict[str, object]]]:
-    """Messages the clusters services push to workers (scheduling.effects.send_to_worker_on_commit), as
-    (worker id, message), recorded once their transaction commits: run the code under
+    """Messages the clusters services push to workers (clusters.services.common.push), as (worker id,
+    message as its JSON object), recorded once their transaction commits: run the code under
     `django_capture_on_commit_callbacks(execute=True)` in a non-transactional test."""
+    import msgspec
     from django.db import transaction
 
-    from gradient.scheduling import effects
+    from gradient.clusters.services import common
 
     out: list[tuple[str, dict[str, object]]] = []
 
-    def record(worker_id: object, message: dict[str, object]) -> None:
-        transaction.on_commit(lambda: out.append((str(worker_id), message)))
+    def record(worker_id: object, message: object) -> None:
+        transaction.on_commit(lambda: out.append((str(worker_id), msgspec.to_builtins(message))))
 
-    monkeypatch.setattr(effects, "send_to_worker_on_commit", record)
+    monkeypatch.setattr(common, "push_to_worker_on_commit", record)
     return out
 
 

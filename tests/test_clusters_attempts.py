@@ -36,6 +36,7 @@ from gradient.scheduling.models import (
 from gradient.scheduling.services.claims import ClaimRequest, claim_assignment
 from gradient.workers.models import IdleSlot, WorkerSession
 from tests.clusters_helpers import (
+    as_json,
     claim,
     idle,
     make_cluster,
@@ -97,7 +98,7 @@ def test_a_won_claim_pushes_assign_job_with_the_cluster_membership_to_every_seat
     claimed = claim(cluster, [a, b])
     assert types(claimed.pushes) == ["AssignJob", "AssignJob"]
     hold = settings.GRADIENT_SCHEDULER_CLUSTER_PREPARE_TIMEOUT_SECS + 10
-    by_worker = {w: m for w, m in claimed.pushes}
+    by_worker = {w: m for w, m in as_json(claimed.pushes)}
     build_msg, eval_msg = by_worker[str(a.id)], by_worker[str(b.id)]
     assert build_msg["job_id"] == build.job_key and build_msg["job"]["kind"] == "build"
     assert build_msg["assignment_id"] == str(claimed.assignments[build.job_key])
@@ -331,5 +332,5 @@ def test_assign_job_leaves_only_once_the_claim_committed(
     assert sent == []
     for callback in callbacks:
         callback()
-    assert sorted(sent, key=lambda p: p[0]) == sorted(claimed.pushes, key=lambda p: p[0])
+    assert sorted(sent, key=lambda p: p[0]) == sorted(as_json(claimed.pushes), key=lambda p: p[0])
     assert {m["type"] for _, m in sent} == {"AssignJob"}

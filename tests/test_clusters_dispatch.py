@@ -20,8 +20,8 @@ from gradient.clusters.selectors import worker_reserved_for
 from gradient.clusters.services.dispatch import cluster_dispatch_kick, cluster_dispatch_pass
 from gradient.clusters.services.lifecycle import cluster_abort
 from gradient.recovery.models import PassState
-from gradient.scheduling.models import BuildStatus, DerivationBuild, DispatchedJob
-from gradient.workers.models import CandidateScore, IdleSlot, Worker, WorkerSession
+from gradient.scheduling.models import BuildStatus, CandidateScore, DerivationBuild, DispatchedJob
+from gradient.workers.models import IdleSlot, Worker, WorkerSession
 from tests.clusters_helpers import claim, idle, make_cluster, queued_build, seat_worker
 from tests.factories import ProjectFactory
 

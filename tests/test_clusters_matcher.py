@@ -17,15 +17,15 @@ from gradient.clusters.decisions.matcher import (
 from gradient.clusters.decisions.types import (
     BUILTIN_SYSTEM,
     Cluster,
-    IdleSlot,
     Member,
     Placement,
     Pool,
     SeatShortage,
     SlotKind,
+    SlotSnapshot,
     WaitingCode,
     WaitingReason,
-    Worker,
+    WorkerSnapshot,
 )
 from tests.support.clusters import NOW, X86, ago, build, cluster, evaluation, idle, pool, worker
 
@@ -388,7 +388,7 @@ ARCHS = st.sampled_from([X86, "aarch64-linux"])
 def scenarios(draw: st.DrawFn) -> tuple[Cluster, Pool]:
     n_workers = draw(st.integers(1, 6))
     workers = [
-        Worker(
+        WorkerSnapshot(
             worker_id=f"w{i}",
             name=f"w{i}",
             zone=draw(ZONES),
@@ -403,7 +403,7 @@ def scenarios(draw: st.DrawFn) -> tuple[Cluster, Pool]:
         for i in range(n_workers)
     ]
     slots = [
-        IdleSlot(w.worker_id, kind, ago(draw(st.sampled_from([0.0, 10.0, 24.0, 30.0]))))
+        SlotSnapshot(w.worker_id, kind, ago(draw(st.sampled_from([0.0, 10.0, 24.0, 30.0]))))
         for w in workers
         for kind in SlotKind
         if draw(st.booleans())

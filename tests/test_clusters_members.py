@@ -6,6 +6,7 @@ from __future__ import annotations
 import uuid
 from datetime import timedelta
 
+import msgspec
 import pytest
 from django.utils import timezone
 
@@ -24,6 +25,7 @@ from gradient.clusters.services.members import (
     cluster_signal_forward,
     cluster_worker_lost,
 )
+from gradient.core.protocol import tag_of
 from gradient.records.schemas import Outcome
 from gradient.records.selectors import record_job
 from gradient.scheduling.models import (
@@ -38,6 +40,7 @@ from gradient.scheduling.services.evaluations import evaluation_cancel
 from gradient.workers.models import Worker
 from tests.clusters_helpers import (
     answer,
+    as_json,
     claim,
     make_cluster,
     member_report,
@@ -49,7 +52,7 @@ from tests.clusters_helpers import (
     types,
 )
 from tests.factories import DispatchedJobFactory, ProjectFactory
-from tests.scheduling_helpers import drv
+from tests.scheduling_helpers import drv, wire
 
 pytestmark = pytest.mark.django_db
 
@@ -106,13 +109,13 @@ def test_the_last_accept_starts_the_attempt_and_sends_start_cluster_with_the_ros
     assert _attempt(claimed).started_at is None
     pushes = answer(t.ws, claimed.assignments[keys[str(t.ws.id)]])
     assert types(pushes) == ["StartCluster"] * 3 and {w for w, _ in pushes} == set(keys)
-    roster = pushes[0][1]["roster"]
+    roster = msgspec.to_builtins(pushes[0][1])["roster"]
     assert roster == [
         {"role": "client", "index": 0, "worker_id": str(t.wc.id), "zone": "b", "endpoint": None},
         {"role": "primary", "index": 0, "worker_id": str(t.wp.id), "zone": "a", "endpoint": "10.0.0.1:7000"},
         {"role": "server", "index": 0, "worker_id": str(t.ws.id), "zone": "a", "endpoint": None},
     ]
-    assert pushes[0][1]["attempt"] == str(claimed.attempt_id)
+    assert pushes[0][1].attempt == str(claimed.attempt_id)
     t.refresh()
     assert (t.cluster.status, t.cluster.attempts) == (ClusterStatus.RUNNING, 1)
     assert _attempt(claimed).started_at is not None
@@ -221,7 +224,9 @@ def test_answers_and_reports_for_anything_but_an_open_member_assignment_on_that_
             "error": "x",
             "elapsed_ms": 0,
         }
-        assert not cluster_member_report(worker_id=worker.id, message=message, now=timezone.now()).accepted
+        assert not cluster_member_report(
+            worker_id=worker.id, message=wire(message), now=timezone.now()
+        ).accepted
     assert _attempt(claimed).finished_at is None
 
 
@@ -478,7 +483,7 @@ def test_a_signal_without_to_reaches_every_other_member_with_the_senders_address
     claimed = t.start()
     pushes = _signal(t.wp, claimed, payload="ready")
     assert {w for w, _ in pushes} == {str(t.wc.id), str(t.ws.id)}
-    assert pushes[0][1] == {
+    assert as_json(pushes)[0][1] == {
         "type": "ClusterSignal",
         "attempt": str(claimed.attempt_id),
         "from": {"role": "primary", "index": 0},
@@ -531,7 +536,7 @@ def test_every_message_the_services_push_fits_the_protocols_strict_server_schema
     other = Trio()
     held = other.claim()
     pushes += answer(other.wc, held.assignments[other.client.job_key], accepted=False)  # AbortCluster
-    assert {m["type"] for _, m in pushes} == {
+    assert {tag_of(type(m)) for _, m in pushes} == {
         "AssignJob",
         "StartCluster",
         "ClusterSignal",

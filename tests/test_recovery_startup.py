@@ -30,7 +30,7 @@ from gradient.scheduling.models import (
 from gradient.scheduling.services import graph
 from gradient.workers.models import WorkerSession
 from tests.factories import EvaluationFactory, ProjectFactory, connected_worker
-from tests.scheduling_helpers import ask, build, drv
+from tests.scheduling_helpers import ask, build, build_id_of, drv
 from tests.support.processes import wait_until
 
 pytestmark = pytest.mark.django_db
@@ -80,10 +80,10 @@ def test_recovery_returns_the_work_of_a_dead_server_and_keeps_a_live_servers() -
     assert DispatchedJob.objects.get(id=kept.assignment_id).finished_at is None
     evaluating.refresh_from_db()
     assert evaluating.status == EvaluationStatus.QUEUED
-    lost_build = DerivationBuild.objects.get(id=first.job["builds"][0]["build_id"])
+    lost_build = DerivationBuild.objects.get(id=build_id_of(first))
     assert lost_build.status == BuildStatus.QUEUED
     assert BuildAttempt.objects.get(dispatched_job_id=first.assignment_id).outcome == "Aborted"
-    assert DerivationBuild.objects.get(id=kept.job["builds"][0]["build_id"]).status == BuildStatus.BUILDING
+    assert DerivationBuild.objects.get(id=build_id_of(kept)).status == BuildStatus.BUILDING
     mid.refresh_from_db()
     assert mid.status == BuildStatus.CREATED and report.builds_unpromoted == 1
     for evaluation in (building, evaluating):
@@ -207,8 +207,8 @@ def test_a_waiting_pass_right_after_recovery_closed_an_evaluations_assignment_fi
     """The passes run on while a server recovers. Recovery requeues the evaluation in the transaction
     that closes its assignment, so a waiting pass never sees it Fetching on no worker (and parks it
     instead of it being requeued with its phase event)."""
-    from gradient.recovery import startup
     from gradient.scheduling.models import Evaluation
+    from gradient.scheduling.services import lifecycle
     from gradient.scheduling.services.waiting import refresh_waiting_state
 
     project = ProjectFactory()
@@ -217,13 +217,13 @@ def test_a_waiting_pass_right_after_recovery_closed_an_evaluations_assignment_fi
     worker = connected_worker([project])
     _on(worker, dead)
     assert ask(worker.id, "flake") is not None
-    real_forget_sent = startup.forget_sent
+    real_forget_sent = lifecycle.forget_sent
 
     def forget_sent_then_a_waiting_pass(job_key: str) -> None:
         real_forget_sent(job_key)
         refresh_waiting_state(now=timezone.now(), grace_secs=300, use_memo=False)
 
-    monkeypatch.setattr(startup, "forget_sent", forget_sent_then_a_waiting_pass)
+    monkeypatch.setattr(lifecycle, "forget_sent", forget_sent_then_a_waiting_pass)
 
     report = recover_interrupted_work(boot_id=uuid.uuid4(), now=timezone.now())
 

@@ -2,21 +2,23 @@
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 from django.utils import timezone
 
 from gradient.scheduling.models import (
     BuildAttempt,
     BuildStatus,
+    CandidateScore,
     DerivationBuild,
     DispatchedJob,
     Evaluation,
     EvaluationStatus,
 )
 from gradient.scheduling.services import graph
-from gradient.workers.models import CandidateScore, IdleSlot, WorkerSession
+from gradient.workers.models import IdleSlot, WorkerSession
 from tests.factories import EvaluationFactory, ProjectFactory, connected_worker
-from tests.scheduling_helpers import ask, build, diamond, drv, evaluate
+from tests.scheduling_helpers import ask, build, build_id_of, diamond, drv, evaluate, job_json
 
 pytestmark = pytest.mark.django_db
 
@@ -27,9 +29,13 @@ def test_a_worker_gets_the_queued_evaluation_of_its_project_with_all_three_steps
     worker = connected_worker([project])
     a = ask(worker.id, "flake")
     assert a is not None and a.job_key == f"eval:{evaluation.id}"
-    assert a.job["steps"] == ["FetchFlake", "EvaluateFlake", "EvaluateDerivations"]
-    assert a.job["source"] == {"kind": "repository", "url": "sim:diamond", "commit": "c0ffee"}
-    assert a.message()["type"] == "AssignJob" and a.message()["cluster"] is None
+    assert job_json(a)["steps"] == ["FetchFlake", "EvaluateFlake", "EvaluateDerivations"]
+    assert job_json(a)["source"] == {
+        "kind": "repository",
+        "url": "sim:diamond",
+        "commit": "c0ffee",
+    }
+    assert msgspec.to_builtins(a.message())["type"] == "AssignJob" and a.message().cluster is None
     evaluation.refresh_from_db()
     assert evaluation.status == EvaluationStatus.FETCHING
     row = DispatchedJob.objects.get(id=a.assignment_id)
@@ -84,11 +90,11 @@ def test_a_build_needs_every_required_feature_and_builtin_skips_the_system_check
     _building_evaluation(project, [drv("kvm", features=["kvm"]), drv("fetch", system="builtin")])
     worker = connected_worker([project], architectures=["riscv64-linux"], system_features=[])
     a = ask(worker.id)
-    assert a is not None and a.job["requirement"]["architecture"] == "builtin"
+    assert a is not None and job_json(a)["requirement"]["architecture"] == "builtin"
     assert ask(worker.id) is None  # one slot by default, and kvm is unmet anyway
     kvm_worker = connected_worker([project], architectures=["x86_64-linux"], system_features=["kvm", "big"])
     b = ask(kvm_worker.id)
-    assert b is not None and b.job["requirement"]["required_features"] == ["kvm"]
+    assert b is not None and job_json(b)["requirement"]["required_features"] == ["kvm"]
 
 
 def test_builds_are_handed_out_in_dependency_order() -> None:
@@ -97,7 +103,7 @@ def test_builds_are_handed_out_in_dependency_order() -> None:
     worker = connected_worker([project], max_concurrent_builds=4)
     order = []
     while (a := ask(worker.id)) is not None:
-        order.append(a.job["builds"][0]["drv_path"].rsplit("-", 1)[1])
+        order.append(job_json(a)["builds"][0]["drv_path"].rsplit("-", 1)[1])
         build(worker.id, a)
         if len(order) > 10:
             break
@@ -152,7 +158,7 @@ def test_an_eval_only_worker_being_idle_splits_the_evaluation_into_fetch_and_a_c
     evaluator = connected_worker([project], can_fetch=False, can_eval=True)
     assert ask(evaluator.id, "flake") is None  # it cannot fetch
     fetch = ask(fetcher.id, "flake")
-    assert fetch is not None and fetch.job["steps"] == ["FetchFlake"]
+    assert fetch is not None and job_json(fetch)["steps"] == ["FetchFlake"]
     from tests.scheduling_helpers import report, update
 
     update(fetcher.id, fetch, kind="fetching")
@@ -167,8 +173,8 @@ def test_an_eval_only_worker_being_idle_splits_the_evaluation_into_fetch_and_a_c
     assert evaluation.status == EvaluationStatus.QUEUED and evaluation.followup_pending
     follow = ask(evaluator.id, "flake")
     assert follow is not None and follow.job_key == fetch.job_key
-    assert follow.job["steps"] == ["EvaluateFlake", "EvaluateDerivations"]
-    assert follow.job["source"] == {
+    assert job_json(follow)["steps"] == ["EvaluateFlake", "EvaluateDerivations"]
+    assert job_json(follow)["source"] == {
         "kind": "cached",
         "store_path": "/nix/store/00000000000000000000000000000src-source",
     }
@@ -183,7 +189,7 @@ def test_a_fetch_only_job_completing_without_a_source_fails_the_evaluation() -> 
     fetcher = connected_worker([project], can_fetch=True, can_eval=True)
     connected_worker([project], can_fetch=False, can_eval=True)
     fetch = ask(fetcher.id, "flake")
-    assert fetch is not None and fetch.job["steps"] == ["FetchFlake"]
+    assert fetch is not None and job_json(fetch)["steps"] == ["FetchFlake"]
     from tests.scheduling_helpers import report
 
     report(fetcher.id, fetch, "JobCompleted", elapsed_ms=3)
@@ -303,8 +309,8 @@ def test_a_scored_or_never_offered_build_is_not_held_back() -> None:
 
 
 def test_a_claimed_job_drops_out_of_every_workers_sent_set_and_a_finished_one_out_of_the_scores() -> None:
+    from gradient.scheduling.models import SentCandidate
     from gradient.scheduling.services.offers import job_list
-    from gradient.workers.models import SentCandidate
 
     project = ProjectFactory()
     _building_evaluation(project, [drv("claimed"), drv("other")])
@@ -322,6 +328,6 @@ def test_a_claimed_job_drops_out_of_every_workers_sent_set_and_a_finished_one_ou
     assert CandidateScore.objects.filter(job_id=a.job_key).count() == 2, "scores stay while it runs"
     build(first.id, a)
     assert not CandidateScore.objects.filter(job_id=a.job_key).exists(), "finished: nobody's candidate"
-    other = DerivationBuild.objects.exclude(id=a.job["builds"][0]["build_id"]).get()
+    other = DerivationBuild.objects.exclude(id=build_id_of(a)).get()
     assert CandidateScore.objects.filter(job_id=other.job_key).count() == 2, "other jobs keep theirs"
     assert SentCandidate.objects.filter(job_id=other.job_key).count() == 2

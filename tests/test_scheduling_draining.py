@@ -9,8 +9,8 @@ import pytest
 from django.utils import timezone
 
 from gradient.recovery.models import ServerBoot
-from gradient.recovery.selectors import service_draining
 from gradient.recovery.startup import run_startup_recovery
+from gradient.runtime.instances import service_draining
 from gradient.runtime.passes import server_boot_drain, server_boot_start, server_boot_stop
 from gradient.scheduling.decisions import waiting as w
 from gradient.scheduling.models import EvaluationStatus

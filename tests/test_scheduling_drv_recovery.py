@@ -20,7 +20,7 @@ from gradient.scheduling.models import (
 from gradient.scheduling.services import graph
 from gradient.scheduling.services.waiting import refresh_waiting_state
 from tests.factories import EvaluationFactory, ProjectFactory, connected_worker
-from tests.scheduling_helpers import ask, build, drv, evaluate, report
+from tests.scheduling_helpers import ask, build, drv, evaluate, job_json, report
 
 DEP, APP = drv("dep"), drv("app", "dep", attr="packages.x86_64-linux.app")
 
@@ -64,7 +64,7 @@ def _lose_app_drv():  # type: ignore[no-untyped-def]
     assert a is not None
     build(worker.id, a)
     a = ask(worker.id)
-    assert a is not None and a.job["builds"][0]["drv_path"] == APP["drv_path"]
+    assert a is not None and job_json(a)["builds"][0]["drv_path"] == APP["drv_path"]
     outcome = report(
         worker.id,
         a,
@@ -187,7 +187,7 @@ def test_missing_paths_naming_the_drv_mark_it_lost() -> None:
     graph.ingest_eval_result(evaluation=evaluation, derivations=[drv("solo")], now=timezone.now())
     a = ask(worker.id)
     assert a is not None
-    path = a.job["builds"][0]["drv_path"]
+    path = job_json(a)["builds"][0]["drv_path"]
     report(
         worker.id, a, "JobFailed", kind="inputs_unavailable", error="not in the store", missing_paths=[path]
     )

@@ -10,7 +10,7 @@ from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from django.utils import timezone
 
-from gradient.scheduling.effects import worker_group
+from gradient.runtime.outbox import worker_group
 from gradient.scheduling.models import BuildStatus, DerivationBuild, EvaluationStatus
 from gradient.scheduling.services import graph
 from gradient.scheduling.services.evaluations import evaluation_cancel, evaluation_create

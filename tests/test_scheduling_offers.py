@@ -2,18 +2,33 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+import msgspec
 import pytest
 from django.utils import timezone
 
-from gradient.scheduling.models import DerivationBuild, EvaluationStatus
+from gradient.scheduling.models import DerivationBuild, EvaluationStatus, SentCandidate
 from gradient.scheduling.services import graph
-from gradient.scheduling.services.offers import job_list, job_offers
-from gradient.scheduling.services.reports import forget_sent
-from gradient.workers.models import SentCandidate
+from gradient.scheduling.services import offers as offer_service
+from gradient.scheduling.services.offers import forget_sent
 from tests.factories import EvaluationFactory, ProjectFactory, connected_worker
 from tests.scheduling_helpers import ask, drv
 
 pytestmark = pytest.mark.django_db
+
+
+# The offers are the protocol's typed messages; these read them as their JSON objects.
+def job_list(**kwargs: Any) -> Any:
+    return msgspec.to_builtins(offer_service.job_list(**kwargs))
+
+
+def job_offers(**kwargs: Any) -> Any:
+    return msgspec.to_builtins(offer_service.job_offers(**kwargs))
+
+
+def candidates_for_worker(*args: Any) -> Any:
+    return msgspec.to_builtins(offer_service.candidates_for_worker(*args))
 
 
 def test_the_job_list_comes_in_pages_of_a_thousand_and_the_last_is_final() -> None:
@@ -95,7 +110,6 @@ def test_a_worker_is_offered_only_what_it_can_run() -> None:
 
 def test_build_offers_are_deltas_of_the_full_list_and_claimed_builds_drop_out() -> None:
     from gradient.scheduling import selectors
-    from gradient.scheduling.services.offers import candidates_for_worker
 
     project = ProjectFactory()
     evaluation = EvaluationFactory(project=project, status=EvaluationStatus.BUILDING)

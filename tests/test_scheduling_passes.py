@@ -12,7 +12,7 @@ from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from django.utils import timezone
 
-from gradient.scheduling.effects import worker_group
+from gradient.runtime.outbox import worker_group
 from gradient.scheduling.models import BuildStatus, DerivationBuild
 from gradient.scheduling.services.passes import assignment_pass, build_resync_pass
 from tests.factories import DerivationBuildFactory, EvaluationFactory, ProjectFactory, connected_worker

@@ -14,13 +14,13 @@ from gradient.scheduling.models import (
     DerivationBuild,
     DispatchedJob,
     EvaluationStatus,
+    SentCandidate,
 )
 from gradient.scheduling.services import graph
 from gradient.scheduling.services.offers import promote_retries
 from gradient.scheduling.services.reports import handle_report
-from gradient.workers.models import SentCandidate
 from tests.factories import EvaluationFactory, ProjectFactory, connected_worker
-from tests.scheduling_helpers import ask, build, drv, report, update
+from tests.scheduling_helpers import ask, build, build_id_of, drv, job_json, report, update, wire
 
 pytestmark = pytest.mark.django_db
 
@@ -56,7 +56,7 @@ def test_a_report_with_a_stale_or_foreign_assignment_id_changes_nothing(setup) -
     before = _snapshot()
     for bogus in (str(uuid.uuid4()), "not-a-uuid", "", "0" * 64):
         message = {"type": "JobCompleted", "job_id": a.job_key, "assignment_id": bogus, "elapsed_ms": 1}
-        assert handle_report(worker_id=worker.id, message=message, now=timezone.now()).accepted is False
+        assert handle_report(worker_id=worker.id, message=wire(message), now=timezone.now()).accepted is False
     assert _snapshot() == before
 
 
@@ -76,7 +76,7 @@ def test_a_report_after_close_changes_nothing(setup) -> None:  # type: ignore[no
     build(worker.id, a)
     before = _snapshot()
     assert report(worker.id, a, "JobFailed", error="late", kind="permanent", elapsed_ms=1).accepted is False
-    assert update(worker.id, a, kind="building", build_id=a.job["builds"][0]["build_id"]).accepted is False
+    assert update(worker.id, a, kind="building", build_id=build_id_of(a)).accepted is False
     assert _snapshot() == before
 
 
@@ -91,7 +91,7 @@ def test_a_report_for_another_job_under_a_valid_assignment_id_is_dropped(setup) 
         "assignment_id": str(a.assignment_id),
         "elapsed_ms": 1,
     }
-    assert handle_report(worker_id=worker.id, message=message, now=timezone.now()).accepted is False
+    assert handle_report(worker_id=worker.id, message=wire(message), now=timezone.now()).accepted is False
     assert _snapshot() == before
 
 
@@ -172,7 +172,7 @@ def test_a_declined_assignment_requeues_the_job_and_clears_its_sent_flag(setup) 
     assert outcome.accepted
     row = DispatchedJob.objects.get(id=a.assignment_id)
     assert row.outcome == "Abandoned" and row.reason == "declined: full"
-    base = DerivationBuild.objects.get(id=a.job["builds"][0]["build_id"])
+    base = DerivationBuild.objects.get(id=build_id_of(a))
     assert (base.status, base.attempts) == (BuildStatus.QUEUED, 0)
     assert not SentCandidate.objects.filter(job_id=a.job_key).exists()
 
@@ -195,11 +195,13 @@ def test_build_output_caches_the_outputs_and_queues_the_dependents(setup) -> Non
     assert BuildAttempt.objects.get(dispatched_job_id=a.assignment_id).outcome == "Built"
     from gradient.scheduling.models import CachedPath
 
-    assert CachedPath.objects.filter(path=a.job["builds"][0]["outputs"][0]["path"], nar_size=4096).exists()
+    assert CachedPath.objects.filter(
+        path=job_json(a)["builds"][0]["outputs"][0]["path"], nar_size=4096
+    ).exists()
 
 
 def test_a_lost_build_goes_back_to_the_queue_having_spent_its_attempt(setup) -> None:  # type: ignore[no-untyped-def]
-    from gradient.scheduling.services.reports import assignment_return_to_pool
+    from gradient.scheduling.services.lifecycle import assignment_return_to_pool
 
     _, _, worker, _ = setup
     a = ask(worker.id)
@@ -207,13 +209,13 @@ def test_a_lost_build_goes_back_to_the_queue_having_spent_its_attempt(setup) -> 
     row = DispatchedJob.objects.get(id=a.assignment_id)
     assert assignment_return_to_pool(row=row, reason="worker lost", lost=True, now=timezone.now())
     assert not assignment_return_to_pool(row=row, reason="again", lost=True, now=timezone.now())
-    base = DerivationBuild.objects.get(id=a.job["builds"][0]["build_id"])
+    base = DerivationBuild.objects.get(id=build_id_of(a))
     assert (base.status, base.attempts) == (BuildStatus.QUEUED, 1)
     assert BuildAttempt.objects.get(dispatched_job_id=row.id).outcome == "Aborted"
 
 
 def test_an_evaluation_fails_after_ten_lost_dispatches() -> None:
-    from gradient.scheduling.services.reports import assignment_return_to_pool
+    from gradient.scheduling.services.lifecycle import assignment_return_to_pool
 
     project = ProjectFactory()
     evaluation = EvaluationFactory(project=project)

@@ -20,8 +20,8 @@ from gradient.core.protocol import MAX_FRAME_BYTES, AbortJob
 from gradient.recovery.models import ServerBoot
 from gradient.runtime.boot import current_boot
 from gradient.runtime.outbox import push_to_worker, push_to_worker_on_commit
-from gradient.scheduling.models import DispatchedJob, JobKind, build_key
-from gradient.workers.models import CandidateScore, IdleSlot, Worker, WorkerSession
+from gradient.scheduling.models import CandidateScore, DispatchedJob, JobKind, build_key
+from gradient.workers.models import IdleSlot, Worker, WorkerSession
 from gradient.workers.proto import consumer as consumer_module
 from gradient.workers.services import worker_deactivate, worker_session_close, workers_drop_silent
 from tests.factories import DerivationBuildFactory, DispatchedJobFactory

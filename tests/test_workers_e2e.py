@@ -21,9 +21,9 @@ from django.contrib.auth.models import User
 from django.utils import timezone
 
 from gradient.recovery.models import ServerBoot
-from gradient.scheduling.models import Evaluation, JobKind, Project, eval_key
+from gradient.scheduling.models import CandidateScore, Evaluation, JobKind, Project, eval_key
 from gradient.workers.client.worker import EXIT_OK, EXIT_REJECTED
-from gradient.workers.models import CandidateScore, IdleSlot, WorkerSession
+from gradient.workers.models import IdleSlot, WorkerSession
 from gradient.workers.services import workers_drop_silent
 from tests.support.processes import (
     ServeProcess,

@@ -38,6 +38,7 @@ from gradient.recovery.models import PassState
 from gradient.scheduling.models import (
     BuildStatus,
     CachedPath,
+    CandidateScore,
     DerivationBuild,
     DerivationBuildDependency,
     DispatchedJob,
@@ -47,10 +48,11 @@ from gradient.scheduling.models import (
     EvaluationStatus,
     JobKind,
     Project,
+    SentCandidate,
     build_key,
     eval_key,
 )
-from gradient.workers.models import CandidateScore, IdleSlot, SentCandidate, Worker, WorkerSession
+from gradient.workers.models import IdleSlot, Worker, WorkerSession
 from gradient.workers.proto import jobloop
 from gradient.workers.services import SessionRef
 from tests.clusters_helpers import claim, make_cluster, queued_build, seat_worker, started

@@ -21,13 +21,13 @@ from gradient.scheduling.models import (
     DispatchOutcome,
     EvaluationStatus,
     JobKind,
+    SentCandidate,
 )
-from gradient.workers.models import IdleSlot, SentCandidate, Worker, WorkerSession
+from gradient.scheduling.services.lifecycle import dispatch_return_to_pool, worker_jobs_return_lost
+from gradient.workers.models import IdleSlot, Worker, WorkerSession
 from gradient.workers.services import (
     HandshakeAccepted,
     HandshakeRejected,
-    dispatch_return_to_pool,
-    worker_jobs_return_lost,
     worker_liveness_step,
     worker_register,
     worker_session_close,

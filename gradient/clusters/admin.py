@@ -15,7 +15,6 @@ from django.utils.safestring import SafeString
 
 from gradient.clusters.decisions.waiting_text import describe_cluster_waiting
 from gradient.clusters.models import (
-    CLUSTER_TERMINAL,
     ClusterAttempt,
     ClusterJob,
     ClusterMember,
@@ -24,6 +23,7 @@ from gradient.clusters.models import (
     ClusterWorkerPenalty,
 )
 from gradient.clusters.services.lifecycle import cluster_request_abort
+from gradient.core.vocab import CLUSTER_TERMINAL
 from gradient.records.admin import RecordTimelineMixin
 from gradient.records.errors import RecordError
 

@@ -28,7 +28,7 @@ from gradient.clusters.services.lifecycle import (
     cluster_create,
     cluster_request_abort,
 )
-from gradient.rest import ControlReceiptSerializer
+from gradient.rest import ControlReceiptSerializer, uuid_or_404
 from gradient.scheduling.models import DerivationBuild, Evaluation, EvaluationBuild, Project
 
 # --- Serializers -----------------------------------------------------------------------------------------
@@ -119,13 +119,6 @@ class ClusterSerializer(serializers.Serializer[Any]):
 # --- Access ----------------------------------------------------------------------------------------------
 
 
-def _parse_uuid(value: str) -> uuid.UUID:
-    try:
-        return uuid.UUID(value)
-    except ValueError:
-        raise NotFound("No such id.") from None
-
-
 def _project_ids(user: Any) -> set[uuid.UUID]:
     return set(Project.objects.filter(members=user).values_list("id", flat=True))
 
@@ -142,7 +135,7 @@ def _can_read(user: Any, cluster: ClusterJob) -> bool:
 
 
 def cluster_for(user: Any, cluster_id: str) -> ClusterJob:
-    cluster = ClusterJob.objects.filter(id=_parse_uuid(cluster_id)).first()
+    cluster = ClusterJob.objects.filter(id=uuid_or_404(cluster_id)).first()
     if cluster is None:
         raise NotFound("No cluster with this id.")
     if not _can_read(user, cluster):

@@ -13,16 +13,16 @@ from typing import Any
 
 from django.contrib.auth.models import User
 
+from gradient.core.jobkey import cluster_key as cluster_key
+from gradient.core.vocab import AttemptOutcome, ClusterStatus, RecordKind, Verdict
 from gradient.records.models import JobRecord
 from gradient.records.schemas import (
-    AttemptOutcome,
     CallDeadline,
     CallKind,
     ClusterAttemptClosed,
     ClusterAttemptOpened,
     ClusterAttemptStarted,
     Fact,
-    JobKind,
     ObjectRef,
     ObjectTable,
     Outcome,
@@ -30,20 +30,14 @@ from gradient.records.schemas import (
     RowStatus,
     Seat,
     StatusChanged,
-    Verdict,
-    job_key_for,
 )
 from gradient.records.services import plan_default, record_append_facts, record_create
 
 TERMINAL_OUTCOME: dict[str, Outcome] = {
-    "Completed": Outcome.SUCCEEDED,
-    "Failed": Outcome.FAILED,
-    "Aborted": Outcome.CANCELLED,
+    ClusterStatus.COMPLETED.value: Outcome.SUCCEEDED,
+    ClusterStatus.FAILED.value: Outcome.FAILED,
+    ClusterStatus.ABORTED.value: Outcome.CANCELLED,
 }
-
-
-def cluster_key(cluster_id: uuid.UUID | str) -> str:
-    return job_key_for(JobKind.CLUSTER, cluster_id)
 
 
 def attempt_ref(attempt_id: uuid.UUID) -> ObjectRef:
@@ -78,7 +72,7 @@ def _record_for_existing_row(cluster_id: uuid.UUID, now: datetime) -> None:
     record_create(
         job_key=cluster_key(cluster_id),
         spec=spec,
-        plan=plan_default(kind=JobKind.CLUSTER, retry_budget=cluster.retry_budget),
+        plan=plan_default(kind=RecordKind.CLUSTER, retry_budget=cluster.retry_budget),
         created_by=None,
         idempotency_key=None,
         now=now,
@@ -99,7 +93,7 @@ def cluster_record_create(
     record_create(
         job_key=cluster_key(cluster_id),
         spec=spec,
-        plan=plan_default(kind=JobKind.CLUSTER, retry_budget=retry_budget),
+        plan=plan_default(kind=RecordKind.CLUSTER, retry_budget=retry_budget),
         created_by=created_by,
         idempotency_key=None,
         now=now,

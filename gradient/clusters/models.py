@@ -3,7 +3,7 @@
 Table names and constraint names are the design page's (cluster-jobs.md); outside tools read them.
 The delete actions of cluster_member, cluster_attempt (CASCADE) and dispatched_job.cluster_attempt
 (SET NULL) are real PostgreSQL foreign-key actions, set by migration 0002, so a retention pass that
-deletes with SQL behaves as the page says.
+deletes with SQL behaves as the page says. The statuses, outcomes and verdicts are gradient.core.vocab's.
 """
 
 from __future__ import annotations
@@ -14,36 +14,21 @@ from django.conf import settings
 from django.db import models
 from django.db.models import Q
 
-
-class ClusterStatus(models.TextChoices):
-    QUEUED = "Queued"
-    RUNNING = "Running"
-    COMPLETED = "Completed"
-    FAILED = "Failed"
-    ABORTED = "Aborted"
-
-
-CLUSTER_ACTIVE = (ClusterStatus.QUEUED, ClusterStatus.RUNNING)
-CLUSTER_TERMINAL = (ClusterStatus.COMPLETED, ClusterStatus.FAILED, ClusterStatus.ABORTED)
-
-
-class AttemptOutcome(models.TextChoices):
-    SUCCEEDED = "Succeeded"
-    FAILED = "Failed"
-    PREPARE_FAILED = "PrepareFailed"
-    ABORTED = "Aborted"
-
-
-class Verdict(models.TextChoices):
-    COMPLETE = "Complete"
-    RETRY = "Retry"
-    FAIL = "Fail"
-    ABORT = "Abort"
+from gradient.core.jobkey import build_key, cluster_key, eval_key
+from gradient.core.vocab import CLUSTER_ACTIVE as CLUSTER_ACTIVE
+from gradient.core.vocab import (
+    CLUSTER_TERMINAL,
+    AttemptOutcome,
+    ClusterStatus,
+    SeatResult,
+    Verdict,
+    choices,
+)
 
 
 class ClusterJob(models.Model):
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
-    status = models.CharField(max_length=16, choices=ClusterStatus.choices, default=ClusterStatus.QUEUED)
+    status = models.CharField(max_length=16, choices=choices(ClusterStatus), default=ClusterStatus.QUEUED)
     same_zone = models.BooleanField(default=False)
     priority = models.BooleanField(default=False, help_text="Prioritized clusters are placed first.")
     attempts = models.PositiveIntegerField(default=0, help_text="Started attempts (not claims).")
@@ -98,7 +83,7 @@ class ClusterJob(models.Model):
 
     @property
     def job_key(self) -> str:
-        return f"cluster:{self.id}"
+        return cluster_key(self.id)
 
 
 class ClusterMember(models.Model):
@@ -161,8 +146,8 @@ class ClusterMember(models.Model):
     @property
     def job_key(self) -> str:
         if self.evaluation_id is not None:
-            return f"eval:{self.evaluation_id}"
-        return f"build:{self.derivation_build_id}"
+            return eval_key(self.evaluation_id)
+        return build_key(self.derivation_build_id)  # type: ignore[arg-type]  # CHECK: exactly one is set
 
 
 class ClusterAttempt(models.Model):
@@ -175,11 +160,11 @@ class ClusterAttempt(models.Model):
     prepare_deadline = models.DateTimeField(null=True, blank=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
-    outcome = models.CharField(max_length=16, choices=AttemptOutcome.choices, null=True, blank=True)
+    outcome = models.CharField(max_length=16, choices=choices(AttemptOutcome), null=True, blank=True)
     reason = models.TextField(blank=True, default="")
     verdict = models.CharField(
         max_length=16,
-        choices=Verdict.choices,
+        choices=choices(Verdict),
         null=True,
         blank=True,
         help_text="The recovery verdict that closed a started attempt.",
@@ -243,16 +228,6 @@ class ClusterReservation(models.Model):
         return f"reservation for {self.cluster_job_id} until {self.expires_at:%H:%M:%S}"
 
 
-class SeatResult(models.TextChoices):
-    """What a seat's member showed so far (settlement.MemberOutcome values)."""
-
-    RUNNING = "running"
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"
-    LOST = "lost"
-    EVALUATION_ABORTED = "evaluation_aborted"
-
-
 class ClusterSeat(models.Model):
     """One member seated on one worker for one attempt: what the coordinator and the settlement read.
 
@@ -283,7 +258,7 @@ class ClusterSeat(models.Model):
         related_name="+",
     )
     accepted_at = models.DateTimeField(null=True, blank=True)
-    result = models.CharField(max_length=24, choices=SeatResult.choices, default=SeatResult.RUNNING)
+    result = models.CharField(max_length=24, choices=choices(SeatResult), default=SeatResult.RUNNING)
     failure_kind = models.CharField(max_length=32, null=True, blank=True)
     error = models.TextField(blank=True, default="")
     substituted = models.BooleanField(

@@ -14,49 +14,42 @@ from django.db.models import Exists, OuterRef, Q
 from gradient.clusters.decisions.matcher import MatchPolicy
 from gradient.clusters.decisions.reservation import is_reserved
 from gradient.clusters.decisions.types import (
-    CandidateScore as ScoreView,
-)
-from gradient.clusters.decisions.types import (
     Cluster,
     Member,
     Penalty,
     Pool,
     Reservation,
     ReservedSeat,
-    SlotKind,
-)
-from gradient.clusters.decisions.types import (
-    IdleSlot as IdleSlotView,
-)
-from gradient.clusters.decisions.types import (
-    Worker as WorkerView,
+    ScoreSnapshot,
+    SlotSnapshot,
+    WorkerSnapshot,
 )
 from gradient.clusters.models import (
     ClusterAttempt,
     ClusterJob,
     ClusterMember,
     ClusterReservation,
-    ClusterStatus,
     ClusterWorkerPenalty,
 )
-from gradient.scheduling import jobs
-from gradient.scheduling.models import (
+from gradient.core.ids import parse_uuid
+from gradient.core.jobkey import SINGLE_JOB_KEYS, JobKey, build_key, eval_key
+from gradient.core.vocab import (
     EVALUATION_ACTIVE,
+    PROTOCOL_JOB_KINDS,
     BuildStatus,
-    DispatchedJob,
-    EvaluationBuild,
+    ClusterStatus,
     EvaluationStatus,
+    JobKind,
+    member_of,
 )
-from gradient.workers.models import CandidateScore, IdleSlot, Worker, WorkerSession
+from gradient.scheduling.models import CandidateScore, DispatchedJob, EvaluationBuild
+from gradient.scheduling.selectors import eval_needs_fetch, member_eval_steps
+from gradient.workers.models import IdleSlot, Worker, WorkerSession
 
-PROTOCOL_KINDS = {"flake": SlotKind.EVAL, "eval": SlotKind.EVAL, "build": SlotKind.BUILD}
 
-
-def _uuid(value: object) -> uuid.UUID | None:
-    try:
-        return uuid.UUID(str(value))
-    except (ValueError, TypeError, AttributeError):
-        return None
+def _member_key(evaluation_id: uuid.UUID | None, build_id: uuid.UUID) -> str:
+    """A cluster_member row's job key: exactly one of its two jobs is set."""
+    return eval_key(evaluation_id) if evaluation_id is not None else build_key(build_id)
 
 
 # --- For the job loop and the sweeps --------------------------------------------------------------------
@@ -64,7 +57,7 @@ def _uuid(value: object) -> uuid.UUID | None:
 
 def is_cluster_assignment(assignment_id: str | uuid.UUID) -> bool:
     """Whether this assignment is a cluster member's (its reports go to the clusters services)."""
-    parsed = _uuid(assignment_id)
+    parsed = parse_uuid(assignment_id)
     if parsed is None:
         return False
     return DispatchedJob.objects.filter(id=parsed, cluster_attempt__isnull=False).exists()
@@ -80,7 +73,7 @@ def tracked_job_keys() -> frozenset[str]:
     """Job keys of members whose attempt is open: tracked by their cluster, so the abandoned-dispatch
     sweep and the evaluation watchdog skip them."""
     rows = ClusterMember.objects.filter(_open_attempt()).values_list("evaluation_id", "derivation_build_id")
-    return frozenset(f"eval:{e}" if e is not None else f"build:{b}" for e, b in rows)
+    return frozenset(_member_key(e, b) for e, b in rows)
 
 
 def tracked_dispatch_q() -> Q:
@@ -113,15 +106,10 @@ def cluster_membership(*, job_keys: Iterable[str]) -> dict[str, Membership]:
     queues as a single job as before."""
     evals: list[uuid.UUID] = []
     builds: list[uuid.UUID] = []
-    for key in job_keys:
-        prefix, _, raw = key.partition(":")
-        parsed = _uuid(raw)
-        if parsed is None:
-            continue
-        if prefix == "eval":
-            evals.append(parsed)
-        elif prefix == "build":
-            builds.append(parsed)
+    for text in job_keys:
+        key = JobKey.parse(text, kinds=SINGLE_JOB_KEYS)
+        if key is not None:
+            (evals if key.job_kind is JobKind.EVAL else builds).append(key.id)
     rows = ClusterMember.objects.filter(
         Q(evaluation_id__in=evals) | Q(derivation_build_id__in=builds)
     ).values_list(
@@ -135,8 +123,7 @@ def cluster_membership(*, job_keys: Iterable[str]) -> dict[str, Membership]:
     )
     out: dict[str, Membership] = {}
     for e, b, cluster_id, status, role, index, primary in rows:
-        key = f"eval:{e}" if e is not None else f"build:{b}"
-        out[key] = Membership(cluster_id, status, role, index, primary)
+        out[_member_key(e, b)] = Membership(cluster_id, status, role, index, primary)
     return out
 
 
@@ -152,7 +139,7 @@ def reservation_state() -> Reservation | None:
         cluster_id=str(row.cluster_job_id),
         seats=tuple(
             ReservedSeat(
-                role=s["role"], index=int(s["index"]), kind=SlotKind(s["kind"]), worker_id=s["worker_id"]
+                role=s["role"], index=int(s["index"]), kind=JobKind(s["kind"]), worker_id=s["worker_id"]
             )
             for s in row.seats or []
         ),
@@ -164,7 +151,7 @@ def reservation_state() -> Reservation | None:
 def worker_reserved_for(worker_id: uuid.UUID | str, kind: str) -> bool:
     """Whether single assignment must not give this worker a new job of `kind` ("eval"/"flake" or
     "build"): a reserved seat keeps its running jobs but gets nothing new of the reserved kind."""
-    slot_kind = PROTOCOL_KINDS.get(kind)
+    slot_kind = PROTOCOL_JOB_KINDS.get(kind) or member_of(JobKind, kind)
     if slot_kind is None:
         return False
     return is_reserved(reservation_state(), str(worker_id), slot_kind)
@@ -238,15 +225,14 @@ def _member(
     key = m.job_key
     if m.evaluation is not None:
         e = m.evaluation
-        steps = jobs.eval_steps(e, split=False)
         return Member(
             role=m.role,
             index=m.index,
             job_key=key,
-            kind=SlotKind.EVAL,
+            kind=JobKind.EVAL,
             primary=m.primary,
             pin=m.pin or None,
-            needs_fetch=jobs.FETCH_FLAKE in steps,
+            needs_fetch=eval_needs_fetch(member_eval_steps(e)),
             projects=frozenset({e.project.name}),
             can_start=e.status == EvaluationStatus.QUEUED and key not in open_keys,
         )
@@ -256,7 +242,7 @@ def _member(
         role=m.role,
         index=m.index,
         job_key=key,
-        kind=SlotKind.BUILD,
+        kind=JobKind.BUILD,
         primary=m.primary,
         pin=m.pin or None,
         system=b.system,
@@ -282,7 +268,7 @@ def dispatch_pool(*, job_keys: Iterable[str], now: datetime, policy: MatchPolicy
     ):
         projects[worker_id].add(name)
     workers = [
-        WorkerView(
+        WorkerSnapshot(
             worker_id=str(s.worker_id),
             name=s.worker.name,
             zone=s.worker.zone or None,
@@ -299,13 +285,13 @@ def dispatch_pool(*, job_keys: Iterable[str], now: datetime, policy: MatchPolicy
     ]
     fresh = now - timedelta(seconds=policy.idle_slot_ttl_secs)
     slots = [
-        IdleSlotView(worker_id=str(w), kind=SlotKind(k), recorded_at=at)
+        SlotSnapshot(worker_id=str(w), kind=JobKind(k), recorded_at=at)
         for w, k, at in IdleSlot.objects.filter(worker_id__in=ids, recorded_at__gte=fresh).values_list(
             "worker_id", "kind", "recorded_at"
         )
     ]
     scores = [
-        ScoreView(worker_id=str(w), job_key=j, missing_nar_size=n)
+        ScoreSnapshot(worker_id=str(w), job_key=j, missing_nar_size=n)
         for w, j, n in CandidateScore.objects.filter(
             job_id__in=list(job_keys), worker_id__in=ids
         ).values_list("worker_id", "job_id", "missing_nar_size")

@@ -6,16 +6,19 @@ Decoding is strict: an unknown `type`, an unknown or missing field, or a wrong t
 omitted or `null`; this module encodes them as `null`.
 
 This module is plain msgspec with no Django import, so the reference worker (gradient.workers.client)
-uses the very same structs as the server.
+uses the very same structs as the server. The failure kinds and the job kind names are
+gradient.core.vocab's (FailureKind, JobKindName), shared with the models and the decision modules.
 """
 
 from __future__ import annotations
 
-import enum
 from typing import Annotated, Final, Literal, TypeAlias
 
 import msgspec
 from msgspec import Meta
+
+from gradient.core.vocab import FailureKind
+from gradient.core.vocab import JobKindName as JobKindName
 
 PROTOCOL_VERSION: Final = 1
 MAX_FRAME_BYTES: Final = 1024 * 1024  # 1 MiB: anything larger is a protocol violation
@@ -33,7 +36,6 @@ NonNegInt32 = Annotated[int, Meta(ge=0, le=_I32_MAX)]
 NonNegInt64 = Annotated[int, Meta(ge=0, le=_I64_MAX)]
 NonNegFloat = Annotated[float, Meta(ge=0)]
 
-JobKindName: TypeAlias = Literal["flake", "build"]
 FlakeStep: TypeAlias = Literal["FetchFlake", "EvaluateFlake", "EvaluateDerivations"]
 
 
@@ -42,14 +44,8 @@ class ProtocolError(ValueError):
     wrong type, or too large."""
 
 
-class BuildFailureKind(enum.StrEnum):
-    TRANSIENT = "transient"
-    PERMANENT = "permanent"
-    TIMEOUT = "timeout"
-    SUBSTITUTE_UNAVAILABLE = "substitute_unavailable"
-    INPUTS_UNAVAILABLE = "inputs_unavailable"
-    ABORTED = "aborted"
-    CANCELED = "canceled"  # the worker is stopping: requeue without spending an attempt
+BuildFailureKind = FailureKind
+"""The spec's name for the failure kinds (gradient.core.vocab.FailureKind)."""
 
 
 class Shape(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -296,7 +292,7 @@ class JobFailed(Message):
     job_id: str
     assignment_id: str
     error: str
-    kind: BuildFailureKind
+    kind: FailureKind
     elapsed_ms: NonNegInt64
     missing_paths: list[str] | None = None
 

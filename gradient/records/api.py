@@ -1,9 +1,11 @@
-"""GET /api/v1/evaluations/{id}/history: an evaluation's event-sourced record (rest.md)."""
+"""GET /api/v1/evaluations/{id}/history: an evaluation's event-sourced record (rest.md).
+
+Whether the evaluation exists and who may read it is for the app owning evaluations to say: records asks
+the read access provider that app registered (selectors.record_read_access) and reads only its own tables."""
 
 from __future__ import annotations
 
 import json
-import uuid
 from typing import Any
 
 from drf_spectacular.types import OpenApiTypes
@@ -15,9 +17,10 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from gradient.core.ids import parse_uuid
 from gradient.records.models import JobRecord, RecordEntry
 from gradient.records.schemas import JobKind, job_key_for
-from gradient.scheduling.models import Evaluation
+from gradient.records.selectors import ReadAccess, record_read_access
 
 
 class HistoryEntrySerializer(serializers.Serializer[Any]):
@@ -38,15 +41,6 @@ class HistorySerializer(serializers.Serializer[Any]):
     settled = serializers.BooleanField()
     settled_at = serializers.DateTimeField(allow_null=True)
     tombstoned_at = serializers.DateTimeField(allow_null=True, help_text="Set when the entries were dropped.")
-
-
-def _can_read(request: Request, evaluation: Evaluation) -> bool:
-    user = request.user
-    if user.is_staff:
-        return True
-    if user.pk is None:
-        return False
-    return evaluation.project.members.filter(pk=user.pk).exists()
 
 
 class EvaluationHistoryView(APIView):
@@ -73,16 +67,16 @@ class EvaluationHistoryView(APIView):
         tags=["evaluations"],
     )
     def get(self, request: Request, evaluation_id: str) -> Response:
-        try:
-            eval_id = uuid.UUID(evaluation_id)
-        except ValueError:
-            raise NotFound("No such evaluation.") from None
-        evaluation = Evaluation.objects.select_related("project").filter(id=eval_id).first()
-        if evaluation is None:
+        eval_id = parse_uuid(evaluation_id)
+        if eval_id is None:
             raise NotFound("No such evaluation.")
-        if not _can_read(request, evaluation):
+        job_key = job_key_for(JobKind.EVALUATION, eval_id)
+        access = record_read_access(job_key=job_key, user=request.user)
+        if access is ReadAccess.NO_SUCH_JOB:
+            raise NotFound("No such evaluation.")
+        if access is not ReadAccess.ALLOWED:
             raise PermissionDenied("You are not a member of this evaluation's project.")
-        record = JobRecord.objects.filter(job_key=job_key_for(JobKind.EVALUATION, eval_id)).first()
+        record = JobRecord.objects.filter(job_key=job_key).first()
         if record is None:
             raise NotFound("This evaluation has no record.")
         entries = RecordEntry.objects.filter(record=record, revision__lte=record.revision).order_by(

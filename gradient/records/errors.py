@@ -68,3 +68,18 @@ class RevisionConflict(RecordError):
 
 class ControlDeadlineExceeded(RecordError):
     """commit_control kept losing revision races until its deadline."""
+
+
+class ProviderMissing(RuntimeError):
+    """No app registered the provider records needs for this kind of job (discovery, read access).
+
+    The owning app registers it from its AppConfig.ready(); a missing one is a wiring bug, so this is
+    deliberately not a RecordError: nothing that handles refusals may swallow it."""
+
+    def __init__(self, what: str, kind: str, register: str) -> None:
+        super().__init__(
+            f"no {what} provider is registered for {kind} jobs: the app that owns {kind} jobs calls "
+            f"gradient.records.selectors.{register}() from its AppConfig.ready() (is it in INSTALLED_APPS?)"
+        )
+        self.what = what
+        self.kind = kind

@@ -12,10 +12,7 @@ from django.conf import settings
 from django.db import models
 from django.db.models import Q
 
-
-class EntryKind(models.TextChoices):
-    CONTROL = "control"
-    FACT = "fact"
+from gradient.core.vocab import EntryKind, choices
 
 
 class JobRecord(models.Model):
@@ -71,7 +68,7 @@ class RecordEntry(models.Model):
 
     record = models.ForeignKey(JobRecord, on_delete=models.CASCADE, related_name="entries")
     revision = models.PositiveIntegerField()
-    kind = models.CharField(max_length=8, choices=EntryKind.choices)
+    kind = models.CharField(max_length=8, choices=choices(EntryKind))
     schema = models.CharField(max_length=64)
     body = models.TextField()
     actor = models.CharField(max_length=200, blank=True, default="")

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import enum
 import hashlib
-import re
 import uuid
 from collections.abc import Mapping
 from datetime import datetime
@@ -26,16 +25,16 @@ from typing import Any, Final, TypeAlias
 
 import msgspec
 
+from gradient.core.jobkey import RECORD_KEYS, JobKey, JobKeyError, job_key
+from gradient.core.vocab import AttemptOutcome as AttemptOutcome
+from gradient.core.vocab import DispatchOutcome, RecordKind
+from gradient.core.vocab import EntryKind as EntryKind
+from gradient.core.vocab import Verdict as Verdict
 from gradient.records.errors import SchemaError, UnknownNameError
 
 HEADER_SCHEMA: Final = "gradient.header.v1"
 CONTROL_SCHEMA: Final = "gradient.control.v1"
 FACT_SCHEMA: Final = "gradient.fact.v1"
-
-
-class EntryKind(enum.StrEnum):
-    CONTROL = "control"
-    FACT = "fact"
 
 
 ENTRY_SCHEMAS: Final[Mapping[str, EntryKind]] = {
@@ -47,26 +46,23 @@ ENTRY_SCHEMAS: Final[Mapping[str, EntryKind]] = {
 # --- Names ------------------------------------------------------------------------------------------------
 
 
-class JobKind(enum.StrEnum):
-    EVALUATION = "evaluation"
-    CLUSTER = "cluster"
+JobKind = RecordKind
+"""The kind of job a record is kept for (gradient.core.vocab.RecordKind; the old name)."""
 
 
-JOB_KEY_PREFIX: Final[Mapping[JobKind, str]] = {JobKind.EVALUATION: "eval", JobKind.CLUSTER: "cluster"}
-_JOB_KEY = re.compile(r"^(eval|cluster):([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})$")
+def job_key_for(kind: RecordKind, job_id: uuid.UUID | str) -> str:
+    return job_key(kind, job_id)
 
 
-def job_key_for(kind: JobKind, job_id: uuid.UUID | str) -> str:
-    return f"{JOB_KEY_PREFIX[kind]}:{uuid.UUID(str(job_id))}"
-
-
-def parse_job_key(job_key: str) -> tuple[JobKind, uuid.UUID]:
-    """`eval:<uuid>` or `cluster:<uuid>` (lower-case canonical uuid); anything else is refused."""
-    match = _JOB_KEY.match(job_key)
-    if match is None:
-        raise SchemaError(f"{job_key!r} is not a job key (eval:<uuid> or cluster:<uuid>)")
-    kind = JobKind.EVALUATION if match.group(1) == "eval" else JobKind.CLUSTER
-    return kind, uuid.UUID(match.group(2))
+def parse_job_key(text: str) -> tuple[RecordKind, uuid.UUID]:
+    """`eval:<uuid>` or `cluster:<uuid>` (lower-case canonical uuid); anything else is a SchemaError."""
+    try:
+        key = JobKey.require(text, kinds=RECORD_KEYS, canonical=True)
+    except JobKeyError as exc:
+        raise SchemaError(str(exc)) from None
+    kind = key.record_kind
+    assert kind is not None  # RECORD_KEYS
+    return kind, key.id
 
 
 class Desired(enum.StrEnum):
@@ -88,30 +84,8 @@ class Outcome(enum.StrEnum):
 TERMINAL_OUTCOMES: Final = frozenset({Outcome.SUCCEEDED, Outcome.FAILED, Outcome.CANCELLED})
 
 
-class AssignmentOutcome(enum.StrEnum):
-    """dispatched_job.outcome, as the reference notes name it."""
-
-    COMPLETED = "Completed"
-    FAILED = "Failed"
-    ABANDONED = "Abandoned"
-
-
-class AttemptOutcome(enum.StrEnum):
-    """cluster_attempt.outcome."""
-
-    SUCCEEDED = "Succeeded"
-    FAILED = "Failed"
-    PREPARE_FAILED = "PrepareFailed"
-    ABORTED = "Aborted"
-
-
-class Verdict(enum.StrEnum):
-    """The cluster verdict that closed an attempt (cluster-jobs.md, Recovery)."""
-
-    COMPLETE = "Complete"
-    RETRY = "Retry"
-    FAIL = "Fail"
-    ABORT = "Abort"
+AssignmentOutcome = DispatchOutcome
+"""dispatched_job.outcome (gradient.core.vocab.DispatchOutcome; the old name)."""
 
 
 class ReportKind(enum.StrEnum):
@@ -179,7 +153,7 @@ class Plan(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True
 
 class Header(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
     job_key: str
-    kind: JobKind
+    kind: RecordKind
     spec: dict[str, Any]
     digest: str  # "sha256:<hex>" of the spec's canonical JSON
     plan: Plan
@@ -274,7 +248,7 @@ class AssignmentClaimed(_Fact, tag="assignment_claimed", frozen=True):
 
 class AssignmentClosed(_Fact, tag="assignment_closed", frozen=True):
     assignment_id: uuid.UUID
-    outcome: AssignmentOutcome
+    outcome: DispatchOutcome
     reason: str = ""
 
 

@@ -1,38 +1,108 @@
-"""Reads of job records, and the discovery of what the scheduler shows about a job now."""
+"""Reads of job records, and the discovery of what the scheduler shows about a job now.
+
+The records app reads only its own tables. What the other apps' rows show about a job (discovery) and
+who may read a job's record (read access) come from providers that the app owning each kind of job
+registers from its AppConfig.ready(), the way it registers its control hook:
+
+    register_discovery_provider(kind=JobKind.EVALUATION, provider=evaluation_discovery)
+    register_read_access(kind=JobKind.EVALUATION, provider=evaluation_read_access)
+
+A kind without a provider fails loudly with ProviderMissing.
+"""
 
 from __future__ import annotations
 
+import enum
+import uuid
 from collections.abc import Iterable
 from datetime import datetime
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
-from django.db.models import Exists, OuterRef, QuerySet
+import msgspec
+from django.db.models import QuerySet
 
-from gradient.clusters.models import ClusterAttempt, ClusterJob
-from gradient.records.decisions.discovery import Discovery, ObservedObject
+from gradient.core.vocab import JobKeyKind
+from gradient.records.decisions.discovery import Discovery
 from gradient.records.decisions.fold import Job, fold
 from gradient.records.decisions.project import Status, project
-from gradient.records.decisions.steps import Step, next_steps
-from gradient.records.errors import UnknownRecord
+from gradient.records.errors import ProviderMissing, UnknownRecord
 from gradient.records.models import JobRecord, RecordEntry
 from gradient.records.schemas import (
     JobKind,
     ObjectRef,
-    ObjectTable,
     RawEntry,
     RecordView,
-    RowStatus,
     decode_header,
     parse_job_key,
 )
-from gradient.scheduling.models import DispatchedJob, Evaluation
-from gradient.workers.models import WorkerSession
+
+if TYPE_CHECKING:
+    from django.contrib.auth.models import AnonymousUser, User
+
+# --- Providers --------------------------------------------------------------------------------------------
 
 
-def record_get(*, job_key: str) -> JobRecord:
-    try:
-        return JobRecord.objects.get(job_key=job_key)
-    except JobRecord.DoesNotExist:
-        raise UnknownRecord(job_key) from None
+class DiscoveryProvider(Protocol):
+    """What the owning app's rows show about one job now: its row's status (None when the row is
+    gone), every open row of the job (dispatched_job, cluster_attempt) and every row in `recorded` (the
+    objects its record names), with `observed_at=now`. Reads only; no writes, no locks."""
+
+    def __call__(
+        self, *, job_key: str, job_id: uuid.UUID, recorded: tuple[ObjectRef, ...], now: datetime
+    ) -> Discovery: ...
+
+
+class ReadAccess(enum.Enum):
+    """May this user read this job's record?"""
+
+    NO_SUCH_JOB = "no_such_job"  # the job's row does not exist
+    DENIED = "denied"
+    ALLOWED = "allowed"
+
+
+class ReadAccessProvider(Protocol):
+    def __call__(self, *, job_id: uuid.UUID, user: User | AnonymousUser) -> ReadAccess: ...
+
+
+_discovery_providers: dict[JobKind, DiscoveryProvider] = {}
+_read_access_providers: dict[JobKind, ReadAccessProvider] = {}
+
+
+_P = TypeVar("_P")
+
+
+def _register(registry: dict[JobKind, _P], what: str, kind: JobKind, provider: _P) -> None:
+    existing = registry.get(kind)
+    if existing is not None and existing is not provider:
+        raise ValueError(f"{kind} jobs already have a {what} provider ({existing!r}); unregister it first")
+    registry[kind] = provider
+
+
+def register_discovery_provider(*, kind: JobKind, provider: DiscoveryProvider) -> None:
+    """Make `provider` the discovery of jobs of this kind (one per kind; registering it again is a no-op)."""
+    _register(_discovery_providers, "discovery", kind, provider)
+
+
+def register_read_access(*, kind: JobKind, provider: ReadAccessProvider) -> None:
+    """Make `provider` decide who may read the records of jobs of this kind (one per kind)."""
+    _register(_read_access_providers, "read access", kind, provider)
+
+
+def discovery_provider(kind: JobKind) -> DiscoveryProvider:
+    provider = _discovery_providers.get(kind)
+    if provider is None:
+        raise ProviderMissing("discovery", kind.value, "register_discovery_provider")
+    return provider
+
+
+def read_access_provider(kind: JobKind) -> ReadAccessProvider:
+    provider = _read_access_providers.get(kind)
+    if provider is None:
+        raise ProviderMissing("read access", kind.value, "register_read_access")
+    return provider
+
+
+# --- Reads ------------------------------------------------------------------------------------------------
 
 
 def record_entries(*, record: JobRecord, upto: int | None = None) -> tuple[RawEntry, ...]:
@@ -83,63 +153,28 @@ def records_list(
     if not tombstoned:
         query = query.filter(tombstoned_at__isnull=True)
     if kind is not None:
-        prefix = "eval:" if kind is JobKind.EVALUATION else "cluster:"
+        prefix = (JobKeyKind.EVAL if kind is JobKind.EVALUATION else JobKeyKind.CLUSTER).prefix
         query = query.filter(job_key__startswith=prefix)
     return query.order_by("created_at", "id")
 
 
-def _row_status(value: str | None) -> RowStatus | None:
-    return RowStatus(value) if value is not None else None
-
-
 def record_discovery(*, job_key: str, recorded: Iterable[ObjectRef], now: datetime) -> Discovery:
-    """What the scheduler shows now: the job's row status, its open rows, and the rows the record names."""
+    """What the scheduler shows now: the job's row status, its open rows, and the rows the record names
+    (from the discovery provider of the job's kind), objects in a stable order."""
     kind, job_id = parse_job_key(job_key)
-    recorded_ids = [ref.id for ref in recorded]
-    objects: list[ObservedObject] = []
-    if kind is JobKind.EVALUATION:
-        status = Evaluation.objects.filter(id=job_id).values_list("status", flat=True).first()
-        connected = WorkerSession.objects.filter(worker=OuterRef("worker"), closed_at__isnull=True)
-        rows = (
-            DispatchedJob.objects.filter(job_id=job_key, finished_at__isnull=True)
-            | DispatchedJob.objects.filter(id__in=recorded_ids)
-        ).annotate(connected=Exists(connected))
-        for d_id, finished_at, worker_name, is_connected, accepted_at in rows.values_list(
-            "id", "finished_at", "worker__name", "connected", "accepted_at"
-        ):
-            objects.append(
-                ObservedObject(
-                    object=ObjectRef(table=ObjectTable.DISPATCHED_JOB, id=d_id),
-                    open=finished_at is None,
-                    worker=worker_name,
-                    worker_connected=bool(is_connected),
-                    started=accepted_at is not None,
-                )
-            )
-    else:
-        status = ClusterJob.objects.filter(id=job_id).values_list("status", flat=True).first()
-        attempts = ClusterAttempt.objects.filter(
-            cluster_job_id=job_id, finished_at__isnull=True
-        ) | ClusterAttempt.objects.filter(id__in=recorded_ids)
-        for a_id, finished_at, started_at in attempts.values_list("id", "finished_at", "started_at"):
-            objects.append(
-                ObservedObject(
-                    object=ObjectRef(table=ObjectTable.CLUSTER_ATTEMPT, id=a_id),
-                    open=finished_at is None,
-                    started=started_at is not None,
-                )
-            )
-    objects.sort(key=lambda o: str(o.object))
-    return Discovery(observed_at=now, objects=tuple(objects), row_status=_row_status(status))
+    discovery = discovery_provider(kind)(job_key=job_key, job_id=job_id, recorded=tuple(recorded), now=now)
+    return msgspec.structs.replace(
+        discovery, objects=tuple(sorted(discovery.objects, key=lambda o: str(o.object)))
+    )
+
+
+def record_read_access(*, job_key: str, user: User | AnonymousUser) -> ReadAccess:
+    """Whether `user` may read the record of `job_key`, as the app owning the job decides."""
+    kind, job_id = parse_job_key(job_key)
+    return read_access_provider(kind)(job_id=job_id, user=user)
 
 
 def record_status(*, job_key: str, now: datetime) -> Status:
     job = record_job(job_key=job_key, now=now)
     discovery = record_discovery(job_key=job_key, recorded=(s.object for s in job.submissions), now=now)
     return project(job, discovery, now)
-
-
-def record_next_steps(*, job_key: str, now: datetime) -> list[Step]:
-    job = record_job(job_key=job_key, now=now)
-    discovery = record_discovery(job_key=job_key, recorded=(s.object for s in job.submissions), now=now)
-    return next_steps(job, discovery, now)

@@ -20,30 +20,20 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import psutil
-from django.db import transaction
-from django.db.models import Exists, OuterRef, Q
+from django.db.models import Q
 from django.utils import timezone
 
 from gradient.clusters.services import recover_clusters_at_startup
 from gradient.recovery.models import ServerBoot
-from gradient.recovery.selectors import DEAD_BOOT_SECS
+from gradient.runtime.instances import DEAD_BOOT_SECS
 from gradient.runtime.passes import pass_leases_release_held_by
-from gradient.scheduling import history
 from gradient.scheduling.models import (
-    EVALUATION_EVALUATING,
-    BuildAttempt,
-    BuildAttemptOutcome,
-    BuildStatus,
-    DerivationBuild,
-    DerivationBuildDependency,
     DispatchedJob,
-    DispatchOutcome,
-    Evaluation,
-    EvaluationStatus,
 )
-from gradient.scheduling.services.claims import assignment_close
-from gradient.scheduling.services.reports import forget_sent
-from gradient.workers.models import IdleSlot, SentCandidate, WorkerSession
+from gradient.scheduling.services import lifecycle
+from gradient.scheduling.services.offers import forget_worker_offers
+from gradient.workers.models import WorkerSession
+from gradient.workers.services import sessions_of_boots_close
 
 log = logging.getLogger("gradient.recovery")
 
@@ -108,15 +98,8 @@ def _live_workers(dead: list[uuid.UUID]) -> Any:
     )
 
 
-def _requeue_evaluation(evaluation_id: uuid.UUID, now: datetime) -> bool:
-    """Step 4 for one evaluation: back to Queued with its phase event, if it is still being evaluated."""
-    return history.evaluation_transition(
-        evaluation_id=evaluation_id,
-        to=EvaluationStatus.QUEUED,
-        expect=EVALUATION_EVALUATING,
-        reason="server restarted while its evaluation job was on a worker",
-        now=now,
-    )
+RESTART_REASON = "server restarted"
+EVAL_RESTART_REASON = "server restarted while its evaluation job was on a worker"
 
 
 def recover_interrupted_work(*, boot_id: uuid.UUID, now: datetime) -> RecoveryReport:
@@ -135,12 +118,12 @@ def recover_interrupted_work(*, boot_id: uuid.UUID, now: datetime) -> RecoveryRe
     ServerBoot.objects.filter(id__in=dead, stopped_at__isnull=True).update(stopped_at=now)
     report.pass_leases_released = pass_leases_release_held_by(processes=crashed, now=now)
 
-    # Sessions held by dead servers are gone with their sockets.
-    orphaned_sessions = WorkerSession.objects.filter(closed_at__isnull=True, server_boot__in=dead)
-    orphaned_workers = list(orphaned_sessions.values_list("worker_id", flat=True))
-    report.sessions_closed = orphaned_sessions.update(closed_at=now, close_reason="its server stopped")
-    IdleSlot.objects.filter(worker_id__in=orphaned_workers).delete()
-    SentCandidate.objects.filter(worker_id__in=orphaned_workers).delete()
+    # Sessions held by dead servers are gone with their sockets; their jobs are recovered below, step by
+    # step, instead of by the session hooks.
+    orphaned_workers = sessions_of_boots_close(boot_ids=dead, reason="its server stopped", now=now)
+    report.sessions_closed = len(orphaned_workers)
+    for worker_id in set(orphaned_workers):
+        forget_worker_offers(worker_id)
 
     live = _live_workers(dead)
 
@@ -151,57 +134,22 @@ def recover_interrupted_work(*, boot_id: uuid.UUID, now: datetime) -> RecoveryRe
     for row in DispatchedJob.objects.filter(finished_at__isnull=True, cluster_attempt__isnull=True).exclude(
         worker_id__in=live
     ):
-        with transaction.atomic():
-            if assignment_close(
-                row=row, outcome=DispatchOutcome.ABANDONED, reason="server restarted", now=now
-            ):
-                report.assignments_closed += 1
-                if row.evaluation_id is not None and _requeue_evaluation(row.evaluation_id, now):
-                    report.evaluations_requeued += 1
-                forget_sent(row.job_id)
+        closed, requeued = lifecycle.abandon_assignment(
+            row, reason=RESTART_REASON, now=now, evaluation_reason=EVAL_RESTART_REASON
+        )
+        report.assignments_closed += int(closed)
+        report.evaluations_requeued += int(requeued)
 
-    open_row = DispatchedJob.objects.filter(
-        derivation_build_id=OuterRef("build_id"), finished_at__isnull=True
-    )
-    # 2. Running build attempts without an open assignment turn Aborted.
-    report.build_attempts_aborted = (
-        BuildAttempt.objects.filter(outcome=BuildAttemptOutcome.RUNNING)
-        .exclude(Exists(open_row))
-        .update(outcome=BuildAttemptOutcome.ABORTED, error="server restarted", finished_at=now)
-    )
-
-    # 3. Building shared builds without an open assignment turn Queued first; unpromote_ungated then moves
-    #    those whose dependencies are not all done back to Created.
-    open_build_row = DispatchedJob.objects.filter(
-        derivation_build_id=OuterRef("pk"), finished_at__isnull=True
-    )
-    requeued = list(
-        DerivationBuild.objects.filter(status=BuildStatus.BUILDING)
-        .exclude(Exists(open_build_row))
-        .values_list("id", flat=True)
-    )
-    report.builds_requeued = DerivationBuild.objects.filter(
-        id__in=requeued, status=BuildStatus.BUILDING
-    ).update(status=BuildStatus.QUEUED, queued_at=now, updated_at=now)
-    ungated = DerivationBuildDependency.objects.filter(build_id=OuterRef("pk")).exclude(
-        dependency__status__in=[BuildStatus.COMPLETED, BuildStatus.SUBSTITUTED]
-    )
-    report.builds_unpromoted = (
-        DerivationBuild.objects.filter(id__in=requeued, status=BuildStatus.QUEUED)
-        .filter(Exists(ungated))
-        .update(status=BuildStatus.CREATED, queued_at=None, updated_at=now)
-    )
+    # 2. Running build attempts without an open assignment turn Aborted. 3. Building shared builds
+    #    without an open assignment turn Queued first; unpromote_ungated then moves those whose
+    #    dependencies are not all done back to Created.
+    builds = lifecycle.requeue_stranded_builds(reason=RESTART_REASON, now=now)
+    report.build_attempts_aborted = builds.attempts_aborted
+    report.builds_requeued = builds.requeued
+    report.builds_unpromoted = builds.unpromoted
 
     # 4. Evaluations being fetched or evaluated on a worker that is gone turn Queued, with a phase event.
-    open_eval_row = DispatchedJob.objects.filter(evaluation_id=OuterRef("pk"), finished_at__isnull=True)
-    for evaluation_id in (
-        Evaluation.objects.filter(status__in=EVALUATION_EVALUATING)
-        .exclude(Exists(open_eval_row))
-        .values_list("id", flat=True)
-    ):
-        if _requeue_evaluation(evaluation_id, now):
-            report.evaluations_requeued += 1
-            forget_sent(f"eval:{evaluation_id}")
+    report.evaluations_requeued += lifecycle.requeue_stranded_evaluations(reason=EVAL_RESTART_REASON, now=now)
 
     # 5. Clusters, in the reference notes' order: open attempts close (PrepareFailed unstarted, Aborted
     #    started), Running clusters go back to Queued, or to Aborted/Failed when a member is dead or the

@@ -10,9 +10,9 @@ from datetime import datetime, timedelta
 
 from django.db.models import Exists, OuterRef
 
-from gradient.scheduling import history
-from gradient.scheduling.models import EVALUATION_EVALUATING, DispatchedJob, Evaluation, EvaluationStatus
-from gradient.scheduling.services.reports import assignment_return_to_pool, forget_sent
+from gradient.core.vocab import EVALUATION_EVALUATING
+from gradient.scheduling.models import DispatchedJob, Evaluation
+from gradient.scheduling.services.lifecycle import assignment_return_to_pool, requeue_evaluation
 from gradient.workers.models import WorkerSession
 
 ABANDONED_AFTER_SECS = 1800
@@ -55,13 +55,6 @@ def evaluation_watchdog(*, now: datetime, grace_secs: int = WATCHDOG_GRACE_SECS)
     )
     count = 0
     for evaluation_id in stale:
-        if history.evaluation_transition(
-            evaluation_id=evaluation_id,
-            to=EvaluationStatus.QUEUED,
-            expect=EVALUATION_EVALUATING,
-            reason="watchdog: no worker holds its evaluation job",
-            now=now,
-        ):
-            forget_sent(f"eval:{evaluation_id}")
+        if requeue_evaluation(evaluation_id, reason="watchdog: no worker holds its evaluation job", now=now):
             count += 1
     return count

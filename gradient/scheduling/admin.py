@@ -4,18 +4,20 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.utils import timezone
 
+from gradient.core.vocab import EVALUATION_ACTIVE
 from gradient.records.admin import RecordTimelineMixin
 from gradient.scheduling.admin_waiting import WaitingReasonFilter, waiting_for
 from gradient.scheduling.models import (
-    EVALUATION_ACTIVE,
     BuildAttempt,
     CachedPath,
+    CandidateScore,
     DerivationBuild,
     DerivationBuildDependency,
     DispatchedJob,
     Evaluation,
     EvaluationBuild,
     Project,
+    SentCandidate,
 )
 from gradient.scheduling.services.evaluations import evaluation_request_cancel
 
@@ -98,3 +100,15 @@ class BuildAttemptAdmin(admin.ModelAdmin):
 class CachedPathAdmin(admin.ModelAdmin):
     list_display = ["path", "nar_size", "created_at"]
     search_fields = ["path"]
+
+
+@admin.register(SentCandidate)
+class SentCandidateAdmin(admin.ModelAdmin):
+    list_display = ["worker", "job_id"]
+    search_fields = ["job_id"]
+
+
+@admin.register(CandidateScore)
+class CandidateScoreAdmin(admin.ModelAdmin):
+    list_display = ["worker", "job_id", "missing_count", "missing_nar_size", "outputs_present", "updated_at"]
+    search_fields = ["job_id"]

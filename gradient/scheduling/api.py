@@ -21,11 +21,12 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from gradient.core.vocab import EvaluationStatus, member_of
 from gradient.records.errors import IdempotencyConflict
-from gradient.rest import ControlReceiptSerializer
+from gradient.rest import ControlReceiptSerializer, uuid_or_404
 from gradient.scheduling import selectors
 from gradient.scheduling.decisions.waiting import describe
-from gradient.scheduling.models import DerivationBuild, Evaluation, EvaluationStatus, Project
+from gradient.scheduling.models import DerivationBuild, Evaluation, Project
 from gradient.scheduling.services.evaluations import (
     SubmissionGone,
     evaluation_create,
@@ -55,16 +56,9 @@ def visible_projects(user: Any) -> QuerySet[Project]:
     return Project.objects.all() if user.is_staff else Project.objects.filter(members=user)
 
 
-def _parse_uuid(value: str) -> uuid.UUID:
-    try:
-        return uuid.UUID(value)
-    except ValueError:
-        raise NotFound("No such id.") from None
-
-
 def evaluation_for(user: Any, evaluation_id: str) -> Evaluation:
     """The evaluation, 404 when unknown, 403 when it belongs to a project the user may not read."""
-    evaluation = Evaluation.objects.select_related("project").filter(id=_parse_uuid(evaluation_id)).first()
+    evaluation = Evaluation.objects.select_related("project").filter(id=uuid_or_404(evaluation_id)).first()
     if evaluation is None:
         raise NotFound("No evaluation with this id.")
     if not user.is_staff and not evaluation.project.members.filter(id=user.id).exists():
@@ -182,7 +176,7 @@ class EvaluationsView(APIView):
         qs = Evaluation.objects.filter(project__in=visible_projects(request.user)).select_related("project")
         wanted_status = request.query_params.get("status")
         if wanted_status:
-            if wanted_status not in EvaluationStatus.values:
+            if member_of(EvaluationStatus, wanted_status) is None:
                 raise serializers.ValidationError({"status": [f"Unknown status: {wanted_status}."]})
             qs = qs.filter(status=wanted_status)
         if request.query_params.get("project"):
@@ -288,7 +282,7 @@ class EvaluationCancelView(APIView):
 class BuildDetailView(APIView):
     @extend_schema(responses={200: BuildSerializer}, summary="One shared build, with its dependencies")
     def get(self, request: Request, build_id: str) -> Response:
-        build = DerivationBuild.objects.filter(id=_parse_uuid(build_id)).first()
+        build = DerivationBuild.objects.filter(id=uuid_or_404(build_id)).first()
         if build is None:
             raise NotFound("No build with this id.")
         if not request.user.is_staff and not selectors.build_visible_to(build.id, request.user):

@@ -16,13 +16,12 @@ from typing import Any
 from django.contrib.auth.models import User
 from django.db import transaction
 
+from gradient.core.vocab import EVALUATION_TERMINAL, DispatchOutcome, EvaluationStatus, RecordKind
 from gradient.records.models import JobRecord
 from gradient.records.schemas import (
     AssignmentClaimed,
     AssignmentClosed,
-    AssignmentOutcome,
     Fact,
-    JobKind,
     Outcome,
     OutcomeCommitted,
     ReportKind,
@@ -37,13 +36,7 @@ from gradient.records.services import (
     record_by_idempotency_key,
     record_create,
 )
-from gradient.scheduling.models import (
-    EVALUATION_TERMINAL,
-    DispatchedJob,
-    Evaluation,
-    EvaluationStatus,
-    eval_key,
-)
+from gradient.scheduling.models import DispatchedJob, Evaluation, eval_key
 
 TERMINAL_OUTCOME: dict[str, Outcome] = {
     EvaluationStatus.COMPLETED.value: Outcome.SUCCEEDED,
@@ -79,7 +72,7 @@ def evaluation_record_create(
     record, created = record_create(
         job_key=eval_key(evaluation.id),
         spec=evaluation_spec(evaluation),
-        plan=plan_default(kind=JobKind.EVALUATION),
+        plan=plan_default(kind=RecordKind.EVALUATION),
         created_by=created_by,
         idempotency_key=idempotency_key,
         now=now,
@@ -125,7 +118,7 @@ def evaluation_transition(
     """Move the evaluation to `to` if its status is one of `expect` (None: any active status), with its
     fact. Returns False, writing nothing, when the row was not in an expected status."""
     allowed = (
-        [s for s in EvaluationStatus.values if s not in EVALUATION_TERMINAL]
+        [s.value for s in EvaluationStatus if s not in EVALUATION_TERMINAL]
         if expect is None
         else list(expect)
     )
@@ -176,7 +169,7 @@ def closed(*, row: DispatchedJob, outcome: str, reason: str, now: datetime) -> N
     if row.evaluation_id is not None:
         append(
             row.evaluation_id,
-            [AssignmentClosed(assignment_id=row.id, outcome=AssignmentOutcome(outcome), reason=reason[:500])],
+            [AssignmentClosed(assignment_id=row.id, outcome=DispatchOutcome(outcome), reason=reason[:500])],
             now,
         )
 

@@ -1,7 +1,8 @@
 """Evaluations, shared builds and the assignment rows that hand them to workers.
 
 Statuses are the reference notes' names, stored verbatim, so SQL readers and REST clients see the
-same words the design pages use.
+same words the design pages use. They are defined once, in gradient.core.vocab (the `as` imports below
+keep them importable from here).
 """
 
 from __future__ import annotations
@@ -11,110 +12,35 @@ import uuid
 from django.conf import settings
 from django.db import models
 from django.db.models import Q
+from django.utils import timezone
 
-
-class JobKind(models.TextChoices):
-    """The two kinds of single job. The key prefix (`eval:`/`build:`) and the protocol's RequestJob
-    kind (`flake`/`build`) are derived from it."""
-
-    EVAL = "eval", "Evaluation"
-    BUILD = "build", "Build"
-
-
-class EvaluationStatus(models.TextChoices):
-    QUEUED = "Queued"
-    FETCHING = "Fetching"
-    EVALUATING_FLAKE = "EvaluatingFlake"
-    EVALUATING_DERIVATION = "EvaluatingDerivation"
-    BUILDING = "Building"
-    WAITING = "Waiting"
-    COMPLETED = "Completed"
-    FAILED = "Failed"
-    ABORTED = "Aborted"
-
-
-EVALUATION_ACTIVE = (
-    EvaluationStatus.QUEUED,
-    EvaluationStatus.FETCHING,
-    EvaluationStatus.EVALUATING_FLAKE,
-    EvaluationStatus.EVALUATING_DERIVATION,
-    EvaluationStatus.BUILDING,
-    EvaluationStatus.WAITING,
+from gradient.core import jobkey
+from gradient.core.vocab import BUILD_ABORTABLE as BUILD_ABORTABLE
+from gradient.core.vocab import BUILD_LASTING_FAILURE as BUILD_LASTING_FAILURE
+from gradient.core.vocab import BUILD_PENDING as BUILD_PENDING
+from gradient.core.vocab import BUILD_SUCCESS as BUILD_SUCCESS
+from gradient.core.vocab import (
+    EVALUATION_ACTIVE,
+    EVALUATION_TERMINAL,
+    BuildAttemptOutcome,
+    BuildStatus,
+    DispatchOutcome,
+    EvaluationKind,
+    EvaluationStatus,
+    FlakeSourceKind,
+    JobKind,
+    choices,
 )
-EVALUATION_TERMINAL = (EvaluationStatus.COMPLETED, EvaluationStatus.FAILED, EvaluationStatus.ABORTED)
-# Its evaluation job is on a worker.
-EVALUATION_EVALUATING = (
-    EvaluationStatus.FETCHING,
-    EvaluationStatus.EVALUATING_FLAKE,
-    EvaluationStatus.EVALUATING_DERIVATION,
-)
-
-
-class EvaluationKind(models.TextChoices):
-    NORMAL = "Normal"
-    DRV_RECOVERY = "DrvRecovery"
-
-
-class FlakeSourceKind(models.TextChoices):
-    REPOSITORY = "repository"
-    CACHED = "cached"
-
-
-class BuildStatus(models.TextChoices):
-    CREATED = "Created"
-    QUEUED = "Queued"
-    BUILDING = "Building"
-    COMPLETED = "Completed"
-    FAILED_PERMANENT = "FailedPermanent"
-    ABORTED = "Aborted"
-    DEPENDENCY_FAILED = "DependencyFailed"
-    SUBSTITUTED = "Substituted"
-    FAILED_TRANSIENT = "FailedTransient"
-    FAILED_TIMEOUT = "FailedTimeout"
-
-
-BUILD_SUCCESS = (BuildStatus.COMPLETED, BuildStatus.SUBSTITUTED)
-BUILD_LASTING_FAILURE = (
-    BuildStatus.FAILED_PERMANENT,
-    BuildStatus.DEPENDENCY_FAILED,
-    BuildStatus.FAILED_TIMEOUT,
-)
-BUILD_PENDING = (BuildStatus.CREATED, BuildStatus.QUEUED)
-BUILD_ABORTABLE = (BuildStatus.CREATED, BuildStatus.QUEUED, BuildStatus.BUILDING)
-
-
-class BuildAttemptOutcome(models.TextChoices):
-    RUNNING = "Running"
-    BUILT = "Built"
-    SUBSTITUTED = "Substituted"
-    FAILED = "Failed"
-    ABORTED = "Aborted"
-
-
-class DispatchOutcome(models.TextChoices):
-    COMPLETED = "Completed"
-    FAILED = "Failed"
-    ABANDONED = "Abandoned"
-
-
-class BuildFailureKind(models.TextChoices):
-    """The protocol's failure kinds, as a worker reports them."""
-
-    TRANSIENT = "transient"
-    PERMANENT = "permanent"
-    TIMEOUT = "timeout"
-    SUBSTITUTE_UNAVAILABLE = "substitute_unavailable"
-    INPUTS_UNAVAILABLE = "inputs_unavailable"
-    ABORTED = "aborted"
-    CANCELED = "canceled"
+from gradient.core.vocab import EVALUATION_EVALUATING as EVALUATION_EVALUATING
+from gradient.core.vocab import FailureKind as BuildFailureKind
 
 
 def eval_key(evaluation_id: uuid.UUID | str) -> str:
-    return f"eval:{evaluation_id}"
+    return jobkey.eval_key(evaluation_id)
 
 
 def build_key(build_id: uuid.UUID | str) -> str:
-    return f"build:{build_id}"
+    return jobkey.build_key(build_id)
 
 
 class Project(models.Model):
@@ -143,9 +69,9 @@ class Evaluation(models.Model):
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     project = models.ForeignKey(Project, on_delete=models.PROTECT, related_name="evaluations")
-    kind = models.CharField(max_length=16, choices=EvaluationKind.choices, default=EvaluationKind.NORMAL)
+    kind = models.CharField(max_length=16, choices=choices(EvaluationKind), default=EvaluationKind.NORMAL)
     status = models.CharField(
-        max_length=24, choices=EvaluationStatus.choices, default=EvaluationStatus.QUEUED
+        max_length=24, choices=choices(EvaluationStatus), default=EvaluationStatus.QUEUED
     )
     repository = models.CharField(max_length=2048)
     commit = models.CharField(max_length=255)
@@ -155,7 +81,7 @@ class Evaluation(models.Model):
     )
     priority = models.BooleanField(default=False, help_text="Prioritized (+5000 in scoring).")
     source_kind = models.CharField(
-        max_length=16, choices=FlakeSourceKind.choices, default=FlakeSourceKind.REPOSITORY
+        max_length=16, choices=choices(FlakeSourceKind), default=FlakeSourceKind.REPOSITORY
     )
     flake_source = models.CharField(
         max_length=1024, null=True, blank=True, help_text="Store path the fetch produced (fetch_result)."
@@ -219,10 +145,6 @@ class Evaluation(models.Model):
     def job_key(self) -> str:
         return eval_key(self.id)
 
-    @property
-    def is_terminal(self) -> bool:
-        return self.status in EVALUATION_TERMINAL
-
 
 class DerivationBuild(models.Model):
     """The shared build: one per derivation path, shared by every evaluation that needs it."""
@@ -232,7 +154,7 @@ class DerivationBuild(models.Model):
     system = models.CharField(max_length=64, help_text="Nix system; `builtin` skips the system check.")
     required_features = models.JSONField(default=list, blank=True)
     outputs = models.JSONField(default=list, blank=True, help_text="[{name, path}]")
-    status = models.CharField(max_length=20, choices=BuildStatus.choices, default=BuildStatus.CREATED)
+    status = models.CharField(max_length=20, choices=choices(BuildStatus), default=BuildStatus.CREATED)
     prioritized = models.BooleanField(default=False)
     attempts = models.PositiveIntegerField(
         default=0, help_text="Build attempts spent (canceled ones spend none)."
@@ -241,7 +163,7 @@ class DerivationBuild(models.Model):
     retry_at = models.DateTimeField(null=True, blank=True, help_text="Backoff: not handed out before this.")
     timeout_secs = models.PositiveIntegerField(default=14400)
     max_silent_secs = models.PositiveIntegerField(default=3600)
-    failure_kind = models.CharField(max_length=32, choices=BuildFailureKind.choices, null=True, blank=True)
+    failure_kind = models.CharField(max_length=32, choices=choices(BuildFailureKind), null=True, blank=True)
     last_error = models.TextField(blank=True, default="")
     drv_lost_at = models.DateTimeField(
         null=True,
@@ -368,7 +290,7 @@ class DispatchedJob(models.Model):
     while `finished_at` is null, and at most one row per job key is open (idx-dispatched_job-open-job)."""
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
-    kind = models.CharField(max_length=8, choices=JobKind.choices)
+    kind = models.CharField(max_length=8, choices=choices(JobKind))
     job_id = models.CharField(max_length=64, help_text="The job key: eval:<uuid> or build:<uuid>.")
     evaluation = models.ForeignKey(
         Evaluation, null=True, blank=True, on_delete=models.SET_NULL, related_name="dispatches"
@@ -395,7 +317,7 @@ class DispatchedJob(models.Model):
     accepted_at = models.DateTimeField(null=True, blank=True)
     last_report_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
-    outcome = models.CharField(max_length=16, choices=DispatchOutcome.choices, null=True, blank=True)
+    outcome = models.CharField(max_length=16, choices=choices(DispatchOutcome), null=True, blank=True)
     reason = models.TextField(blank=True, default="", help_text="Why it closed, in words.")
 
     class Meta:
@@ -432,10 +354,6 @@ class DispatchedJob(models.Model):
     def __str__(self) -> str:
         return f"{self.job_id} -> {self.worker_id} ({self.outcome or 'open'})"
 
-    @property
-    def is_open(self) -> bool:
-        return self.finished_at is None
-
 
 class BuildAttempt(models.Model):
     """One try at realising a shared build on a worker."""
@@ -450,9 +368,9 @@ class BuildAttempt(models.Model):
     )
     number = models.PositiveIntegerField()
     outcome = models.CharField(
-        max_length=16, choices=BuildAttemptOutcome.choices, default=BuildAttemptOutcome.RUNNING
+        max_length=16, choices=choices(BuildAttemptOutcome), default=BuildAttemptOutcome.RUNNING
     )
-    failure_kind = models.CharField(max_length=32, choices=BuildFailureKind.choices, null=True, blank=True)
+    failure_kind = models.CharField(max_length=32, choices=choices(BuildFailureKind), null=True, blank=True)
     error = models.TextField(blank=True, default="")
     elapsed_ms = models.BigIntegerField(null=True, blank=True)
     started_at = models.DateTimeField()
@@ -472,3 +390,56 @@ class BuildAttempt(models.Model):
 
     def __str__(self) -> str:
         return f"attempt {self.number} of {self.build_id} ({self.outcome})"
+
+
+# --- Offer state: what each worker was offered and how it scored it ---------------------------------
+
+
+class SentCandidate(models.Model):
+    """A candidate already offered to a worker: offers send only what is missing here. Returning a job
+    to the pool deletes its rows, which is what "clearing its sent flag" means."""
+
+    worker = models.ForeignKey("workers.Worker", on_delete=models.CASCADE, related_name="sent_candidates")
+    job_id = models.CharField(max_length=64)
+    sent_at = models.DateTimeField(
+        default=timezone.now, help_text="When it was offered: RescoreWait waits up to 4 passes for its score."
+    )
+
+    class Meta:
+        db_table = "sent_candidate"
+        constraints = [
+            models.UniqueConstraint(
+                fields=["worker", "job_id"],
+                name="sent_candidate-unique",
+                violation_error_message="This candidate was already sent to this worker.",
+            ),
+        ]
+        indexes = [models.Index(fields=["job_id"], name="idx-sent_candidate-job")]
+
+    def __str__(self) -> str:
+        return f"{self.job_id} sent to {self.worker_id}"
+
+
+class CandidateScore(models.Model):
+    """A worker's RequestJobChunk answer for one candidate: what it would have to fetch."""
+
+    worker = models.ForeignKey("workers.Worker", on_delete=models.CASCADE, related_name="candidate_scores")
+    job_id = models.CharField(max_length=64)
+    missing_count = models.IntegerField()
+    missing_nar_size = models.BigIntegerField()
+    outputs_present = models.BooleanField(default=False)
+    updated_at = models.DateTimeField()
+
+    class Meta:
+        db_table = "candidate_score"
+        constraints = [
+            models.UniqueConstraint(
+                fields=["worker", "job_id"],
+                name="candidate_score-unique",
+                violation_error_message="One score per worker and candidate.",
+            ),
+        ]
+        indexes = [models.Index(fields=["job_id"], name="idx-candidate_score-job")]
+
+    def __str__(self) -> str:
+        return f"{self.job_id} on {self.worker_id}: {self.missing_nar_size} B missing"

@@ -4,29 +4,36 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+import msgspec
 from django.db.models import Exists, OuterRef, Q, QuerySet
 
-from gradient.scheduling.decisions.scoring import LARGE_TRANSFER_BYTES, PoolView
-from gradient.scheduling.models import (
+from gradient.core.jobkey import JobKey, build_key
+from gradient.core.protocol import AssignJob, FlakeStep, Job
+from gradient.core.vocab import (
+    BUILTIN_SYSTEM,
     EVALUATION_ACTIVE,
     BuildStatus,
+    EvaluationStatus,
+    JobKeyKind,
+    JobKind,
+)
+from gradient.scheduling import jobs
+from gradient.scheduling.decisions.scoring import LARGE_TRANSFER_BYTES, PoolView
+from gradient.scheduling.models import (
     CachedPath,
     DerivationBuild,
     DerivationBuildDependency,
     DispatchedJob,
     Evaluation,
     EvaluationBuild,
-    EvaluationStatus,
-    JobKind,
 )
 from gradient.workers.models import Worker, WorkerSession
 
-BUILTIN_SYSTEM = "builtin"
 MEAN_WAIT_WINDOW = timedelta(hours=1)
 MEAN_WAIT_SAMPLE = 1000
 
@@ -75,7 +82,17 @@ def open_assignments(worker_id: uuid.UUID, kind: str | None = None) -> QuerySet[
     return qs.filter(kind=kind) if kind else qs
 
 
-def unheard_assignment(worker_id: uuid.UUID, dispatched_at: datetime) -> dict[str, Any] | None:
+def member_eval_steps(evaluation: Evaluation) -> tuple[FlakeStep, ...]:
+    """The steps of a cluster member evaluation's next job: never split into fetch and evaluate."""
+    return jobs.eval_steps(evaluation, split=False)
+
+
+def eval_needs_fetch(steps: Sequence[FlakeStep]) -> bool:
+    """Whether a job of these steps fetches the flake (so only a fetching worker can run it)."""
+    return jobs.FETCH_FLAKE in steps
+
+
+def unheard_assignment(worker_id: uuid.UUID, dispatched_at: datetime) -> AssignJob | None:
     """The AssignJob of an open single-job assignment of this worker claimed at exactly `dispatched_at`
     and not answered yet: a claim whose COMMIT succeeded although the connection died before the
     caller heard so (jobloop.request_job hands it out instead of leaving it open on a worker that never
@@ -93,13 +110,9 @@ def unheard_assignment(worker_id: uuid.UUID, dispatched_at: datetime) -> dict[st
     )
     if row is None:
         return None
-    return {
-        "type": "AssignJob",
-        "job_id": row.job_id,
-        "assignment_id": str(row.id),
-        "job": row.job,
-        "cluster": None,
-    }
+    return AssignJob(
+        job_id=row.job_id, assignment_id=str(row.id), job=msgspec.convert(row.job, Job), cluster=None
+    )
 
 
 def has_idle_eval_only_worker() -> bool:
@@ -145,7 +158,7 @@ class BuildRef:
 
     @property
     def job_key(self) -> str:
-        return f"build:{self.id}"
+        return build_key(self.id)
 
 
 def _queued_builds_for(state: WorkerState, now: datetime) -> QuerySet[DerivationBuild]:
@@ -202,13 +215,9 @@ def queued_build_refs(
     return list(refs.values())
 
 
-def _build_id(job_key: str) -> uuid.UUID | None:
-    if not job_key.startswith("build:"):
-        return None
-    try:
-        return uuid.UUID(job_key[6:])
-    except ValueError:
-        return None
+def _build_id(text: str) -> uuid.UUID | None:
+    key = JobKey.parse(text, kinds=(JobKeyKind.BUILD,))
+    return key.id if key is not None else None
 
 
 def queued_builds(state: WorkerState, now: datetime) -> list[DerivationBuild]:

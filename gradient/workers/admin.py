@@ -3,7 +3,7 @@ from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
 
-from gradient.workers.models import CandidateScore, IdleSlot, SentCandidate, Worker, WorkerSession
+from gradient.workers.models import IdleSlot, Worker, WorkerSession
 from gradient.workers.services import worker_activate, worker_deactivate, worker_token_reset
 from gradient.workers.tokens import token_new
 
@@ -91,15 +91,3 @@ class WorkerSessionAdmin(admin.ModelAdmin):
 class IdleSlotAdmin(admin.ModelAdmin):
     list_display = ["worker", "kind", "recorded_at"]
     list_filter = ["kind"]
-
-
-@admin.register(SentCandidate)
-class SentCandidateAdmin(admin.ModelAdmin):
-    list_display = ["worker", "job_id"]
-    search_fields = ["job_id"]
-
-
-@admin.register(CandidateScore)
-class CandidateScoreAdmin(admin.ModelAdmin):
-    list_display = ["worker", "job_id", "missing_count", "missing_nar_size", "outputs_present", "updated_at"]
-    search_fields = ["job_id"]

@@ -22,11 +22,13 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from gradient.core.ids import parse_uuid
 from gradient.scheduling.models import Project
+from gradient.scheduling.services import projects
 from gradient.throttling import AnonThrottle, UserThrottle
 from gradient.workers import services
 from gradient.workers.models import Worker
-from gradient.workers.selectors import parse_uuid, workers_with_session_state
+from gradient.workers.selectors import workers_with_session_state
 
 # --- Serializers -----------------------------------------------------------------------------------
 
@@ -175,7 +177,7 @@ class UsersView(APIView):
         serializer.is_valid(raise_exception=True)
         data = serializer.validated_data
         try:
-            user = services.user_create(
+            user = projects.user_create(
                 username=data["username"],
                 password=data["password"],
                 is_staff=data["is_staff"],
@@ -202,7 +204,7 @@ class ProjectsView(APIView):
         serializer = ProjectCreateSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         try:
-            project = services.project_create(name=serializer.validated_data["name"])
+            project = projects.project_create(name=serializer.validated_data["name"])
         except IntegrityError:
             raise serializers.ValidationError(
                 {"name": ["A project with that name already exists."]}

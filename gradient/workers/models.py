@@ -6,9 +6,8 @@ import uuid
 
 from django.db import models
 from django.db.models import Q
-from django.utils import timezone
 
-from gradient.scheduling.models import JobKind
+from gradient.core.vocab import JobKind, choices
 
 
 class Worker(models.Model):
@@ -100,7 +99,7 @@ class IdleSlot(models.Model):
     """An unanswered RequestJob: the planner's only view of free capacity. Older than 25 s is ignored."""
 
     worker = models.ForeignKey(Worker, on_delete=models.CASCADE, related_name="idle_slots")
-    kind = models.CharField(max_length=8, choices=JobKind.choices)
+    kind = models.CharField(max_length=8, choices=choices(JobKind))
     recorded_at = models.DateTimeField()
 
     class Meta:
@@ -116,53 +115,3 @@ class IdleSlot(models.Model):
 
     def __str__(self) -> str:
         return f"{self.worker_id} idle for {self.kind}"
-
-
-class SentCandidate(models.Model):
-    """A candidate already offered to a worker: offers send only what is missing here. Returning a job
-    to the pool deletes its rows, which is what "clearing its sent flag" means."""
-
-    worker = models.ForeignKey(Worker, on_delete=models.CASCADE, related_name="sent_candidates")
-    job_id = models.CharField(max_length=64)
-    sent_at = models.DateTimeField(
-        default=timezone.now, help_text="When it was offered: RescoreWait waits up to 4 passes for its score."
-    )
-
-    class Meta:
-        db_table = "sent_candidate"
-        constraints = [
-            models.UniqueConstraint(
-                fields=["worker", "job_id"],
-                name="sent_candidate-unique",
-                violation_error_message="This candidate was already sent to this worker.",
-            ),
-        ]
-        indexes = [models.Index(fields=["job_id"], name="idx-sent_candidate-job")]
-
-    def __str__(self) -> str:
-        return f"{self.job_id} sent to {self.worker_id}"
-
-
-class CandidateScore(models.Model):
-    """A worker's RequestJobChunk answer for one candidate: what it would have to fetch."""
-
-    worker = models.ForeignKey(Worker, on_delete=models.CASCADE, related_name="candidate_scores")
-    job_id = models.CharField(max_length=64)
-    missing_count = models.IntegerField()
-    missing_nar_size = models.BigIntegerField()
-    outputs_present = models.BooleanField(default=False)
-    updated_at = models.DateTimeField()
-
-    class Meta:
-        db_table = "candidate_score"
-        constraints = [
-            models.UniqueConstraint(
-                fields=["worker", "job_id"],
-                name="candidate_score-unique",
-                violation_error_message="One score per worker and candidate.",
-            ),
-        ]
-        indexes = [models.Index(fields=["job_id"], name="idx-candidate_score-job")]
-
-    def __str__(self) -> str:
-        return f"{self.job_id} on {self.worker_id}: {self.missing_nar_size} B missing"

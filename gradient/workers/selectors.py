@@ -8,27 +8,8 @@ import uuid
 
 from django.db.models import Exists, OuterRef, QuerySet
 
-from gradient.scheduling.models import (
-    DispatchedJob,
-    Project,
-)
+from gradient.scheduling.models import DispatchedJob, Project
 from gradient.workers.models import Worker, WorkerSession
-
-
-def parse_uuid(value: str) -> uuid.UUID | None:
-    try:
-        return uuid.UUID(value)
-    except (ValueError, AttributeError, TypeError):
-        return None
-
-
-def parse_job_key(job_id: str) -> tuple[str, uuid.UUID] | None:
-    """`eval:<uuid>` or `build:<uuid>` as (kind, id); None for anything else."""
-    kind, sep, rest = job_id.partition(":")
-    if not sep or kind not in ("eval", "build"):
-        return None
-    parsed = parse_uuid(rest)
-    return (kind, parsed) if parsed is not None else None
 
 
 def worker_project_names(*, worker_id: uuid.UUID) -> list[str]:

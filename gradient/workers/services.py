@@ -1,5 +1,8 @@
-"""Writes of the workers app: registration, sessions, capabilities and metrics, idle slots and scores,
-liveness, and handing a lost worker's jobs back to the pool.
+"""Writes of the workers app: registration, sessions, capabilities and metrics, and liveness.
+
+What a session's end means for the jobs the worker held is not decided here: the apps that own those
+jobs register session hooks (register_session_hooks, from their AppConfig.ready) and are called in the
+transaction that closes the session.
 
 Every close carries `closed_at IS NULL` / `finished_at IS NULL`, so a stale or repeated close changes
 nothing; messages to workers go out on commit (gradient.runtime.outbox).
@@ -9,21 +12,16 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from django.contrib.auth.models import User
 from django.db import IntegrityError, transaction
 from django.db.models import Exists, OuterRef, Q
 
-from gradient.clusters.services import cluster_worker_lost
-from gradient.core.protocol import (
-    CandidateScore as CandidateScoreMessage,
-)
+from gradient.core.ids import parse_uuid
 from gradient.core.protocol import (
     InitCapabilities,
-    JobKindName,
     WorkerCapabilities,
     WorkerMetrics,
 )
@@ -34,15 +32,9 @@ from gradient.runtime.outbox import (
     close_worker_session,
     close_worker_session_on_commit,
 )
-from gradient.scheduling.models import (
-    DispatchedJob,
-    EvaluationStatus,
-    JobKind,
-    Project,
-)
-from gradient.scheduling.services.reports import assignment_return_to_pool
-from gradient.workers.models import CandidateScore, IdleSlot, SentCandidate, Worker, WorkerSession
-from gradient.workers.selectors import parse_job_key, parse_uuid, worker_project_names
+from gradient.scheduling.models import DispatchedJob, Project
+from gradient.workers.models import IdleSlot, Worker, WorkerSession
+from gradient.workers.selectors import worker_project_names
 from gradient.workers.tokens import token_matches, token_new
 
 log = logging.getLogger("gradient.workers")
@@ -51,14 +43,6 @@ log = logging.getLogger("gradient.workers")
 # sessions may be closed by a handshake that would otherwise be refused with 496.
 DEAD_BOOT_SECS = 60
 CLOSE_REASON_MAX = 200
-
-# Evaluation statuses a lost eval job returns to Queued from (the job had not reported eval_result).
-EVAL_RETURNABLE = (
-    EvaluationStatus.QUEUED,
-    EvaluationStatus.FETCHING,
-    EvaluationStatus.EVALUATING_FLAKE,
-    EvaluationStatus.EVALUATING_DERIVATION,
-)
 
 
 @dataclass(frozen=True)
@@ -81,9 +65,44 @@ class HandshakeRejected:
     reason: str
 
 
-def job_kind_of(kind: JobKindName) -> JobKind:
-    """The protocol's RequestJob kind as the database's JobKind."""
-    return JobKind.EVAL if kind == "flake" else JobKind.BUILD
+SessionOpened = Callable[[uuid.UUID], object]
+"""Called with the worker's id in the transaction that opens a session (it has been offered nothing)."""
+WorkerLost = Callable[[uuid.UUID, str, datetime], object]
+"""Called with (worker id, reason, now) in the transaction that closes a worker's session: the jobs it
+held are lost."""
+
+
+@dataclass(frozen=True)
+class _SessionHooks:
+    opened: SessionOpened | None
+    lost: WorkerLost | None
+    without_session: bool
+
+
+_session_hooks: list[_SessionHooks] = []
+
+
+def register_session_hooks(
+    *, opened: SessionOpened | None = None, lost: WorkerLost | None = None, without_session: bool = False
+) -> None:
+    """What an app does when a worker's session opens or ends (called in registration order, which is
+    INSTALLED_APPS order). With `without_session`, `lost` is also called for a worker whose server died
+    with its socket: it holds jobs but no session."""
+    hooks = _SessionHooks(opened, lost, without_session)
+    if hooks not in _session_hooks:
+        _session_hooks.append(hooks)
+
+
+def _session_opened(worker_id: uuid.UUID) -> None:
+    for hooks in _session_hooks:
+        if hooks.opened is not None:
+            hooks.opened(worker_id)
+
+
+def _worker_lost(worker_id: uuid.UUID, reason: str, now: datetime, *, has_session: bool) -> None:
+    for hooks in _session_hooks:
+        if hooks.lost is not None and (has_session or hooks.without_session):
+            hooks.lost(worker_id, reason, now)
 
 
 # --- Registration ----------------------------------------------------------------------------------
@@ -124,19 +143,6 @@ def worker_deactivate(*, worker_id: uuid.UUID, now: datetime) -> bool:
 
 def worker_activate(*, worker_id: uuid.UUID) -> bool:
     return bool(Worker.objects.filter(id=worker_id).update(active=True, deactivated_at=None))
-
-
-def project_create(*, name: str) -> Project:
-    return Project.objects.create(name=name)
-
-
-def user_create(*, username: str, password: str, is_staff: bool, projects: Iterable[Project]) -> User:
-    """A REST client (submitter) of the given projects, or an operator (is_staff)."""
-    with transaction.atomic():
-        user = User.objects.create_user(username=username, password=password, is_staff=is_staff)
-        for project in projects:
-            project.members.add(user)
-    return user
 
 
 # --- Sessions --------------------------------------------------------------------------------------
@@ -185,8 +191,8 @@ def worker_session_open(
                 if not updated:
                     raise _Deactivated
                 # A new session has been offered nothing and holds no idle slot yet.
-                SentCandidate.objects.filter(worker_id=worker.id).delete()
                 IdleSlot.objects.filter(worker_id=worker.id).delete()
+                _session_opened(worker.id)
                 projects = worker_project_names(worker_id=worker.id)
             return HandshakeAccepted(SessionRef(session.id, worker.id), projects)
         except _Deactivated:
@@ -234,9 +240,7 @@ def _session_close(*, session_id: uuid.UUID, reason: str, now: datetime) -> uuid
     if not closed:
         return None
     IdleSlot.objects.filter(worker_id=worker_id).delete()
-    SentCandidate.objects.filter(worker_id=worker_id).delete()
-    worker_jobs_return_lost(worker_id=worker_id, reason=f"worker lost: {reason}", now=now)
-    cluster_worker_lost(worker_id=worker_id, now=now)
+    _worker_lost(worker_id, f"worker lost: {reason}", now, has_session=True)
     return worker_id
 
 
@@ -293,89 +297,14 @@ def sessions_of_boot_mark_draining(*, server_boot: uuid.UUID) -> int:
     return WorkerSession.objects.filter(server_boot=server_boot, closed_at__isnull=True).update(draining=True)
 
 
-def session_is_assignable(*, session: SessionRef) -> bool:
-    return WorkerSession.objects.filter(
-        id=session.session_id, closed_at__isnull=True, draining=False
-    ).exists()
-
-
-# --- Idle slots and scores -------------------------------------------------------------------------
-
-
-def idle_slot_record(*, session: SessionRef, kind: JobKindName, now: datetime) -> bool:
-    """An unanswered RequestJob: remember the free slot for cluster placement (one per worker and kind,
-    refreshed). A draining session offers no slot."""
-    if not session_is_assignable(session=session):
-        return False
-    IdleSlot.objects.bulk_create(
-        [IdleSlot(worker_id=session.worker_id, kind=job_kind_of(kind), recorded_at=now)],
-        update_conflicts=True,
-        unique_fields=["worker", "kind"],
-        update_fields=["recorded_at"],
-    )
-    return True
-
-
-def idle_slot_clear(*, worker_id: uuid.UUID, kind: JobKindName | None = None) -> int:
-    """An assignment, a full worker or a disconnect clears the slot."""
-    slots = IdleSlot.objects.filter(worker_id=worker_id)
-    if kind is not None:
-        slots = slots.filter(kind=job_kind_of(kind))
-    deleted, _ = slots.delete()
-    return deleted
-
-
-def candidate_scores_store(
-    *, session: SessionRef, scores: Iterable[CandidateScoreMessage], now: datetime
-) -> int:
-    """Keep a worker's RequestJobChunk answer, one row per (worker, job); a later score replaces an
-    earlier one. Scores for anything that is not a job key are ignored."""
-    latest = {s.job_id: s for s in scores if parse_job_key(s.job_id) is not None}
-    if not latest:
-        return 0
-    CandidateScore.objects.bulk_create(
-        [
-            CandidateScore(
-                worker_id=session.worker_id,
-                job_id=s.job_id,
-                missing_count=s.missing_count,
-                missing_nar_size=s.missing_nar_size,
-                outputs_present=s.outputs_present,
-                updated_at=now,
-            )
-            for s in latest.values()
-        ],
-        update_conflicts=True,
-        unique_fields=["worker", "job_id"],
-        update_fields=["missing_count", "missing_nar_size", "outputs_present", "updated_at"],
-    )
-    return len(latest)
-
-
-# --- Assignments -----------------------------------------------------------------------------------
-
-
-def dispatch_return_to_pool(*, dispatch_id: uuid.UUID, reason: str, lost: bool, now: datetime) -> bool:
-    """Close an open single-job assignment as Abandoned and give its job back to the pool (the
-    scheduler's assignment_return_to_pool, with its facts). False, with nothing written, when the
-    assignment was closed already."""
-    row = DispatchedJob.objects.filter(id=dispatch_id, finished_at__isnull=True).first()
-    if row is None:
-        return False
-    return assignment_return_to_pool(row=row, reason=reason, lost=lost, now=now)
-
-
-def worker_jobs_return_lost(*, worker_id: uuid.UUID, reason: str, now: datetime) -> int:
-    """Hand every open single-job assignment of a worker back to the pool as lost. Cluster members are
-    left to the cluster code: a lost member reports into its attempt's verdict, never requeues alone."""
-    dispatch_ids = list(
-        DispatchedJob.objects.filter(
-            worker_id=worker_id, finished_at__isnull=True, cluster_attempt__isnull=True
-        ).values_list("id", flat=True)
-    )
-    return sum(
-        dispatch_return_to_pool(dispatch_id=d, reason=reason, lost=True, now=now) for d in dispatch_ids
-    )
+def sessions_of_boots_close(*, boot_ids: Iterable[uuid.UUID], reason: str, now: datetime) -> list[uuid.UUID]:
+    """Close every open session held by these (dead) server boots, without the session hooks: startup
+    recovery puts their jobs back itself, step by step. Returns the workers whose session closed."""
+    sessions = WorkerSession.objects.filter(closed_at__isnull=True, server_boot__in=list(boot_ids))
+    worker_ids = list(sessions.values_list("worker_id", flat=True))
+    sessions.update(closed_at=now, close_reason=reason[:CLOSE_REASON_MAX])
+    IdleSlot.objects.filter(worker_id__in=worker_ids).delete()
+    return worker_ids
 
 
 # --- Liveness --------------------------------------------------------------------------------------
@@ -412,7 +341,7 @@ def worker_liveness_step(*, now: datetime, timeout_secs: float) -> bool:
     if orphaned is None:
         return False
     with transaction.atomic():
-        worker_jobs_return_lost(worker_id=orphaned, reason="worker lost: no session", now=now)
+        _worker_lost(orphaned, "worker lost: no session", now, has_session=False)
     return True
 
 
@@ -424,6 +353,3 @@ def workers_drop_silent(*, now: datetime, timeout_secs: float, limit: int = 10_0
     while dropped < limit and worker_liveness_step(now=now, timeout_secs=timeout_secs):
         dropped += 1
     return dropped
-
-
-# --- Cluster signals -------------------------------------------------------------------------------

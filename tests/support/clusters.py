@@ -6,14 +6,14 @@ from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
 
 from gradient.clusters.decisions.types import (
-    CandidateScore,
     Cluster,
-    IdleSlot,
     Member,
     Penalty,
     Pool,
+    ScoreSnapshot,
     SlotKind,
-    Worker,
+    SlotSnapshot,
+    WorkerSnapshot,
 )
 
 NOW = datetime(2025, 6, 1, 12, 0, tzinfo=UTC)
@@ -40,9 +40,9 @@ def worker(
     projects: Iterable[str] | None = None,
     draining: bool = False,
     endpoint: str | None = None,
-) -> Worker:
+) -> WorkerSnapshot:
     """A worker whose name is its id, capable of everything on x86_64-linux unless told otherwise."""
-    return Worker(
+    return WorkerSnapshot(
         worker_id=wid,
         name=wid,
         zone=zone,
@@ -125,16 +125,16 @@ def cluster(
     )
 
 
-def idle(wid: str, kind: SlotKind = SlotKind.BUILD, *, age: float = 1.0) -> IdleSlot:
-    return IdleSlot(wid, kind, ago(age))
+def idle(wid: str, kind: SlotKind = SlotKind.BUILD, *, age: float = 1.0) -> SlotSnapshot:
+    return SlotSnapshot(wid, kind, ago(age))
 
 
 def pool(
-    workers: Iterable[Worker],
+    workers: Iterable[WorkerSnapshot],
     *,
     idle_build: Iterable[str] | None = None,
     idle_eval: Iterable[str] = (),
-    slots: Iterable[IdleSlot] = (),
+    slots: Iterable[SlotSnapshot] = (),
     scores: dict[tuple[str, str], int] | None = None,
     penalties: dict[str, datetime] | None = None,
 ) -> Pool:
@@ -145,6 +145,6 @@ def pool(
     return Pool.of(
         workers=ws,
         idle_slots=all_slots,
-        scores=[CandidateScore(w, k, size) for (w, k), size in (scores or {}).items()],
+        scores=[ScoreSnapshot(w, k, size) for (w, k), size in (scores or {}).items()],
         penalties=[Penalty(w, at) for w, at in (penalties or {}).items()],
     )

@@ -31,10 +31,10 @@ from enum import StrEnum
 from gradient.clusters.decisions.types import (
     MemberAddress,
     Placement,
-    SlotKind,
     WaitingCode,
     WaitingReason,
 )
+from gradient.core.vocab import JobKind
 
 PREPARE_TIMEOUT_SECS = 30.0
 HOLD_MARGIN_SECS = 10
@@ -95,7 +95,7 @@ class AttemptMember:
     role: str
     index: int
     job_key: str
-    kind: SlotKind
+    kind: JobKind
     worker_id: str
     zone: str | None = None
     endpoint: str | None = None

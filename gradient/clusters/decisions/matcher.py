@@ -41,12 +41,12 @@ from gradient.clusters.decisions.types import (
     Pool,
     Seat,
     SeatShortage,
-    SlotKind,
     WaitingCode,
     WaitingReason,
-    Worker,
+    WorkerSnapshot,
     ZoneShortfall,
 )
+from gradient.core.vocab import JobKind
 
 IDLE_SLOT_TTL_SECS = 25.0
 UNKNOWN_NAR_COST = 1 << 40
@@ -61,9 +61,9 @@ class MatchPolicy:
     unknown_cost: int = UNKNOWN_NAR_COST
 
 
-def has_capabilities(member: Member, worker: Worker) -> bool:
+def has_capabilities(member: Member, worker: WorkerSnapshot) -> bool:
     """The worker can run the member's job, projects aside."""
-    if member.kind == SlotKind.EVAL:
+    if member.kind == JobKind.EVAL:
         return worker.can_eval and (worker.can_fetch or not member.needs_fetch)
     if not worker.can_build:
         return False
@@ -73,16 +73,16 @@ def has_capabilities(member: Member, worker: Worker) -> bool:
     return member.required_features <= worker.system_features
 
 
-def has_project_access(member: Member, worker: Worker) -> bool:
+def has_project_access(member: Member, worker: WorkerSnapshot) -> bool:
     """The worker is authorized for one of the member's projects (None: for every project)."""
     return worker.projects is None or not worker.projects.isdisjoint(member.projects)
 
 
-def matches_pin(member: Member, worker: Worker) -> bool:
+def matches_pin(member: Member, worker: WorkerSnapshot) -> bool:
     return member.pin is None or member.pin == worker.name
 
 
-def can_seat(member: Member, worker: Worker) -> bool:
+def can_seat(member: Member, worker: WorkerSnapshot) -> bool:
     """Everything but the idle slot: pin, capabilities, project access, not draining."""
     return (
         not worker.draining
@@ -113,7 +113,7 @@ def _zone_order(zone: str | None) -> tuple[bool, str]:
     return (zone is None, zone or "")
 
 
-_CapabilityKey = tuple[SlotKind, str | None, frozenset[str], bool]
+_CapabilityKey = tuple[JobKind, str | None, frozenset[str], bool]
 
 
 class PoolIndex:
@@ -128,7 +128,7 @@ class PoolIndex:
         self.now = now
         self.policy = policy or MatchPolicy()
         self.ids: list[str] = sorted(pool.workers)
-        self.workers: list[Worker] = [pool.workers[i] for i in self.ids]
+        self.workers: list[WorkerSnapshot] = [pool.workers[i] for i in self.ids]
         self.position: dict[str, int] = {wid: n for n, wid in enumerate(self.ids)}
         self._by_name: dict[str, int] = {w.name: n for n, w in enumerate(self.workers)}
 
@@ -140,7 +140,7 @@ class PoolIndex:
                 zones[w.zone_key] = zones.get(w.zone_key, 0) | 1 << n
         self.zones: dict[str | None, int] = dict(sorted(zones.items(), key=lambda kv: _zone_order(kv[0])))
 
-        self.idle: dict[SlotKind, int] = {SlotKind.EVAL: 0, SlotKind.BUILD: 0}
+        self.idle: dict[JobKind, int] = {JobKind.EVAL: 0, JobKind.BUILD: 0}
         ttl = self.policy.idle_slot_ttl_secs
         for slot in pool.idle_slots:
             n_ = self.position.get(slot.worker_id)
@@ -236,8 +236,8 @@ class PoolIndex:
         self,
         cluster: Cluster,
         *,
-        available: Mapping[SlotKind, int],
-        busy: Mapping[SlotKind, int] | None = None,
+        available: Mapping[JobKind, int],
+        busy: Mapping[JobKind, int] | None = None,
     ) -> Placement | WaitingReason:
         """Seat every member of `cluster` on its own worker among `available[kind]`, or explain why not.
 
@@ -281,7 +281,7 @@ class PoolIndex:
         self,
         members: Sequence[Member],
         candidates: Sequence[int],
-        busy: Mapping[SlotKind, int] | None,
+        busy: Mapping[JobKind, int] | None,
         busy_cost: int,
     ) -> tuple[int, list[int]] | None:
         m = len(members)
@@ -357,7 +357,7 @@ class PoolIndex:
             return SeatShortage.NO_CAPABLE_WORKER
         return SeatShortage.NO_PROJECT_ACCESS
 
-    def explain(self, cluster: Cluster, *, available: Mapping[SlotKind, int]) -> WaitingReason:
+    def explain(self, cluster: Cluster, *, available: Mapping[JobKind, int]) -> WaitingReason:
         """Why `cluster` has no full placement among `available`."""
         members = sorted(cluster.members, key=lambda m: (m.role, m.index))
         if not members:
@@ -399,8 +399,8 @@ class PoolIndex:
 
 
 def idle_available(
-    index: PoolIndex, *, taken: int = 0, hidden: Mapping[SlotKind, int] | None = None
-) -> dict[SlotKind, int]:
+    index: PoolIndex, *, taken: int = 0, hidden: Mapping[JobKind, int] | None = None
+) -> dict[JobKind, int]:
     """Idle workers per kind, minus workers already seated (`taken`) and seats hidden per kind."""
     hidden = hidden or {}
     return {kind: mask & ~taken & ~hidden.get(kind, 0) for kind, mask in index.idle.items()}

@@ -31,8 +31,8 @@ from gradient.clusters.decisions.types import (
     Pool,
     Reservation,
     ReservedSeat,
-    SlotKind,
 )
+from gradient.core.vocab import JobKind
 
 RESERVE_AFTER_SECS = 600.0
 RESERVE_TIMEOUT_SECS = 1800.0
@@ -85,16 +85,16 @@ class Release:
 ReservationAction = Reserve | Commit | Release
 
 
-def is_reserved(reservation: Reservation | None, worker_id: str, kind: SlotKind | str) -> bool:
+def is_reserved(reservation: Reservation | None, worker_id: str, kind: JobKind | str) -> bool:
     """Whether single assignment must not give this worker a new job of this kind."""
     if reservation is None:
         return False
     return any(s.worker_id == worker_id and s.kind == kind for s in reservation.seats)
 
 
-def hidden_seats(index: PoolIndex, reservation: Reservation | None) -> dict[SlotKind, int]:
+def hidden_seats(index: PoolIndex, reservation: Reservation | None) -> dict[JobKind, int]:
     """The reserved (worker, kind) pairs as bit sets per kind: no idle capacity for other clusters."""
-    hidden = {SlotKind.EVAL: 0, SlotKind.BUILD: 0}
+    hidden = {JobKind.EVAL: 0, JobKind.BUILD: 0}
     if reservation is not None:
         for s in reservation.seats:
             hidden[s.kind] |= index.mask_of((s.worker_id,))
@@ -151,9 +151,7 @@ def _held(
         return state, ()
     if not can_try(cluster, now, policy.coordinator):
         return state, ()
-    available: Mapping[SlotKind, int] = {
-        kind: mask & seat_mask & ~seated for kind, mask in index.idle.items()
-    }
+    available: Mapping[JobKind, int] = {kind: mask & seat_mask & ~seated for kind, mask in index.idle.items()}
     result = index.match(cluster, available=available)
     if isinstance(result, Placement):
         return None, (Commit(result),)
@@ -167,7 +165,7 @@ def _reserve(inputs: ReservationInputs, now: datetime, policy: ReservationPolicy
     if cluster is None or not is_aged(cluster, now, policy) or not can_try(cluster, now, policy.coordinator):
         return None, ()
     seated = index.mask_of(inputs.seated)
-    available = {kind: index.connected for kind in SlotKind}
+    available = {kind: index.connected for kind in JobKind}
     busy = {kind: index.connected & ~(mask & ~seated) for kind, mask in index.idle.items()}
     result = index.match(cluster, available=available, busy=busy)
     if not isinstance(result, Placement):

@@ -32,30 +32,18 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import StrEnum
 
-from gradient.clusters.decisions.types import (
+from gradient.clusters.decisions.types import MemberAddress
+from gradient.core.vocab import (
     REQUEUEING_FAILURE_KINDS,
     AttemptOutcome,
     ClusterStatus,
     FailureKind,
-    MemberAddress,
+    SeatResult,
 )
+from gradient.core.vocab import Verdict as Verdict
 
-
-class Verdict(StrEnum):
-    COMPLETE = "Complete"
-    RETRY = "Retry"
-    FAIL = "Fail"
-    ABORT = "Abort"
-
-
-class MemberOutcome(StrEnum):
-    RUNNING = "running"
-    """No report yet."""
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"
-    LOST = "lost"
-    """Lost with its worker, or reaped after an unconfirmed abort."""
-    EVALUATION_ABORTED = "evaluation_aborted"
+MemberOutcome = SeatResult
+"""What a member showed so far: gradient.core.vocab.SeatResult (cluster_seat.result), the old name."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,7 +52,7 @@ class MemberResult:
     index: int
     job_key: str
     primary: bool = False
-    outcome: MemberOutcome = MemberOutcome.RUNNING
+    outcome: SeatResult = SeatResult.RUNNING
     failure_kind: FailureKind | None = None
     error: str = ""
     can_start: bool = True
@@ -75,9 +63,9 @@ class MemberResult:
         return MemberAddress(self.role, self.index)
 
     @property
-    def effective_outcome(self) -> MemberOutcome:
-        if self.outcome == MemberOutcome.FAILED and self.failure_kind == FailureKind.CANCELED:
-            return MemberOutcome.LOST
+    def effective_outcome(self) -> SeatResult:
+        if self.outcome == SeatResult.FAILED and self.failure_kind == FailureKind.CANCELED:
+            return SeatResult.LOST
         return self.outcome
 
 
@@ -92,14 +80,14 @@ class AttemptFacts:
     abort_requested: bool = False
 
 
-def classify_failure(kind: FailureKind, *, evaluation_aborted: bool) -> MemberOutcome:
+def classify_failure(kind: FailureKind, *, evaluation_aborted: bool) -> SeatResult:
     """A member's JobFailed as an outcome: an abort caused by an evaluation abort aborts the cluster,
     `canceled` (worker stopping) is a lost member, anything else a failure."""
     if kind == FailureKind.ABORTED and evaluation_aborted:
-        return MemberOutcome.EVALUATION_ABORTED
+        return SeatResult.EVALUATION_ABORTED
     if kind == FailureKind.CANCELED:
-        return MemberOutcome.LOST
-    return MemberOutcome.FAILED
+        return SeatResult.LOST
+    return SeatResult.FAILED
 
 
 def retry_allowed(attempts: int, retry_budget: int) -> bool:
@@ -111,12 +99,12 @@ def verdict(facts: AttemptFacts) -> Verdict | None:
     """The verdict the reports so far decide, or None while nothing decides yet."""
     outcomes = [m.effective_outcome for m in facts.members]
     if any(
-        m.primary and o == MemberOutcome.SUCCEEDED for m, o in zip(facts.members, outcomes, strict=True)
-    ) or all(o == MemberOutcome.SUCCEEDED for o in outcomes):
+        m.primary and o == SeatResult.SUCCEEDED for m, o in zip(facts.members, outcomes, strict=True)
+    ) or all(o == SeatResult.SUCCEEDED for o in outcomes):
         return Verdict.COMPLETE
-    if facts.abort_requested or MemberOutcome.EVALUATION_ABORTED in outcomes:
+    if facts.abort_requested or SeatResult.EVALUATION_ABORTED in outcomes:
         return Verdict.ABORT
-    if MemberOutcome.FAILED in outcomes or MemberOutcome.LOST in outcomes:
+    if SeatResult.FAILED in outcomes or SeatResult.LOST in outcomes:
         if retry_allowed(facts.attempts, facts.retry_budget) and all(m.can_start for m in facts.members):
             return Verdict.RETRY
         return Verdict.FAIL
@@ -174,7 +162,7 @@ def settle_member(v: Verdict, member: MemberResult) -> MemberDisposition:
     """How one member settles under the decided verdict (also for a report arriving during the
     resolution: pass the member as that report leaves it)."""
     outcome = member.effective_outcome
-    running = outcome == MemberOutcome.RUNNING
+    running = outcome == SeatResult.RUNNING
 
     def out(
         settlement: MemberSettlement, kind: FailureKind | None = None, error: str = ""
@@ -183,13 +171,13 @@ def settle_member(v: Verdict, member: MemberResult) -> MemberDisposition:
 
     if v == Verdict.RETRY:
         return out(MemberSettlement.REQUEUED)
-    if outcome == MemberOutcome.SUCCEEDED:
+    if outcome == SeatResult.SUCCEEDED:
         return out(MemberSettlement.COMPLETED)
     if running:
         return out(MemberSettlement.ABORTED, error=_WHY[v])
-    if outcome == MemberOutcome.EVALUATION_ABORTED:
+    if outcome == SeatResult.EVALUATION_ABORTED:
         return out(MemberSettlement.ABORTED, error=member.error or "evaluation aborted")
-    if outcome == MemberOutcome.LOST:
+    if outcome == SeatResult.LOST:
         if v == Verdict.FAIL:
             return out(
                 MemberSettlement.FAILED,

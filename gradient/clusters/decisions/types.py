@@ -1,8 +1,10 @@
 """Plain data the cluster decision modules work on: frozen dataclasses, no Django, no I/O.
 
 The database side loads rows into these (one snapshot per pass), calls a pure decision function, and
-writes what it returns. Ids are strings (the rows' UUIDs as text) so tests and the bench can use short
-readable names; times are aware datetimes, and `now` is always an argument, never read from a clock.
+writes what it returns. WorkerSnapshot, SlotSnapshot and ScoreSnapshot are such copies of the
+workers.Worker, idle_slot and candidate_score rows; the enums are gradient.core.vocab's. Ids are strings
+(the rows' UUIDs as text) so tests and the bench can use short readable names; times are aware
+datetimes, and `now` is always an argument, never read from a clock.
 """
 
 from __future__ import annotations
@@ -12,48 +14,16 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
 
-BUILTIN_SYSTEM = "builtin"
-"""A build of this system runs on any build worker: the architecture check is skipped."""
+from gradient.core.vocab import BUILTIN_SYSTEM as BUILTIN_SYSTEM
+from gradient.core.vocab import REQUEUEING_FAILURE_KINDS as REQUEUEING_FAILURE_KINDS
+from gradient.core.vocab import AttemptOutcome as AttemptOutcome
+from gradient.core.vocab import ClusterStatus as ClusterStatus
+from gradient.core.vocab import FailureKind as FailureKind
+from gradient.core.vocab import JobKind
 
-
-class SlotKind(StrEnum):
-    """The kind of a member's job, and of the idle slot that can seat it (the values of JobKind)."""
-
-    EVAL = "eval"
-    BUILD = "build"
-
-
-class FailureKind(StrEnum):
-    """The protocol's BuildFailureKind, as a worker reports it in JobFailed."""
-
-    TRANSIENT = "transient"
-    PERMANENT = "permanent"
-    TIMEOUT = "timeout"
-    SUBSTITUTE_UNAVAILABLE = "substitute_unavailable"
-    INPUTS_UNAVAILABLE = "inputs_unavailable"
-    ABORTED = "aborted"
-    CANCELED = "canceled"
-
-
-REQUEUEING_FAILURE_KINDS = frozenset(
-    {FailureKind.TRANSIENT, FailureKind.SUBSTITUTE_UNAVAILABLE, FailureKind.INPUTS_UNAVAILABLE}
-)
-"""Failure kinds that single-job handling answers with a requeue; a settled member never requeues alone."""
-
-
-class ClusterStatus(StrEnum):
-    QUEUED = "Queued"
-    RUNNING = "Running"
-    COMPLETED = "Completed"
-    FAILED = "Failed"
-    ABORTED = "Aborted"
-
-
-class AttemptOutcome(StrEnum):
-    SUCCEEDED = "Succeeded"
-    FAILED = "Failed"
-    PREPARE_FAILED = "PrepareFailed"
-    ABORTED = "Aborted"
+SlotKind = JobKind
+"""The kind of a member's job, and of the idle slot that can seat it: gradient.core.vocab.JobKind (the
+old name, for the services and tests that import it from here)."""
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -82,7 +52,7 @@ class Member:
     role: str
     index: int
     job_key: str
-    kind: SlotKind
+    kind: JobKind
     primary: bool = False
     pin: str | None = None
     system: str | None = None
@@ -115,9 +85,10 @@ class Cluster:
 
 
 @dataclass(frozen=True, slots=True)
-class Worker:
-    """A connected worker: its capabilities, zone and the projects it is authorized for (None: every
-    project). A draining worker is connected but seats nothing."""
+class WorkerSnapshot:
+    """A connected worker as one pass sees it (a snapshot of its workers.Worker row and session): its
+    capabilities, zone and the projects it is authorized for (None: every project). A draining worker
+    is connected but seats nothing."""
 
     worker_id: str
     name: str
@@ -138,17 +109,19 @@ class Worker:
 
 
 @dataclass(frozen=True, slots=True)
-class IdleSlot:
-    """An unanswered RequestJob of one kind: the planner's only view of free capacity."""
+class SlotSnapshot:
+    """An unanswered RequestJob of one kind (a snapshot of an idle_slot row): the planner's only view
+    of free capacity."""
 
     worker_id: str
-    kind: SlotKind
+    kind: JobKind
     recorded_at: datetime
 
 
 @dataclass(frozen=True, slots=True)
-class CandidateScore:
-    """A worker's answer for one candidate job: the NAR bytes it would have to fetch."""
+class ScoreSnapshot:
+    """A worker's answer for one candidate job (a snapshot of a candidate_score row): the NAR bytes it
+    would have to fetch."""
 
     worker_id: str
     job_key: str
@@ -173,8 +146,8 @@ class Pool:
     through idx-candidate_score-job), and `penalties` the latest penalty time by worker id.
     """
 
-    workers: Mapping[str, Worker] = field(default_factory=dict)
-    idle_slots: tuple[IdleSlot, ...] = ()
+    workers: Mapping[str, WorkerSnapshot] = field(default_factory=dict)
+    idle_slots: tuple[SlotSnapshot, ...] = ()
     scores: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
     penalties: Mapping[str, datetime] = field(default_factory=dict)
 
@@ -182,9 +155,9 @@ class Pool:
     def of(
         cls,
         *,
-        workers: Iterable[Worker] = (),
-        idle_slots: Iterable[IdleSlot] = (),
-        scores: Iterable[CandidateScore] = (),
+        workers: Iterable[WorkerSnapshot] = (),
+        idle_slots: Iterable[SlotSnapshot] = (),
+        scores: Iterable[ScoreSnapshot] = (),
         penalties: Iterable[Penalty] = (),
     ) -> Pool:
         """Build a pool from row-shaped lists; a later penalty of one worker wins over an earlier one."""
@@ -210,7 +183,7 @@ class Seat:
     role: str
     index: int
     job_key: str
-    kind: SlotKind
+    kind: JobKind
     worker_id: str
     zone: str | None = None
     endpoint: str | None = None
@@ -334,7 +307,7 @@ class ReservedSeat:
 
     role: str
     index: int
-    kind: SlotKind
+    kind: JobKind
     worker_id: str
 
     def as_json(self) -> dict[str, object]:

@@ -52,13 +52,11 @@ from gradient.clusters.decisions.coordinator import (
 from gradient.clusters.decisions.matcher import IDLE_SLOT_TTL_SECS
 from gradient.clusters.decisions.types import Placement, Seat, SlotKind, WaitingCode, WaitingReason
 from gradient.clusters.models import (
-    AttemptOutcome,
     ClusterAttempt,
     ClusterJob,
     ClusterMember,
     ClusterReservation,
     ClusterSeat,
-    ClusterStatus,
     ClusterWorkerPenalty,
 )
 from gradient.clusters.services.common import (
@@ -72,21 +70,15 @@ from gradient.clusters.services.common import (
     push,
     start_cluster_message,
 )
-from gradient.scheduling import history as scheduling_history
-from gradient.scheduling import jobs
-from gradient.scheduling.models import (
-    BuildAttempt,
-    BuildStatus,
-    DerivationBuild,
-    DispatchedJob,
-    DispatchOutcome,
-    Evaluation,
-    EvaluationStatus,
-    JobKind,
-)
-from gradient.scheduling.services.claims import ClaimRequest, assignment_close, claim_assignment
-from gradient.scheduling.services.reports import requeue_job
-from gradient.workers.models import CandidateScore, IdleSlot, Worker, WorkerSession
+from gradient.core.jobkey import SINGLE_JOB_KEYS, JobKey
+from gradient.core.protocol import Job
+from gradient.core.vocab import AttemptOutcome, ClusterStatus, DispatchOutcome, JobKind, member_of
+from gradient.scheduling.models import CandidateScore, DerivationBuild, DispatchedJob, Evaluation
+from gradient.scheduling.selectors import member_eval_steps
+from gradient.scheduling.services import lifecycle
+from gradient.scheduling.services.claims import assignment_close
+from gradient.scheduling.services.lifecycle import Claimed, ClaimTerms, requeue_job
+from gradient.workers.models import IdleSlot, Worker, WorkerSession
 
 log = logging.getLogger("gradient.clusters")
 
@@ -105,9 +97,11 @@ class _ClaimLost(Exception):
     """A statement inserted (or changed) nothing: roll the whole claim back."""
 
 
-def parse_member_key(job_key: str) -> tuple[SlotKind, uuid.UUID]:
-    prefix, _, raw = job_key.partition(":")
-    return SlotKind(prefix), uuid.UUID(raw)
+def parse_member_key(job_key: str) -> tuple[JobKind, uuid.UUID]:
+    """A member's job key as (kind, id); a key that is not a single job's raises JobKeyError."""
+    key = JobKey.require(job_key, kinds=SINGLE_JOB_KEYS)
+    assert key.job_kind is not None  # a single job's key has a job kind
+    return key.job_kind, key.id
 
 
 _INSERT_ATTEMPT = """
@@ -212,7 +206,7 @@ def claim_cluster(
                 raise _ClaimLost("the cluster is not Queued or already has an open attempt")
             workers = {w.id: w for w in Worker.objects.filter(id__in=[uuid.UUID(s.worker_id) for s in seats])}
             assignments: dict[str, uuid.UUID] = {}
-            jobs_sent: dict[str, dict[str, object]] = {}
+            jobs_sent: dict[str, Job] = {}
             for seat in seats:
                 worker = workers.get(uuid.UUID(seat.worker_id))
                 if worker is None:
@@ -270,82 +264,38 @@ def _claim_seat(
     cluster_id: uuid.UUID,
     number: int,
     now: datetime,
-) -> tuple[uuid.UUID, dict[str, object]]:
+) -> tuple[uuid.UUID, Job]:
     kind, job_id = parse_member_key(seat.job_key)
     if not _take_idle_slot(worker_id=worker.id, kind=kind.value, now=now):
         raise _ClaimLost(f"{worker.name} is no longer idle for {kind.value}")
     score = CandidateScore.objects.filter(worker_id=worker.id, job_id=seat.job_key).first()
-    where = f"cluster {cluster_id} attempt {number}: {seat.role}[{seat.index}] held on {worker.name}"
+    terms = ClaimTerms(
+        missing_nar_size=score.missing_nar_size if score else None,
+        missing_count=score.missing_count if score else None,
+        cluster_attempt_id=attempt_id,
+    )
+    claimed: Claimed | None
     if kind == SlotKind.EVAL:
         evaluation = Evaluation.objects.filter(id=job_id).first()
         if evaluation is None:
             raise _ClaimLost(f"evaluation {job_id} is gone")
-        steps = jobs.eval_steps(evaluation, split=False)  # member evaluations are never split
-        job = jobs.eval_job(evaluation, steps)
-        request = ClaimRequest(
-            kind=JobKind.EVAL,
-            job_key=seat.job_key,
+        claimed = lifecycle.claim_evaluation(
+            evaluation=evaluation,
+            steps=member_eval_steps(evaluation),
             worker_id=worker.id,
-            evaluation_id=evaluation.id,
-            missing_nar_size=score.missing_nar_size if score else None,
-            missing_count=score.missing_count if score else None,
-            job=job,
-            queued_at=evaluation.updated_at if evaluation.followup_pending else evaluation.created_at,
-            cluster_attempt_id=attempt_id,
-        )
-        assignment_id = claim_assignment(request=request, now=now)
-        if assignment_id is None:
-            raise _ClaimLost(f"{seat.job_key} is open elsewhere or terminal")
-        status = EvaluationStatus.FETCHING if jobs.FETCH_FLAKE in steps else EvaluationStatus.EVALUATING_FLAKE
-        if not scheduling_history.evaluation_transition(
-            evaluation_id=evaluation.id,
-            to=status,
-            expect=[EvaluationStatus.QUEUED],
-            reason=where,
+            worker_name=worker.name,
+            reason=f"cluster {cluster_id} attempt {number}: {seat.role}[{seat.index}] held on {worker.name}",
             now=now,
-            waiting_reason=None,
-            waiting_since=None,
-        ):
-            raise _ClaimLost(f"{seat.job_key} is no longer Queued")
-        scheduling_history.claimed(
-            row_id=assignment_id,
-            evaluation_id=evaluation.id,
-            worker=worker.name,
-            now=now,
-            cluster_attempt_id=attempt_id,
+            terms=terms,
         )
     else:
         build = DerivationBuild.objects.filter(id=job_id).first()
         if build is None:
             raise _ClaimLost(f"build {job_id} is gone")
-        job = jobs.build_job(build)
-        request = ClaimRequest(
-            kind=JobKind.BUILD,
-            job_key=seat.job_key,
-            worker_id=worker.id,
-            build_id=build.id,
-            missing_nar_size=score.missing_nar_size if score else None,
-            missing_count=score.missing_count if score else None,
-            job=job,
-            queued_at=build.queued_at,
-            cluster_attempt_id=attempt_id,
-        )
-        assignment_id = claim_assignment(request=request, now=now)
-        if assignment_id is None:
-            raise _ClaimLost(f"{seat.job_key} is open elsewhere or not Queued")
-        changed = DerivationBuild.objects.filter(id=build.id, status=BuildStatus.QUEUED).update(
-            status=BuildStatus.BUILDING, attempts=F("attempts") + 1, updated_at=now
-        )
-        if changed != 1:
-            raise _ClaimLost(f"{seat.job_key} is no longer Queued")
-        attempts = DerivationBuild.objects.filter(id=build.id).values_list("attempts", flat=True).get()
-        BuildAttempt.objects.create(
-            build_id=build.id,
-            dispatched_job_id=assignment_id,
-            worker_id=worker.id,
-            number=attempts,
-            started_at=now,
-        )
+        claimed = lifecycle.claim_build(build=build, worker_id=worker.id, now=now, terms=terms)
+    if claimed is None:
+        raise _ClaimLost(f"{seat.job_key} is open elsewhere or no longer Queued")
+    assignment_id = claimed.assignment_id
     ClusterSeat.objects.create(
         attempt_id=attempt_id,
         member=member,
@@ -358,7 +308,7 @@ def _claim_seat(
         endpoint=worker.endpoint or None,
         assignment_id=assignment_id,
     )
-    return assignment_id, job
+    return assignment_id, claimed.job
 
 
 # --- Start and close ------------------------------------------------------------------------------------
@@ -407,7 +357,7 @@ def close_cluster_attempt(
     """Close the attempt with `outcome` while it is open, marking every open member row Abandoned in the
     same transaction. A second close (a prepare timeout racing a member failure) returns False and
     touches nothing. The member jobs themselves are the caller's to requeue or settle."""
-    if outcome not in AttemptOutcome.values:
+    if member_of(AttemptOutcome, outcome) is None:
         raise ValueError(f"unknown attempt outcome {outcome!r}")
     with transaction.atomic():
         cluster_id = (
@@ -474,8 +424,8 @@ def apply_attempt_actions(
                 return pushes  # closed already: the other closer did the rest
             requeue_members(attempt_id=attempt.id, reason=f"cluster prepare failed: {action.reason}", now=now)
         elif isinstance(action, SendAbortCluster):
-            message = abort_cluster_message(action.attempt_id, action.reason)
-            pushes.extend(push(w, message) for w in action.worker_ids)
+            abort = abort_cluster_message(action.attempt_id, action.reason)
+            pushes.extend(push(w, abort) for w in action.worker_ids)
         elif isinstance(action, PenaliseWorker):
             ClusterWorkerPenalty.objects.create(
                 worker_id=uuid.UUID(action.worker_id),

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterable, Sequence
-from typing import Any
 
 from django.conf import settings
 
@@ -28,10 +27,21 @@ from gradient.clusters.decisions.planner import PlannerPolicy
 from gradient.clusters.decisions.reservation import ReservationPolicy
 from gradient.clusters.decisions.types import MemberAddress, SlotKind
 from gradient.clusters.models import ClusterAttempt, ClusterJob, ClusterSeat
-from gradient.scheduling import effects
+from gradient.core import protocol
+from gradient.core.protocol import (
+    AbortCluster,
+    AbortJob,
+    AssignJob,
+    ClusterAddress,
+    ClusterSignalDelivery,
+    Job,
+    ServerMessage,
+    StartCluster,
+)
+from gradient.runtime.outbox import push_to_worker_on_commit
 
-Push = tuple[str, dict[str, Any]]
-"""A message to one worker (its id as text, the message dict). Services send every push themselves,
+Push = tuple[str, ServerMessage]
+"""A message to one worker (its id as text, the message). Services send every push themselves,
 through the channel layer once their transaction committed, and return them for the caller's logs."""
 
 
@@ -69,61 +79,52 @@ def reservation_policy() -> ReservationPolicy:
 # --- Messages -------------------------------------------------------------------------------------------
 
 
-def push(worker_id: uuid.UUID | str, message: dict[str, Any]) -> Push:
+def push(worker_id: uuid.UUID | str, message: ServerMessage) -> Push:
     """Send `message` to the worker once the current transaction commits."""
-    effects.send_to_worker_on_commit(worker_id, message)
+    push_to_worker_on_commit(worker_id, message)
     return (str(worker_id), message)
 
 
 def assign_job_message(
-    *, job_key: str, assignment_id: uuid.UUID, job: dict[str, Any], membership: ClusterMembership
-) -> dict[str, Any]:
-    return {
-        "type": "AssignJob",
-        "job_id": job_key,
-        "assignment_id": str(assignment_id),
-        "job": job,
-        "cluster": {
-            "attempt": membership.attempt,
-            "role": membership.role,
-            "index": membership.index,
-            "hold_secs": membership.hold_secs,
-        },
-    }
+    *, job_key: str, assignment_id: uuid.UUID, job: Job, membership: ClusterMembership
+) -> AssignJob:
+    return AssignJob(
+        job_id=job_key,
+        assignment_id=str(assignment_id),
+        job=job,
+        cluster=protocol.ClusterMembership(
+            attempt=membership.attempt,
+            role=membership.role,
+            index=membership.index,
+            hold_secs=membership.hold_secs,
+        ),
+    )
 
 
-def start_cluster_message(attempt_id: str, roster: Iterable[ClusterPeer]) -> dict[str, Any]:
-    return {
-        "type": "StartCluster",
-        "attempt": attempt_id,
-        "roster": [
-            {
-                "role": p.role,
-                "index": p.index,
-                "worker_id": p.worker_id,
-                "zone": p.zone,
-                "endpoint": p.endpoint,
-            }
+def start_cluster_message(attempt_id: str, roster: Iterable[ClusterPeer]) -> StartCluster:
+    return StartCluster(
+        attempt=attempt_id,
+        roster=[
+            protocol.ClusterPeer(
+                role=p.role, index=p.index, worker_id=p.worker_id, zone=p.zone, endpoint=p.endpoint
+            )
             for p in roster
         ],
-    }
+    )
 
 
-def abort_cluster_message(attempt_id: str, reason: str) -> dict[str, Any]:
-    return {"type": "AbortCluster", "attempt": attempt_id, "reason": reason[:2000]}
+def abort_cluster_message(attempt_id: str, reason: str) -> AbortCluster:
+    return AbortCluster(attempt=attempt_id, reason=reason[:2000])
 
 
-def abort_job_message(job_key: str, assignment_id: uuid.UUID, reason: str) -> dict[str, Any]:
-    return {
-        "type": "AbortJob",
-        "job_id": job_key,
-        "assignment_id": str(assignment_id),
-        "reason": reason[:2000],
-    }
+def abort_job_message(job_key: str, assignment_id: uuid.UUID, reason: str) -> AbortJob:
+    return AbortJob(job_id=job_key, assignment_id=str(assignment_id), reason=reason[:2000])
 
 
-def cluster_signal_message(attempt_id: str, sender: MemberAddress, payload: str) -> dict[str, Any]:
-    return {"type": "ClusterSignal", "attempt": attempt_id, "from": sender.as_json(), "payload": payload}
+def cluster_signal_message(attempt_id: str, sender: MemberAddress, payload: str) -> ClusterSignalDelivery:
+    return ClusterSignalDelivery(
+        attempt=attempt_id, from_=ClusterAddress(role=sender.role, index=sender.index), payload=payload
+    )
 
 
 # --- Rows -----------------------------------------------------------------------------------------------
@@ -170,10 +171,3 @@ def attempt_state(cluster: ClusterJob, attempt: ClusterAttempt, seats: Sequence[
         prepare_failures=cluster.prepare_failures,
         started_at=attempt.started_at,
     )
-
-
-def parse_uuid(value: object) -> uuid.UUID | None:
-    try:
-        return uuid.UUID(str(value))
-    except (ValueError, TypeError, AttributeError):
-        return None

@@ -20,10 +20,16 @@ from gradient.clusters.decisions.matcher import PoolIndex
 from gradient.clusters.decisions.planner import plan_pass
 from gradient.clusters.decisions.reservation import Commit, Release, ReservationInputs, Reserve
 from gradient.clusters.decisions.types import Placement, Reservation, WaitingReason
-from gradient.clusters.models import ClusterJob, ClusterReservation, ClusterStatus, ClusterWorkerPenalty
-from gradient.clusters.selectors import dispatch_pool, queued_clusters, reservation_state
+from gradient.clusters.models import ClusterJob, ClusterReservation, ClusterWorkerPenalty
+from gradient.clusters.selectors import (
+    clusters_wait_for_placement,
+    dispatch_pool,
+    queued_clusters,
+    reservation_state,
+)
 from gradient.clusters.services.attempts import claim_cluster, expire_overdue_prepares
 from gradient.clusters.services.common import planner_policy, reservation_policy
+from gradient.core.vocab import ClusterStatus
 from gradient.runtime.passes import pass_run
 
 log = logging.getLogger("gradient.clusters")
@@ -141,3 +147,11 @@ def cluster_dispatch_kick(now: datetime) -> dict[str, Any] | None:
     """Run the dispatch pass at once (a RequestJob went unanswered), under the pass's lease: when another
     runner holds it, that run places the cluster and this returns None."""
     return pass_run(name=PASS_NAME, body=lambda: asdict(cluster_dispatch_pass(now=now)), lease_secs=60)
+
+
+def cluster_idle_kick(now: datetime) -> None:
+    """A RequestJob went unanswered: a new idle slot. When a cluster waits to be placed, run the
+    dispatch pass at once (under its lease; skipped when another runner holds it). Its AssignJobs leave
+    through the outbox on commit. One cheap query when nothing waits."""
+    if clusters_wait_for_placement(now=now):
+        cluster_dispatch_kick(now)

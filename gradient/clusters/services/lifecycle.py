@@ -22,15 +22,7 @@ from django.utils import timezone
 
 from gradient.clusters import history
 from gradient.clusters.decisions.settlement import Verdict
-from gradient.clusters.models import (
-    CLUSTER_TERMINAL,
-    AttemptOutcome,
-    ClusterAttempt,
-    ClusterJob,
-    ClusterMember,
-    ClusterReservation,
-    ClusterStatus,
-)
+from gradient.clusters.models import ClusterAttempt, ClusterJob, ClusterMember, ClusterReservation
 from gradient.clusters.services.attempts import close_cluster_attempt, member_rows
 from gradient.clusters.services.common import (
     Push,
@@ -40,18 +32,20 @@ from gradient.clusters.services.common import (
     push,
 )
 from gradient.clusters.services.settle import abort_member_job, resolve_attempt, set_cluster_status
+from gradient.core.vocab import (
+    BUILD_LASTING_FAILURE,
+    BUILD_SUCCESS,
+    CLUSTER_TERMINAL,
+    EVALUATION_TERMINAL,
+    AttemptOutcome,
+    BuildStatus,
+    ClusterStatus,
+)
 from gradient.records.errors import UnknownRecord
 from gradient.records.schemas import Cancel, parse_job_key
 from gradient.records.services import Receipt, commit_control
 from gradient.scheduling.decisions.waiting import evaluation_job_done
-from gradient.scheduling.models import (
-    BUILD_LASTING_FAILURE,
-    BUILD_SUCCESS,
-    EVALUATION_TERMINAL,
-    BuildStatus,
-    DerivationBuild,
-    Evaluation,
-)
+from gradient.scheduling.models import DerivationBuild, Evaluation
 from gradient.workers.models import Worker
 
 log = logging.getLogger("gradient.clusters")

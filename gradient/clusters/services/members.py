@@ -42,23 +42,32 @@ from gradient.clusters.services.common import (
     attempt_state,
     cluster_signal_message,
     lock_cluster,
-    parse_uuid,
     push,
 )
 from gradient.clusters.services.settle import failure_kind, job_statuses, resolve_attempt
-from gradient.records.schemas import ReportKind
-from gradient.scheduling import history as scheduling_history
-from gradient.scheduling.models import (
-    BuildStatus,
-    DispatchedJob,
-    DispatchOutcome,
-    EvaluationStatus,
-    JobKind,
+from gradient.core.ids import parse_uuid
+from gradient.core.protocol import (
+    AssignJobResponse,
+    BuildOutput,
+    ClusterAddress,
+    JobCompleted,
+    JobFailed,
+    JobUpdate,
+    tag_of,
 )
-from gradient.scheduling.services import graph
-from gradient.scheduling.services import reports as scheduling_reports
+from gradient.core.vocab import BuildStatus, DispatchOutcome, EvaluationStatus, JobKind
+from gradient.records.schemas import ReportKind
+from gradient.scheduling.models import DispatchedJob
+from gradient.scheduling.services import graph, lifecycle
 from gradient.scheduling.services.claims import assignment_close
-from gradient.scheduling.services.reports import DROPPED, REPORT_TYPES, ReportOutcome, fenced_assignment
+from gradient.scheduling.services.lifecycle import ReportOutcome
+from gradient.scheduling.services.reports import (
+    DROPPED,
+    Answer,
+    Report,
+    fenced_assignment,
+    record_evidence,
+)
 from gradient.workers.models import IdleSlot
 
 log = logging.getLogger("gradient.clusters")
@@ -122,13 +131,13 @@ def cluster_member_answer(
             pushes = attempt_event(
                 cluster=cluster, attempt=attempt, event=MemberAccepted(row.job_id, worker), now=now
             )
-            DispatchedJob.objects.filter(id=row.id).update(last_report_at=now)
-            DispatchedJob.objects.filter(id=row.id, accepted_at__isnull=True).update(accepted_at=now)
+            lifecycle.note_report(row, now=now)
+            lifecycle.note_accepted(row, now=now)
             ClusterSeat.objects.filter(
                 attempt_id=attempt.id, assignment_id=row.id, accepted_at__isnull=True
             ).update(accepted_at=now)
-            scheduling_history.reported(
-                row=row,
+            lifecycle.record_report(
+                row,
                 worker=worker,
                 kind=ReportKind.ACCEPTED,
                 summary="holding for the cluster start",
@@ -136,8 +145,8 @@ def cluster_member_answer(
             )
             return pushes
         why = reason or "declined"
-        scheduling_history.reported(
-            row=row, worker=worker, kind=ReportKind.DECLINED, summary=f"cluster prepare: {why}", now=now
+        lifecycle.record_report(
+            row, worker=worker, kind=ReportKind.DECLINED, summary=f"cluster prepare: {why}", now=now
         )
         return attempt_event(
             cluster=cluster, attempt=attempt, event=MemberRejected(row.job_id, worker, why), now=now
@@ -147,13 +156,24 @@ def cluster_member_answer(
 # --- Reports --------------------------------------------------------------------------------------------
 
 
-def cluster_member_report(
-    *, worker_id: uuid.UUID, message: Mapping[str, Any], now: datetime
-) -> ReportOutcome:
+def cluster_member_message(*, worker_id: uuid.UUID, message: Report | Answer, now: datetime) -> ReportOutcome:
+    """A message about a member's assignment: its answer to AssignJob or a report (the scheduling
+    reports' member handler, registered from this app's AppConfig.ready)."""
+    if isinstance(message, AssignJobResponse):
+        cluster_member_answer(
+            worker_id=worker_id,
+            assignment_id=message.assignment_id,
+            accepted=message.accepted,
+            reason=message.reason,
+            now=now,
+        )
+        return ReportOutcome(True, "a cluster member's answer")
+    return cluster_member_report(worker_id=worker_id, message=message, now=now)
+
+
+def cluster_member_report(*, worker_id: uuid.UUID, message: Report, now: datetime) -> ReportOutcome:
     """A member's report, fenced by its assignment_id like a single job's (anything else is dropped)."""
-    if message["type"] not in REPORT_TYPES:
-        raise ValueError(f"not a report: {message['type']}")
-    parsed = parse_uuid(message.get("assignment_id"))
+    parsed = parse_uuid(message.assignment_id)
     if parsed is None:
         return DROPPED
     with transaction.atomic():
@@ -161,59 +181,50 @@ def cluster_member_report(
         if locked is None:
             return DROPPED
         cluster, attempt = locked
-        row = fenced_assignment(
-            worker_id=worker_id, job_key=str(message.get("job_id")), assignment_id=str(parsed)
-        )
+        row = fenced_assignment(worker_id=worker_id, job_key=message.job_id, assignment_id=str(parsed))
         if row is None or row.cluster_attempt_id != attempt.id or attempt.finished_at is not None:
             return DROPPED
-        DispatchedJob.objects.filter(id=row.id).update(last_report_at=now)
+        lifecycle.note_report(row, now=now)
         if attempt.started_at is None:
             return _before_start(cluster, attempt, row, message, now)
-        if message["type"] in ("JobCompleted", "JobFailed"):
+        if isinstance(message, JobCompleted | JobFailed):
             return _member_finished(cluster, attempt, row, message, now)
         return _progress(row, message, now)
 
 
 def _before_start(
-    cluster: ClusterJob,
-    attempt: ClusterAttempt,
-    row: DispatchedJob,
-    message: Mapping[str, Any],
-    now: datetime,
+    cluster: ClusterJob, attempt: ClusterAttempt, row: DispatchedJob, message: Report, now: datetime
 ) -> ReportOutcome:
     """A held member runs nothing before StartCluster. Its JobFailed (hold expired, drain, AbortJob) is a
     failed prepare, and never reaches the build or evaluation."""
-    if message["type"] != "JobFailed":
+    if not isinstance(message, JobFailed):
         return ReportOutcome(False, "held member: nothing runs before StartCluster")
-    error = str(message.get("error") or "")
     event = HeldMemberFailed(
         row.job_id,
         str(row.worker_id),
-        f"{message.get('kind')}: {error}",
-        hold_expired=HOLD_EXPIRED_ERROR in error,
+        f"{message.kind.value}: {message.error}",
+        hold_expired=HOLD_EXPIRED_ERROR in message.error,
     )
     attempt_event(cluster=cluster, attempt=attempt, event=event, now=now)
     return ReportOutcome(True, "held member failed: the prepare failed")
 
 
-def _progress(row: DispatchedJob, message: Mapping[str, Any], now: datetime) -> ReportOutcome:
-    """Progress of a started member is applied like a single job's (the scheduling app's own JobUpdate
-    handler, and its evidence on the evaluation's record), except a build's result: its build_output is
-    kept on the seat and the build completes only by the verdict."""
-    update = message.get("update") or {}
-    if message["type"] != "JobUpdate":
+def _progress(row: DispatchedJob, message: Report, now: datetime) -> ReportOutcome:
+    """Progress of a started member is applied like a single job's (the scheduling lifecycle's JobUpdate,
+    and its evidence on the evaluation's record), except a build's result: its build_output is kept on
+    the seat and the build completes only by the verdict."""
+    if not isinstance(message, JobUpdate):
         return ReportOutcome(True, "progress")
-    if row.kind == JobKind.BUILD and update.get("kind") == "build_output":
-        if str(update.get("build_id")) != str(row.derivation_build_id):
+    update = message.update
+    if row.kind == JobKind.BUILD and isinstance(update, BuildOutput):
+        if update.build_id != str(row.derivation_build_id):
             return ReportOutcome(False, "build_id is not this job's build")
-        DispatchedJob.objects.filter(id=row.id).update(phase="build_output")
-        outputs = update.get("outputs") or []
-        graph.cache_paths(paths=((o["path"], o.get("nar_size") or 0) for o in outputs))
-        ClusterSeat.objects.filter(assignment_id=row.id).update(substituted=bool(update.get("substituted")))
+        lifecycle.note_phase(row, "build_output")
+        graph.cache_paths(paths=((o.path, o.nar_size) for o in update.outputs))
+        ClusterSeat.objects.filter(assignment_id=row.id).update(substituted=update.substituted)
         return ReportOutcome(True, "build_output: held until the cluster attempt is decided")
-    report = dict(message)
-    outcome = scheduling_reports._job_update(row, report, now)
-    scheduling_reports._evidence(row, report, outcome, now)
+    outcome = lifecycle.apply_job_update(row, update, now)
+    record_evidence(row, message, outcome, now)
     return outcome
 
 
@@ -229,37 +240,38 @@ def _member_finished(
     cluster: ClusterJob,
     attempt: ClusterAttempt,
     row: DispatchedJob,
-    message: Mapping[str, Any],
+    message: JobCompleted | JobFailed,
     now: datetime,
 ) -> ReportOutcome:
     """JobCompleted/JobFailed: the job is released (its row closes) and its result held on the seat; the
     first deciding report resolves the attempt and the verdict settles every member."""
     worker = str(row.worker_id)
-    if message["type"] == "JobCompleted":
+    if isinstance(message, JobCompleted):
         assignment_close(row=row, outcome=DispatchOutcome.COMPLETED, reason="completed", now=now)
         ClusterSeat.objects.filter(assignment_id=row.id).update(
             result=MemberOutcome.SUCCEEDED, reported_at=now
         )
-        scheduling_history.reported(
-            row=row, worker=worker, kind=ReportKind.COMPLETED, summary="held for the cluster verdict", now=now
+        lifecycle.record_report(
+            row, worker=worker, kind=ReportKind.COMPLETED, summary="held for the cluster verdict", now=now
         )
     else:
-        raw_kind = str(message.get("kind"))
+        raw_kind = message.kind.value
         kind = failure_kind(raw_kind) or FailureKind.PERMANENT
-        error = str(message.get("error") or "")
+        error = message.error
         outcome = classify_failure(kind, evaluation_aborted=_job_aborted(row))
         assignment_close(row=row, outcome=DispatchOutcome.FAILED, reason=f"{raw_kind}: {error}", now=now)
         ClusterSeat.objects.filter(assignment_id=row.id).update(
             result=outcome, failure_kind=kind.value, error=error[:10000], reported_at=now
         )
-        scheduling_history.reported(
-            row=row, worker=worker, kind=ReportKind.FAILED, summary=f"{raw_kind}: {error}", now=now
+        lifecycle.record_report(
+            row, worker=worker, kind=ReportKind.FAILED, summary=f"{raw_kind}: {error}", now=now
         )
     pushes = resolve_attempt(cluster=cluster, attempt=attempt, now=now)
+    what = tag_of(type(message))
     if pushes is None:
-        return ReportOutcome(True, f"{message['type']}: held until the cluster attempt is decided")
+        return ReportOutcome(True, f"{what}: held until the cluster attempt is decided")
     attempt.refresh_from_db(fields=["verdict"])
-    return ReportOutcome(True, f"{message['type']}: the cluster attempt is decided: {attempt.verdict}")
+    return ReportOutcome(True, f"{what}: the cluster attempt is decided: {attempt.verdict}")
 
 
 # --- Signals --------------------------------------------------------------------------------------------
@@ -269,10 +281,12 @@ class _Malformed(Exception):
     pass
 
 
-def _address(to: Mapping[str, Any] | None) -> MemberAddress | None:
+def _address(to: ClusterAddress | Mapping[str, Any] | None) -> MemberAddress | None:
     """The `to` of a ClusterSignal as an address, None when absent; raises _Malformed otherwise."""
     if to is None:
         return None
+    if isinstance(to, ClusterAddress):
+        return MemberAddress(to.role, to.index)
     if not isinstance(to, Mapping):
         raise _Malformed
     role, index = to.get("role"), to.get("index")
@@ -285,7 +299,7 @@ def cluster_signal_forward(
     *,
     worker_id: uuid.UUID,
     attempt_id: str | uuid.UUID,
-    to: Mapping[str, Any] | None,
+    to: ClusterAddress | Mapping[str, Any] | None,
     payload: str,
     now: datetime,
 ) -> list[Push]:
@@ -345,8 +359,8 @@ def cluster_worker_lost(*, worker_id: uuid.UUID, now: datetime) -> list[Push]:
             )
             if row is None or attempt.finished_at is not None:
                 continue
-            scheduling_history.reported(
-                row=row, worker=str(worker_id), kind=ReportKind.LOST, summary="worker lost", now=now
+            lifecycle.record_report(
+                row, worker=str(worker_id), kind=ReportKind.LOST, summary="worker lost", now=now
             )
             if attempt.started_at is None:
                 event = HeldMemberFailed(row.job_id, str(worker_id), "worker lost")

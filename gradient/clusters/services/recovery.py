@@ -28,14 +28,7 @@ from gradient.clusters.decisions.settlement import (
     recover_clusters,
 )
 from gradient.clusters.decisions.types import ClusterStatus as ClusterState
-from gradient.clusters.models import (
-    AttemptOutcome,
-    ClusterAttempt,
-    ClusterJob,
-    ClusterMember,
-    ClusterSeat,
-    ClusterStatus,
-)
+from gradient.clusters.models import ClusterAttempt, ClusterJob, ClusterMember, ClusterSeat
 from gradient.clusters.services.attempts import close_cluster_attempt, requeue_members
 from gradient.clusters.services.common import abort_cluster_message, abort_job_message, lock_cluster, push
 from gradient.clusters.services.settle import (
@@ -44,8 +37,9 @@ from gradient.clusters.services.settle import (
     member_is_dead,
     set_cluster_status,
 )
+from gradient.core.vocab import AttemptOutcome, ClusterStatus
 from gradient.scheduling.models import DispatchedJob
-from gradient.scheduling.services.reports import requeue_job
+from gradient.scheduling.services.lifecycle import requeue_job
 
 _VERDICT = {
     ClusterStatus.ABORTED: Verdict.ABORT,

@@ -6,7 +6,8 @@ from datetime import datetime, timedelta
 
 from django.db import connection, transaction
 
-from gradient.clusters.models import CLUSTER_TERMINAL, ClusterJob
+from gradient.clusters.models import ClusterJob
+from gradient.core.vocab import CLUSTER_TERMINAL
 
 RETENTION_BATCH = 5000
 

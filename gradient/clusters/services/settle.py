@@ -40,25 +40,11 @@ from gradient.clusters.models import (
 )
 from gradient.clusters.services.attempts import close_cluster_attempt, member_rows, parse_member_key
 from gradient.clusters.services.common import Push, abort_job_message, attempt_seats, push
-from gradient.scheduling import history as scheduling_history
-from gradient.scheduling.models import (
-    BUILD_ABORTABLE,
-    EVALUATION_TERMINAL,
-    BuildAttempt,
-    BuildAttemptOutcome,
-    BuildStatus,
-    DerivationBuild,
-    DispatchedJob,
-    Evaluation,
-    EvaluationStatus,
-)
-from gradient.scheduling.services import graph
+from gradient.core.jobkey import build_key, eval_key
+from gradient.core.vocab import EVALUATION_TERMINAL, BuildStatus, JobKeyKind
+from gradient.scheduling.models import DerivationBuild, DispatchedJob, Evaluation
+from gradient.scheduling.services import lifecycle
 from gradient.scheduling.services.evaluations import evaluation_cancel
-from gradient.scheduling.services.reports import (
-    _eval_completed,  # the evaluation job's own success transition, held back until the verdict
-    complete_build,
-    requeue_job,
-)
 
 BUILD_CAN_START_AGAIN = (
     BuildStatus.CREATED,
@@ -75,10 +61,10 @@ def job_statuses(job_keys: Sequence[str]) -> dict[str, str]:
     for key in job_keys:
         kind, job_id = parse_member_key(key)
         (evals if kind == SlotKind.EVAL else builds).append(job_id)
-    out = {f"eval:{i}": s for i, s in Evaluation.objects.filter(id__in=evals).values_list("id", "status")}
+    out = {eval_key(i): s for i, s in Evaluation.objects.filter(id__in=evals).values_list("id", "status")}
     out.update(
         {
-            f"build:{i}": s
+            build_key(i): s
             for i, s in DerivationBuild.objects.filter(id__in=builds).values_list("id", "status")
         }
     )
@@ -89,7 +75,7 @@ def member_is_dead(job_key: str, status: str | None) -> bool:
     """The member job can never start again: its evaluation ended, its shared build ended for good."""
     if status is None:
         return True
-    if job_key.startswith("eval:"):
+    if job_key.startswith(JobKeyKind.EVAL.prefix):
         return status in EVALUATION_TERMINAL
     return status not in BUILD_CAN_START_AGAIN
 
@@ -216,7 +202,7 @@ def settle_member_job(
     note = f"cluster {cluster_id} {why}"
     if disposition.settlement == MemberSettlement.REQUEUED:
         if row is not None:
-            requeue_job(row, now=now, refund=True, reason=note)
+            lifecycle.requeue_job(row, now=now, refund=True, reason=note)
     elif kind == SlotKind.EVAL:
         _settle_evaluation(job_id, row, disposition, now, note)
     else:
@@ -232,21 +218,15 @@ def _settle_evaluation(
     note: str,
 ) -> None:
     if disposition.settlement == MemberSettlement.COMPLETED and row is not None:
-        _eval_completed(row, now)
+        # the evaluation job's own success transition, held back until the verdict
+        lifecycle.complete_evaluation(row, now)
     elif disposition.settlement == MemberSettlement.FAILED:
         evaluation = Evaluation.objects.filter(id=evaluation_id).first()
         if evaluation is None:
             return
         kind = disposition.failure_kind.value if disposition.failure_kind else "permanent"
         error = f"{kind}: {disposition.error}" if disposition.error else kind
-        scheduling_history.evaluation_transition(
-            evaluation_id=evaluation_id,
-            to=EvaluationStatus.FAILED,
-            expect=None,
-            reason=f"{error} ({note})",
-            now=now,
-            errors=[*evaluation.errors, error][:500],
-        )
+        lifecycle.fail_evaluation(evaluation, now, error, reason=f"{error} ({note})")
     else:
         evaluation_cancel(evaluation_id=evaluation_id, reason=disposition.error or note, now=now)
 
@@ -267,7 +247,7 @@ def _settle_build(
     note: str,
 ) -> None:
     if disposition.settlement == MemberSettlement.COMPLETED and row is not None:
-        complete_build(row, now=now, substituted=seat.substituted if seat is not None else False)
+        lifecycle.complete_build(row, now=now, substituted=seat.substituted if seat is not None else False)
         return
     if disposition.settlement == MemberSettlement.FAILED:
         kind = disposition.failure_kind or FailureKind.PERMANENT
@@ -275,21 +255,7 @@ def _settle_build(
         error = disposition.error or note
     else:
         kind, status, error = FailureKind.ABORTED, BuildStatus.ABORTED, disposition.error or note
-    if row is not None:
-        BuildAttempt.objects.filter(dispatched_job_id=row.id, outcome=BuildAttemptOutcome.RUNNING).update(
-            outcome=BuildAttemptOutcome.ABORTED
-            if status == BuildStatus.ABORTED
-            else BuildAttemptOutcome.FAILED,
-            failure_kind=kind.value,
-            error=error[:10000],
-            finished_at=now,
-        )
-    changed = DerivationBuild.objects.filter(id=build_id, status__in=BUILD_ABORTABLE).update(
-        status=status, failure_kind=kind.value, last_error=error[:10000], finished_at=now, updated_at=now
-    )
-    if changed:
-        graph.fail_dependents(build_ids=[build_id], now=now)
-        graph.finish_evaluations(evaluation_ids=graph.evaluations_needing([build_id]), now=now)
+    lifecycle.end_build(build_id=build_id, status=status, kind=kind.value, error=error, now=now, row=row)
 
 
 def abort_member_job(*, job_key: str, row: DispatchedJob | None, reason: str, now: datetime) -> None:

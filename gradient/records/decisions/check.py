@@ -8,7 +8,7 @@ from datetime import datetime, timedelta
 
 from gradient.records.decisions.discovery import Discovery, foreign_objects
 from gradient.records.decisions.fold import Job
-from gradient.records.schemas import ROW_STATUS_OUTCOME, TERMINAL_ROW_STATUSES, Outcome
+from gradient.records.schemas import ROW_STATUS_OUTCOME, TERMINAL_ROW_STATUSES
 
 # A control intent (cancel, give up) commits the outcome first; the owning app then ends the row.
 CONTROL_APPLY_GRACE_SECS = 120.0
@@ -46,10 +46,3 @@ def disagreements(
             found.append(f"{sub.object} is closed in the record but its row is open")
     found.extend(f"{ref} is open but the record never named it" for ref in foreign_objects(job, discovery))
     return tuple(found)
-
-
-def outcome_for_row(row: str) -> Outcome | None:
-    for status, outcome in ROW_STATUS_OUTCOME.items():
-        if status.value == row:
-            return outcome
-    return None

@@ -16,6 +16,7 @@ from datetime import datetime
 
 import msgspec
 
+from gradient.core.vocab import AttemptOutcome, EntryKind, RecordKind
 from gradient.records.errors import InvalidHistory
 from gradient.records.schemas import (
     ENTRY_SCHEMAS,
@@ -23,7 +24,6 @@ from gradient.records.schemas import (
     Abandon,
     AssignmentClaimed,
     AssignmentClosed,
-    AttemptOutcome,
     Body,
     CallDeadline,
     CallKind,
@@ -33,12 +33,10 @@ from gradient.records.schemas import (
     ClusterAttemptStarted,
     ControlIntent,
     Desired,
-    EntryKind,
     Escalated,
     GiveUp,
     Header,
     Hold,
-    JobKind,
     ObjectRef,
     ObjectTable,
     Outcome,
@@ -117,7 +115,7 @@ class Submission(msgspec.Struct, frozen=True, kw_only=True):
     started_at: datetime | None
     closed_revision: int | None
     closed_at: datetime | None
-    close_outcome: str | None  # AssignmentOutcome or AttemptOutcome value
+    close_outcome: str | None  # DispatchOutcome or AttemptOutcome value
     close_reason: str
     waived: bool  # abandoned by an operator: no longer holds settling back
     reports: int
@@ -169,7 +167,7 @@ class LateOutcome(msgspec.Struct, frozen=True, kw_only=True):
 
 class Job(msgspec.Struct, frozen=True, kw_only=True):
     job_key: str
-    kind: JobKind
+    kind: RecordKind
     revision: int
     generation: int
     supersedes: str | None
@@ -539,7 +537,7 @@ def _close(state: _State, entry: RawEntry, sub: _Sub, outcome: str, reason: str)
         _mark_cleanup(state)
 
 
-def _require_kind(state: _State, entry: RawEntry, kind: JobKind, fact: str) -> None:
+def _require_kind(state: _State, entry: RawEntry, kind: RecordKind, fact: str) -> None:
     if state.header.kind is not kind:
         raise InvalidHistory(
             entry.revision, f"{fact} does not belong on the record of {state.header.job_key}"
@@ -548,7 +546,7 @@ def _require_kind(state: _State, entry: RawEntry, kind: JobKind, fact: str) -> N
 
 def _apply_fact(state: _State, fact: Body, entry: RawEntry) -> None:
     if isinstance(fact, AssignmentClaimed):
-        _require_kind(state, entry, JobKind.EVALUATION, "assignment_claimed")
+        _require_kind(state, entry, RecordKind.EVALUATION, "assignment_claimed")
         _open_submission(
             state,
             entry,
@@ -563,7 +561,7 @@ def _apply_fact(state: _State, fact: Body, entry: RawEntry) -> None:
         ref = ObjectRef(table=ObjectTable.DISPATCHED_JOB, id=fact.assignment_id)
         _close(state, entry, _recorded(state, entry, ref, "closing"), fact.outcome.value, fact.reason)
     elif isinstance(fact, ClusterAttemptOpened):
-        _require_kind(state, entry, JobKind.CLUSTER, "cluster_attempt_opened")
+        _require_kind(state, entry, RecordKind.CLUSTER, "cluster_attempt_opened")
         _open_submission(
             state,
             entry,
@@ -647,11 +645,3 @@ def _apply_fact(state: _State, fact: Body, entry: RawEntry) -> None:
         state.settled_at = entry.recorded_at
     else:  # pragma: no cover - the union is exhaustive; a new fact type must be folded here
         raise InvalidHistory(entry.revision, f"fact {tag_of(fact)} is not folded")
-
-
-def receipt_effect(job: Job, revision: int) -> Effect | None:
-    """The effect of the control intent committed at `revision`, if one was."""
-    for control in job.controls:
-        if control.revision == revision:
-            return control.effect
-    return None

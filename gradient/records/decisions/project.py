@@ -7,9 +7,10 @@ from datetime import datetime
 
 import msgspec
 
+from gradient.core.vocab import RecordKind
 from gradient.records.decisions.discovery import Discovery, foreign_objects, unsettled_reasons
 from gradient.records.decisions.fold import Job
-from gradient.records.schemas import Desired, JobKind, Outcome, RowStatus
+from gradient.records.schemas import Desired, Outcome, RowStatus
 
 
 class Phase(enum.StrEnum):
@@ -24,7 +25,7 @@ class Phase(enum.StrEnum):
 
 class Status(msgspec.Struct, frozen=True, kw_only=True):
     job_key: str
-    kind: JobKind
+    kind: RecordKind
     revision: int
     generation: int
     phase: Phase

@@ -9,6 +9,7 @@ from datetime import datetime
 
 import msgspec
 
+from gradient.core.vocab import AttemptOutcome, DispatchOutcome, RecordKind
 from gradient.records.decisions.discovery import (
     Discovery,
     call_expires_at,
@@ -17,11 +18,8 @@ from gradient.records.decisions.discovery import (
 )
 from gradient.records.decisions.fold import Job
 from gradient.records.schemas import (
-    AssignmentOutcome,
-    AttemptOutcome,
     CallKind,
     Desired,
-    JobKind,
     ObjectRef,
     ObjectTable,
     Outcome,
@@ -84,8 +82,8 @@ Step = Offer | AbortObject | RequeueObject | ExpireHold | CommitOutcome | Resubm
 
 def _budget_spent(job: Job) -> str | None:
     """The cause, if the plan's attempt bound is spent and nothing else will end the job."""
-    if job.kind is JobKind.EVALUATION:
-        lost = sum(1 for s in job.submissions if s.close_outcome == AssignmentOutcome.ABANDONED.value)
+    if job.kind is RecordKind.EVALUATION:
+        lost = sum(1 for s in job.submissions if s.close_outcome == DispatchOutcome.ABANDONED.value)
         if lost >= job.plan.max_attempts:
             return f"{lost} dispatches lost (the plan allows {job.plan.max_attempts})"
         return None

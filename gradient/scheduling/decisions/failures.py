@@ -7,11 +7,11 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import StrEnum
 
+from gradient.core.vocab import REQUEUEING_FAILURE_KINDS, FailureKind
+
 BACKOFF_BASE_SECS = 30.0
 DEFAULT_MAX_ATTEMPTS = 3
 MAX_LOST_EVAL_DISPATCHES = 10
-
-REQUEUEING_KINDS = frozenset({"transient", "substitute_unavailable", "inputs_unavailable"})
 
 
 class BuildVerdict(StrEnum):
@@ -39,15 +39,15 @@ def decide_build_failure(
     *, kind: str, attempts_spent: int, max_attempts: int, abort_requested: bool, now: datetime
 ) -> BuildFailureDecision:
     """`attempts_spent` counts the attempt that just failed."""
-    if kind == "canceled":
+    if kind == FailureKind.CANCELED:
         return BuildFailureDecision(BuildVerdict.REQUEUE, refund_attempt=True, reason="worker stopping")
-    if kind == "aborted":
+    if kind == FailureKind.ABORTED:
         if abort_requested:
             return BuildFailureDecision(BuildVerdict.ABORTED, reason="aborted")
         return BuildFailureDecision(BuildVerdict.REQUEUE, refund_attempt=True, reason="aborted by the worker")
-    if kind == "timeout":
+    if kind == FailureKind.TIMEOUT:
         return BuildFailureDecision(BuildVerdict.TIMEOUT, reason="timed out")
-    if kind in REQUEUEING_KINDS:
+    if kind in REQUEUEING_FAILURE_KINDS:
         if attempts_spent < max_attempts:
             return BuildFailureDecision(
                 BuildVerdict.RETRY, retry_at=now + backoff(attempts_spent), reason=f"{kind}, will retry"
@@ -66,7 +66,7 @@ class EvalVerdict(StrEnum):
 def decide_eval_failure(*, kind: str, lost_dispatches: int) -> EvalVerdict:
     """An evaluation job that failed: a permanent or timed-out evaluation fails the evaluation; anything
     that could work on another try goes back to the queue, until 10 dispatches were lost."""
-    if kind in ("permanent", "timeout"):
+    if kind in (FailureKind.PERMANENT, FailureKind.TIMEOUT):
         return EvalVerdict.FAIL
     if lost_dispatches >= MAX_LOST_EVAL_DISPATCHES:
         return EvalVerdict.FAIL

@@ -32,7 +32,8 @@ RAM_FREE_LOW_FRACTION = 0.10
 DEFAULT_DOWNLOAD_MBPS = 100.0
 REFERENCE_CPU_CORE_SCORE = 1000.0
 
-JobKindName = Literal["eval", "build"]
+CandidateKind = Literal["eval", "build"]
+"""A candidate's JobKind value (not the protocol's JobKindName, which calls an evaluation `flake`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,7 +41,7 @@ class Candidate:
     """A pending job as one worker would get it."""
 
     job_id: str
-    kind: JobKindName
+    kind: CandidateKind
     waited_secs: float
     prioritized: bool = False
     has_fetch_step: bool = False

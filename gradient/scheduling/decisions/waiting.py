@@ -12,7 +12,8 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
-BUILTIN = "builtin"
+from gradient.core.vocab import BUILTIN_SYSTEM, BuildStatus, EvaluationStatus
+
 UNBUILDABLE_GRACE_SECS = 300
 MEMO_SECS = 60
 LOST_DRV_GRACE_SECS = 120
@@ -20,11 +21,22 @@ LOST_DRV_GRACE_SECS = 120
 # Reasons the waiting pass owns, and the ones it never touches (webhook and cache hooks own those).
 PASS_REASONS = frozenset({"eval_workers", "workers", "graph_stuck", "draining"})
 FOREIGN_REASONS = frozenset({"approval", "no_cache", "cache_storage_full"})
+# The parks of an evaluation whose own job completed (it was building).
+BUILDING_PARKS = frozenset({"workers", "graph_stuck"})
 
-PRE_BUILD = frozenset({"Queued", "Fetching", "EvaluatingFlake", "EvaluatingDerivation"})
+PRE_BUILD = frozenset(
+    {
+        EvaluationStatus.QUEUED,
+        EvaluationStatus.FETCHING,
+        EvaluationStatus.EVALUATING_FLAKE,
+        EvaluationStatus.EVALUATING_DERIVATION,
+    }
+)
 # Shared-build statuses that can still be wanted: a blocking build in one of these holds the evaluation.
-STILL_WANTED = frozenset({"Created", "Queued", "Building", "FailedTransient"})
-HANDABLE = frozenset({"Queued", "Building", "FailedTransient"})
+STILL_WANTED = frozenset(
+    {BuildStatus.CREATED, BuildStatus.QUEUED, BuildStatus.BUILDING, BuildStatus.FAILED_TRANSIENT}
+)
+HANDABLE = frozenset({BuildStatus.QUEUED, BuildStatus.BUILDING, BuildStatus.FAILED_TRANSIENT})
 
 
 class Phase(StrEnum):
@@ -88,7 +100,7 @@ class Pool:
         needed = set(features)
         return any(
             w.can_build
-            and (system == BUILTIN or system in w.architectures)
+            and (system == BUILTIN_SYSTEM or system in w.architectures)
             and needed <= set(w.system_features)
             for w in self.available
         )
@@ -120,8 +132,11 @@ NOT_WAITING = Verdict(None)
 def draining_verdict(status: str, parked_for: str | None) -> Verdict:
     """The drain park, with where the evaluation resumes: Building only when it was building (its
     evaluation job completed); anything before that is evaluated again."""
-    building = status == "Building" or (status == "Waiting" and parked_for in ("workers", "graph_stuck"))
-    return Verdict({"reason": "draining", "resume": "Building" if building else "Queued"})
+    building = status == EvaluationStatus.BUILDING or (
+        status == EvaluationStatus.WAITING and parked_for in BUILDING_PARKS
+    )
+    resume = EvaluationStatus.BUILDING if building else EvaluationStatus.QUEUED
+    return Verdict({"reason": "draining", "resume": resume.value})
 
 
 def pre_build_verdict(status: str, has_open_job: bool, pool: Pool) -> Verdict:
@@ -129,7 +144,7 @@ def pre_build_verdict(status: str, has_open_job: bool, pool: Pool) -> Verdict:
     whose job is on a worker right now is not waiting."""
     if has_open_job or status not in PRE_BUILD:
         return NOT_WAITING
-    capability = "fetch" if status in ("Queued", "Fetching") else "eval"
+    capability = "fetch" if status in (EvaluationStatus.QUEUED, EvaluationStatus.FETCHING) else "eval"
     connected = len(pool.available)
     if capability == "fetch" and not any(w.can_fetch for w in pool.available):
         return Verdict({"reason": "eval_workers", "capability": "fetch", "connected_workers": connected})
@@ -146,7 +161,7 @@ def building_verdict(blocking: Sequence[BlockingBuild], pool: Pool) -> Verdict:
         return Verdict(None, finalize=True)
     unmet: dict[tuple[str, tuple[str, ...]], int] = {}
     for b in wanted:
-        if b.status != "Building" and not pool.fits(b.system, b.required_features):
+        if b.status != BuildStatus.BUILDING and not pool.fits(b.system, b.required_features):
             key = (b.system, tuple(sorted(b.required_features)))
             unmet[key] = unmet.get(key, 0) + 1
     if unmet:
@@ -185,14 +200,15 @@ def assess(
     as `draining`."""
     phase = phase_from_counters(counters)
     pre_build = status in PRE_BUILD or (
-        status == "Waiting" and (phase == Phase.PRE_BUILD or parked_for == "eval_workers")
+        status == EvaluationStatus.WAITING and (phase == Phase.PRE_BUILD or parked_for == "eval_workers")
     )
     if draining:
         if phase == Phase.FINALIZE and not pre_build:
             return Verdict(None, finalize=True)
         return draining_verdict(status, parked_for)
     if pre_build:
-        return pre_build_verdict("Queued" if status == "Waiting" else status, has_open_job, pool)
+        queued = EvaluationStatus.QUEUED if status == EvaluationStatus.WAITING else status
+        return pre_build_verdict(queued, has_open_job, pool)
     if phase == Phase.FINALIZE:
         return Verdict(None, finalize=True)
     if phase == Phase.BUILDING:
@@ -200,32 +216,31 @@ def assess(
     return building_verdict(blocking or (), pool)
 
 
-BUILDING_PARKS = frozenset({"workers", "graph_stuck"})
-
-
 def evaluation_job_done(status: str, reason: dict[str, Any] | None) -> bool:
     """Whether the evaluation's own job completed: Building, or Waiting parked while building (workers,
     graph_stuck, or a drain that resumes to Building). A Waiting evaluation parked for eval_workers (or a
     drain resuming to Queued) still needs its evaluation job."""
-    if status == "Building":
+    if status == EvaluationStatus.BUILDING:
         return True
-    if status != "Waiting" or not reason:
+    if status != EvaluationStatus.WAITING or not reason:
         return False
     name = reason.get("reason")
-    return name in BUILDING_PARKS or (name == "draining" and reason.get("resume") == "Building")
+    resumes_building = reason.get("resume") == EvaluationStatus.BUILDING
+    return name in BUILDING_PARKS or (name == "draining" and resumes_building)
 
 
-def unpark_status(reason: dict[str, Any] | None, named: int) -> str:
+def unpark_status(reason: dict[str, Any] | None, named: int) -> EvaluationStatus:
     """Where an evaluation goes when its reason clears. A drain park says where it resumes (Building only
     when its evaluation job had completed: its builds are queued already). An eval_workers park still
     needs its evaluation job, even with builds from an eval_result whose job never completed: Queued.
     A workers or graph_stuck park goes back to Building."""
     name = (reason or {}).get("reason")
     if name == "draining":
-        return "Building" if (reason or {}).get("resume") == "Building" and named > 0 else "Queued"
+        resumes_building = (reason or {}).get("resume") == EvaluationStatus.BUILDING and named > 0
+        return EvaluationStatus.BUILDING if resumes_building else EvaluationStatus.QUEUED
     if name == "eval_workers" or named == 0:
-        return "Queued"
-    return "Building"
+        return EvaluationStatus.QUEUED
+    return EvaluationStatus.BUILDING
 
 
 @dataclass(frozen=True, slots=True)
@@ -252,7 +267,7 @@ def lost_drv_targets(closure: Iterable[ClosureBuild]) -> list[str]:
     return sorted(
         b.build_id
         for b in closure
-        if b.status == "Created" and b.drv_lost and b.dependencies_done and not b.outputs_cached
+        if b.status == BuildStatus.CREATED and b.drv_lost and b.dependencies_done and not b.outputs_cached
     )
 
 

@@ -8,34 +8,29 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from django.conf import settings
-from django.db import transaction
+from django.db import InterfaceError, OperationalError, connection, transaction
 from django.utils import timezone
 
-from gradient.clusters.selectors import worker_reserved_for
-from gradient.scheduling import history, jobs, selectors
+from gradient.core.protocol import AssignJob, FlakeStep, Job
+from gradient.core.vocab import BuildStatus, EvaluationStatus, JobKind, JobKindName, job_kind_of
+from gradient.scheduling import jobs, selectors
 from gradient.scheduling.decisions.scoring import Candidate, Score, WorkerView, rank, wait_cap_secs
-from gradient.scheduling.models import (
-    BuildAttempt,
-    BuildStatus,
-    DerivationBuild,
-    Evaluation,
-    EvaluationStatus,
-    JobKind,
-)
-from gradient.scheduling.services.claims import ClaimRequest, claim_assignment
-from gradient.workers.models import CandidateScore, IdleSlot, SentCandidate
+from gradient.scheduling.models import CandidateScore, DerivationBuild, Evaluation, SentCandidate
+from gradient.scheduling.services import lifecycle
+from gradient.scheduling.services.lifecycle import ClaimTerms
+from gradient.workers.models import IdleSlot
 
 log = logging.getLogger("gradient.assignment")
 
 MAX_LOST_CLAIMS = 3
 # Candidates a RequestJob looks at, best first, skipping those another RequestJob is claiming.
 MAX_TRIED_CANDIDATES = 32
-PROTOCOL_KINDS = {"flake": JobKind.EVAL, "build": JobKind.BUILD}
 
 
 @dataclass(frozen=True)
@@ -43,21 +38,28 @@ class Assignment:
     assignment_id: uuid.UUID
     job_key: str
     kind: str
-    job: dict[str, Any]
+    job: Job
     score: Score
 
-    def message(self) -> dict[str, Any]:
-        return {
-            "type": "AssignJob",
-            "job_id": self.job_key,
-            "assignment_id": str(self.assignment_id),
-            "job": self.job,
-            "cluster": None,
-        }
+    def message(self) -> AssignJob:
+        return AssignJob(
+            job_id=self.job_key, assignment_id=str(self.assignment_id), job=self.job, cluster=None
+        )
 
 
-class _ClaimLost(Exception):
-    """The job's own transition found it changed after the claim: roll the claim back."""
+SeatHold = Callable[[uuid.UUID, JobKind], bool]
+_seat_holds: list[SeatHold] = []
+
+
+def register_seat_hold(hold: SeatHold) -> None:
+    """A rule that keeps single assignment from giving a worker a new job of a kind (the cluster code's
+    reserved seats, registered from its AppConfig.ready): such a request stays an idle slot."""
+    if hold not in _seat_holds:
+        _seat_holds.append(hold)
+
+
+def _held(worker_id: uuid.UUID, kind: JobKind) -> bool:
+    return any(hold(worker_id, kind) for hold in _seat_holds)
 
 
 def _worker_view(state: selectors.WorkerState) -> WorkerView:
@@ -109,10 +111,10 @@ def _record_idle_slot(worker_id: uuid.UUID, kind: str, now: datetime) -> None:
     IdleSlot.objects.update_or_create(worker_id=worker_id, kind=kind, defaults={"recorded_at": now})
 
 
-def request_job(*, worker_id: uuid.UUID, protocol_kind: str, now: datetime) -> Assignment | None:
+def request_job(*, worker_id: uuid.UUID, protocol_kind: JobKindName, now: datetime) -> Assignment | None:
     """Answer one RequestJob. Returns the assignment to send, or None: then the request stays
     unanswered and is remembered as an idle slot for cluster placement."""
-    kind = PROTOCOL_KINDS[protocol_kind]
+    kind = job_kind_of(protocol_kind)
     with transaction.atomic():
         state = selectors.worker_state(worker_id)
         if state is None or state.draining:
@@ -120,7 +122,7 @@ def request_job(*, worker_id: uuid.UUID, protocol_kind: str, now: datetime) -> A
         if _is_full(state, kind):
             _clear_idle_slot(worker_id, kind)
             return None
-        if worker_reserved_for(worker_id, kind):
+        if _held(worker_id, kind):
             _record_idle_slot(worker_id, kind, now)  # a reserved seat: it waits, idle, for its cluster
             return None
         assignment = _assign_build(state, now) if kind == JobKind.BUILD else _assign_eval(state, now)
@@ -171,24 +173,15 @@ def _assign_build(state: selectors.WorkerState, now: datetime) -> Assignment | N
         # dependency that finished meanwhile is never shown dispatched before that dependency finished.
         claimed_at = max(now, timezone.now())
         s = scores.get(choice.job_id)
-        job = jobs.build_job(build)
-        request = ClaimRequest(
-            kind=JobKind.BUILD,
-            job_key=build.job_key,
-            worker_id=state.id,
-            build_id=build.id,
+        terms = ClaimTerms(
             score=choice.total,
             breakdown=choice.breakdown,
             missing_nar_size=s[0] if s else None,
             missing_count=s[1] if s else None,
-            job=job,
-            queued_at=build.queued_at,
         )
-        assignment_id = _claim(
-            request, claimed_at, lambda aid, b=build, t=claimed_at: _start_build(b, aid, state.id, t)
-        )
-        if assignment_id is not None:
-            return Assignment(assignment_id, build.job_key, JobKind.BUILD, job, choice)
+        claimed = lifecycle.claim_build(build=build, worker_id=state.id, now=claimed_at, terms=terms)
+        if claimed is not None:
+            return Assignment(claimed.assignment_id, build.job_key, JobKind.BUILD, claimed.job, choice)
         lost += 1
         if lost >= MAX_LOST_CLAIMS:
             break
@@ -197,7 +190,7 @@ def _assign_build(state: selectors.WorkerState, now: datetime) -> Assignment | N
 
 def _assign_eval(state: selectors.WorkerState, now: datetime) -> Assignment | None:
     split = selectors.has_idle_eval_only_worker()
-    evaluations: dict[str, tuple[Evaluation, tuple[str, ...]]] = {}
+    evaluations: dict[str, tuple[Evaluation, tuple[FlakeStep, ...]]] = {}
     for e in selectors.queued_evaluations(state)[:5000]:
         steps = jobs.eval_steps(e, split=split)
         if selectors.worker_can_run_eval_steps(state.worker, steps):
@@ -224,22 +217,17 @@ def _assign_eval(state: selectors.WorkerState, now: datetime) -> Assignment | No
         evaluation, steps = evaluations[choice.job_id]
         if _lock_if_free(Evaluation, evaluation.id, EvaluationStatus.QUEUED) is None:
             continue
-        job = jobs.eval_job(evaluation, steps)
-        request = ClaimRequest(
-            kind=JobKind.EVAL,
-            job_key=evaluation.job_key,
+        claimed = lifecycle.claim_evaluation(
+            evaluation=evaluation,
+            steps=steps,
             worker_id=state.id,
-            evaluation_id=evaluation.id,
-            score=choice.total,
-            breakdown=choice.breakdown,
-            job=job,
-            queued_at=evaluation.updated_at if evaluation.followup_pending else evaluation.created_at,
+            worker_name=state.worker.name,
+            reason=f"assigned to {state.worker.name}: {', '.join(steps)}",
+            now=now,
+            terms=ClaimTerms(score=choice.total, breakdown=choice.breakdown),
         )
-        assignment_id = _claim(
-            request, now, lambda aid, e=evaluation, st=steps: _start_eval(e, st, aid, state.worker.name, now)
-        )
-        if assignment_id is not None:
-            return Assignment(assignment_id, evaluation.job_key, JobKind.EVAL, job, choice)
+        if claimed is not None:
+            return Assignment(claimed.assignment_id, evaluation.job_key, JobKind.EVAL, claimed.job, choice)
         lost += 1
         if lost >= MAX_LOST_CLAIMS:
             break
@@ -258,55 +246,47 @@ def _lock_if_free(model: Any, row_id: uuid.UUID, status: str) -> Any:
     )
 
 
-def _claim(request: ClaimRequest, now: datetime, start: Any) -> uuid.UUID | None:
-    """The claim and the job's own transition, together or not at all (a savepoint each)."""
+IdleListener = Callable[[datetime], None]
+_idle_listeners: list[IdleListener] = []
+
+
+def register_idle_listener(listener: IdleListener) -> None:
+    """Called with `now` after a RequestJob went unanswered (a new idle slot): the cluster code places
+    waiting clusters at once instead of at its next pass (registered from its AppConfig.ready)."""
+    if listener not in _idle_listeners:
+        _idle_listeners.append(listener)
+
+
+def hand_out(*, worker_id: uuid.UUID, protocol_kind: JobKindName, now: datetime) -> AssignJob | None:
+    """A worker's RequestJob: the AssignJob to send back once this returned (its claim has committed), or
+    None: the request stays unanswered, an idle slot for cluster placement, and the idle listeners run.
+
+    When the database connection dies while claiming, the claim may have committed without this call
+    hearing so (dying at COMMIT): that job is this worker's now and must go out, or it would stay open on
+    a worker that never heard of it. Otherwise the claim rolled back and the error propagates (the caller
+    asks again on a fresh connection)."""
     try:
-        with transaction.atomic():
-            assignment_id = claim_assignment(request=request, now=now)
-            if assignment_id is None:
-                return None
-            start(assignment_id)
-            _drop_candidate(request.job_key)
-            return assignment_id
-    except _ClaimLost:
+        handed = request_job(worker_id=worker_id, protocol_kind=protocol_kind, now=now)
+    except (OperationalError, InterfaceError):
+        _drop_connection()
+        unheard = selectors.unheard_assignment(worker_id, now)
+        if unheard is None:
+            raise
+        log.warning("a claim for worker %s committed unheard; handing it out", worker_id)
+        return unheard
+    if handed is None:
+        for listener in list(_idle_listeners):
+            try:
+                listener(timezone.now())
+            except Exception:  # a failing listener must not cost the worker its session
+                log.exception("an idle-slot listener failed")
         return None
+    return handed.message()
 
 
-def _drop_candidate(job_key: str) -> None:
-    """A claimed job drops out of every worker's sent set (a job returned to the pool is offered
-    afresh). The workers' scores of it go when it finishes (reports.forget_scores)."""
-    SentCandidate.objects.filter(job_id=job_key).delete()
-
-
-def _start_build(
-    build: DerivationBuild, assignment_id: uuid.UUID, worker_id: uuid.UUID, now: datetime
-) -> None:
-    changed = DerivationBuild.objects.filter(id=build.id, status=BuildStatus.QUEUED).update(
-        status=BuildStatus.BUILDING, attempts=build.attempts + 1, updated_at=now
-    )
-    if changed != 1:
-        raise _ClaimLost
-    BuildAttempt.objects.create(
-        build_id=build.id,
-        dispatched_job_id=assignment_id,
-        worker_id=worker_id,
-        number=build.attempts + 1,
-        started_at=now,
-    )
-
-
-def _start_eval(
-    evaluation: Evaluation, steps: tuple[str, ...], assignment_id: uuid.UUID, worker_name: str, now: datetime
-) -> None:
-    status = EvaluationStatus.FETCHING if jobs.FETCH_FLAKE in steps else EvaluationStatus.EVALUATING_FLAKE
-    if not history.evaluation_transition(
-        evaluation_id=evaluation.id,
-        to=status,
-        expect=[EvaluationStatus.QUEUED],
-        reason=f"assigned to {worker_name}: {', '.join(steps)}",
-        now=now,
-        waiting_reason=None,
-        waiting_since=None,
-    ):
-        raise _ClaimLost
-    history.claimed(row_id=assignment_id, evaluation_id=evaluation.id, worker=worker_name, now=now)
+def _drop_connection() -> None:
+    """Forget this thread's dead database connection; the next query opens a new one."""
+    try:
+        connection.close()
+    except Exception:  # it is dead already
+        log.debug("closing a dead database connection failed", exc_info=True)

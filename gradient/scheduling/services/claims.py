@@ -17,14 +17,9 @@ from typing import Any
 
 from django.db import connection
 
+from gradient.core.vocab import EVALUATION_TERMINAL, BuildStatus, DispatchOutcome, JobKind
 from gradient.scheduling import history
-from gradient.scheduling.models import (
-    EVALUATION_TERMINAL,
-    BuildStatus,
-    DispatchedJob,
-    DispatchOutcome,
-    JobKind,
-)
+from gradient.scheduling.models import DispatchedJob
 
 _COLUMNS = (
     "id",

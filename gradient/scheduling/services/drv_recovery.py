@@ -23,20 +23,17 @@ from typing import Any
 from django.db import transaction
 from django.db.models import Exists, OuterRef
 
-from gradient.scheduling import history
-from gradient.scheduling.decisions import waiting as w
-from gradient.scheduling.models import (
+from gradient.core.vocab import (
     BUILD_SUCCESS,
     EVALUATION_ACTIVE,
     EVALUATION_TERMINAL,
     BuildStatus,
-    CachedPath,
-    DerivationBuild,
-    DerivationBuildDependency,
-    Evaluation,
     EvaluationKind,
     EvaluationStatus,
 )
+from gradient.scheduling import history
+from gradient.scheduling.decisions import waiting as w
+from gradient.scheduling.models import CachedPath, DerivationBuild, DerivationBuildDependency, Evaluation
 from gradient.scheduling.services import graph
 
 log = logging.getLogger("gradient.drv_recovery")

@@ -11,26 +11,29 @@ from django.db import transaction
 from django.db.models import Exists, OuterRef
 from django.utils import timezone
 
-from gradient.records.errors import UnknownRecord
-from gradient.records.schemas import Cancel, parse_job_key
-from gradient.records.services import Receipt, commit_control
-from gradient.scheduling import history
-from gradient.scheduling.effects import send_to_worker_on_commit
-from gradient.scheduling.models import (
+from gradient.core.protocol import AbortJob
+from gradient.core.vocab import (
     BUILD_ABORTABLE,
     EVALUATION_ACTIVE,
     BuildStatus,
+    EvaluationKind,
+    EvaluationStatus,
+    FlakeSourceKind,
+)
+from gradient.records.errors import UnknownRecord
+from gradient.records.schemas import Cancel, parse_job_key
+from gradient.records.services import Receipt, commit_control
+from gradient.runtime.outbox import push_to_worker_on_commit
+from gradient.scheduling import history
+from gradient.scheduling.models import (
     DerivationBuild,
     DispatchedJob,
     Evaluation,
     EvaluationBuild,
-    EvaluationKind,
-    EvaluationStatus,
-    FlakeSourceKind,
     Project,
     eval_key,
 )
-from gradient.scheduling.services.reports import forget_sent
+from gradient.scheduling.services.offers import forget_sent
 
 STORE_PREFIX = "/nix/store/"
 
@@ -156,7 +159,7 @@ def evaluation_cancel(
             return CancelResult(False, 0, 0)
         abort_jobs = 0
         for row in DispatchedJob.objects.filter(evaluation_id=evaluation_id, finished_at__isnull=True):
-            send_to_worker_on_commit(row.worker_id, _abort_job(row, reason))
+            push_to_worker_on_commit(row.worker_id, abort_job_message(row, reason))
             abort_jobs += 1
 
         other_needs = EvaluationBuild.objects.filter(
@@ -173,10 +176,11 @@ def evaluation_cancel(
             status=BuildStatus.ABORTED, finished_at=now, updated_at=now, last_error=reason[:2000]
         )
         for row in DispatchedJob.objects.filter(derivation_build_id__in=orphaned, finished_at__isnull=True):
-            send_to_worker_on_commit(row.worker_id, _abort_job(row, reason))
+            push_to_worker_on_commit(row.worker_id, abort_job_message(row, reason))
             abort_jobs += 1
         return CancelResult(True, aborted, abort_jobs)
 
 
-def _abort_job(row: DispatchedJob, reason: str) -> dict[str, str]:
-    return {"type": "AbortJob", "job_id": row.job_id, "assignment_id": str(row.id), "reason": reason}
+def abort_job_message(row: DispatchedJob, reason: str) -> AbortJob:
+    """AbortJob for the worker running `row`'s job."""
+    return AbortJob(job_id=row.job_id, assignment_id=str(row.id), reason=reason[:2000])

@@ -16,18 +16,20 @@ from typing import Any
 from django.db import transaction
 from django.db.models import Exists, OuterRef, Q, QuerySet
 
-from gradient.scheduling import history
-from gradient.scheduling.models import (
+from gradient.core.vocab import (
     BUILD_LASTING_FAILURE,
     BUILD_PENDING,
     BUILD_SUCCESS,
     BuildStatus,
+    EvaluationStatus,
+)
+from gradient.scheduling import history
+from gradient.scheduling.models import (
     CachedPath,
     DerivationBuild,
     DerivationBuildDependency,
     Evaluation,
     EvaluationBuild,
-    EvaluationStatus,
 )
 
 

@@ -8,25 +8,39 @@ pool deletes its rows (forget_sent), which puts it into the next delta.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
 
 from django.db import connection, transaction
 from django.db.models import CharField, Exists, OuterRef, Q, UUIDField, Value
 from django.db.models.functions import Cast, Concat, Substr
 
+from gradient.core.jobkey import SINGLE_JOB_KEYS, JobKey
+from gradient.core.protocol import CandidateScore as CandidateScoreMessage
+from gradient.core.protocol import JobCandidate, JobListChunk, JobOffer
+from gradient.core.vocab import BuildStatus, JobKeyKind
 from gradient.scheduling import jobs, selectors
-from gradient.scheduling.models import BuildStatus, DerivationBuild, Evaluation
-from gradient.workers.models import SentCandidate, WorkerSession
+from gradient.scheduling.models import CandidateScore, DerivationBuild, Evaluation, SentCandidate
+from gradient.workers.models import WorkerSession
 
 PAGE_SIZE = 1000
 
 
-def candidates_for_worker(state: selectors.WorkerState, now: datetime) -> list[dict[str, Any]]:
+def forget_sent(job_key: str) -> None:
+    """Return a job to the pool: clear its sent flag for every worker, so the next offer includes it."""
+    SentCandidate.objects.filter(job_id=job_key).delete()
+
+
+def forget_scores(job_key: str) -> None:
+    """A finished job is nobody's candidate again: the workers' scores of it go, so that a RequestJob
+    reads only scores of jobs that can still be handed out."""
+    CandidateScore.objects.filter(job_id=job_key).delete()
+
+
+def candidates_for_worker(state: selectors.WorkerState, now: datetime) -> list[JobCandidate]:
     """Every evaluation and build job this worker is authorized for and can run, with NAR sizes on the
     cached required paths."""
     if state.draining:
@@ -40,7 +54,7 @@ class PassCache:
     (design: decided per pass) and each build's candidate message, which is the same for every worker."""
 
     split: bool | None = None
-    builds: dict[uuid.UUID, dict[str, Any]] = field(default_factory=dict)
+    builds: dict[uuid.UUID, JobCandidate] = field(default_factory=dict)
 
 
 _PASS_CACHE: ContextVar[PassCache | None] = ContextVar("gradient_offer_pass_cache", default=None)
@@ -75,7 +89,7 @@ def _offerable_evaluations(state: selectors.WorkerState) -> list[Evaluation]:
     ]
 
 
-def _candidates(evaluations: list[Evaluation], builds: list[DerivationBuild]) -> list[dict[str, Any]]:
+def _candidates(evaluations: list[Evaluation], builds: list[DerivationBuild]) -> list[JobCandidate]:
     cache = _PASS_CACHE.get()
     known = cache.builds if cache is not None else {}
     missing = [b for b in builds if b.id not in known]
@@ -90,7 +104,7 @@ def _candidates(evaluations: list[Evaluation], builds: list[DerivationBuild]) ->
     return out
 
 
-def _pages(candidates: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+def _pages(candidates: list[JobCandidate]) -> list[list[JobCandidate]]:
     return [candidates[i : i + PAGE_SIZE] for i in range(0, len(candidates), PAGE_SIZE)] or [[]]
 
 
@@ -107,22 +121,19 @@ def _reset_sent(worker_id: uuid.UUID, keys: set[str], now: datetime) -> set[str]
     return new
 
 
-def job_list(*, worker_id: uuid.UUID, now: datetime) -> list[dict[str, Any]]:
+def job_list(*, worker_id: uuid.UUID, now: datetime) -> list[JobListChunk]:
     """RequestJobList: the full candidate list in JobListChunk pages of 1 000, the last one is_final."""
     with transaction.atomic():
         state = selectors.worker_state(worker_id)
         if state is None:
             return []
         candidates = candidates_for_worker(state, now)
-        _reset_sent(worker_id, {c["job_id"] for c in candidates}, now)
+        _reset_sent(worker_id, {c.job_id for c in candidates}, now)
     pages = _pages(candidates)
-    return [
-        {"type": "JobListChunk", "candidates": page, "is_final": i == len(pages) - 1}
-        for i, page in enumerate(pages)
-    ]
+    return [JobListChunk(candidates=page, is_final=i == len(pages) - 1) for i, page in enumerate(pages)]
 
 
-def job_offers(*, worker_id: uuid.UUID, now: datetime) -> list[dict[str, Any]]:
+def job_offers(*, worker_id: uuid.UUID, now: datetime) -> list[JobOffer]:
     """The delta for one worker: candidates visible now that it was not sent yet, as JobOffer messages."""
     with transaction.atomic():
         state = selectors.worker_state(worker_id)
@@ -132,14 +143,14 @@ def job_offers(*, worker_id: uuid.UUID, now: datetime) -> list[dict[str, Any]]:
             fresh = _fresh_candidates(state, now)
         else:  # the embedded database: the whole diff in Python, fine at its scale
             candidates = candidates_for_worker(state, now)
-            new = _reset_sent(worker_id, {c["job_id"] for c in candidates}, now)
-            fresh = [c for c in candidates if c["job_id"] in new]
+            new = _reset_sent(worker_id, {c.job_id for c in candidates}, now)
+            fresh = [c for c in candidates if c.job_id in new]
     if not fresh:
         return []
-    return [{"type": "JobOffer", "candidates": page} for page in _pages(fresh)]
+    return [JobOffer(candidates=page) for page in _pages(fresh)]
 
 
-def _fresh_candidates(state: selectors.WorkerState, now: datetime) -> list[dict[str, Any]]:
+def _fresh_candidates(state: selectors.WorkerState, now: datetime) -> list[JobCandidate]:
     """What job_offers' reset of the sent set gives, with the builds diffed in SQL: the assignment pass
     runs this for every connected worker every few seconds, and with a deep queue (100 000 pending
     builds) loading every pending build and every sent row per worker took the pass far past its
@@ -150,25 +161,25 @@ def _fresh_candidates(state: selectors.WorkerState, now: datetime) -> list[dict[
         sent.delete()
         return []
     evaluations = _offerable_evaluations(state)
-    sent_evals = set(sent.filter(job_id__startswith="eval:").values_list("job_id", flat=True))
+    sent_evals = set(sent.filter(job_id__startswith=JobKeyKind.EVAL.prefix).values_list("job_id", flat=True))
     gone = sent_evals - {e.job_key for e in evaluations}
     if gone:
         sent.filter(job_id__in=gone).delete()
     builds = selectors.offerable_builds(state, now)
     # Correlated on the build's primary key (the key's uuid part), so each sent row is one index probe.
-    sent.filter(job_id__startswith="build:").exclude(
-        Exists(builds.filter(id=Cast(Substr(OuterRef("job_id"), 7), output_field=UUIDField())))
-    ).delete()
+    prefix = JobKeyKind.BUILD.prefix
+    key_uuid = Cast(Substr(OuterRef("job_id"), len(prefix) + 1), output_field=UUIDField())
+    sent.filter(job_id__startswith=prefix).exclude(Exists(builds.filter(id=key_uuid))).delete()
     # PostgreSQL writes a uuid as Python's str() does, so this is the build's job key.
     already = SentCandidate.objects.filter(
-        worker_id=state.id, job_id=Concat(Value("build:"), Cast(OuterRef("id"), CharField()))
+        worker_id=state.id, job_id=Concat(Value(prefix), Cast(OuterRef("id"), CharField()))
     )
     fresh = _candidates(
         [e for e in evaluations if e.job_key not in sent_evals],
         list(builds.exclude(Exists(already))),
     )
     SentCandidate.objects.bulk_create(
-        [SentCandidate(worker_id=state.id, job_id=c["job_id"], sent_at=now) for c in fresh],
+        [SentCandidate(worker_id=state.id, job_id=c.job_id, sent_at=now) for c in fresh],
         ignore_conflicts=True,
     )
     return fresh
@@ -187,3 +198,35 @@ def connected_worker_ids() -> list[uuid.UUID]:
             "worker_id", flat=True
         )
     )
+
+
+def candidate_scores_store(
+    *, worker_id: uuid.UUID, scores: Iterable[CandidateScoreMessage], now: datetime
+) -> int:
+    """Keep a worker's RequestJobChunk answer, one row per (worker, job); a later score replaces an
+    earlier one. Scores for anything that is not a job key are ignored."""
+    latest = {s.job_id: s for s in scores if JobKey.parse(s.job_id, kinds=SINGLE_JOB_KEYS) is not None}
+    if not latest:
+        return 0
+    CandidateScore.objects.bulk_create(
+        [
+            CandidateScore(
+                worker_id=worker_id,
+                job_id=s.job_id,
+                missing_count=s.missing_count,
+                missing_nar_size=s.missing_nar_size,
+                outputs_present=s.outputs_present,
+                updated_at=now,
+            )
+            for s in latest.values()
+        ],
+        update_conflicts=True,
+        unique_fields=["worker", "job_id"],
+        update_fields=["missing_count", "missing_nar_size", "outputs_present", "updated_at"],
+    )
+    return len(latest)
+
+
+def forget_worker_offers(worker_id: uuid.UUID) -> None:
+    """A worker's session opened or ended: it has been offered nothing (its next offer is a full one)."""
+    SentCandidate.objects.filter(worker_id=worker_id).delete()

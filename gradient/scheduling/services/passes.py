@@ -8,7 +8,7 @@ from datetime import datetime
 
 from django.conf import settings
 
-from gradient.scheduling.effects import send_to_worker_now
+from gradient.runtime.outbox import push_to_worker
 from gradient.scheduling.services import graph
 from gradient.scheduling.services.offers import (
     connected_worker_ids,
@@ -32,7 +32,7 @@ def offer_step(*, worker_id: uuid.UUID, now: datetime) -> int:
     messages went out."""
     messages = job_offers(worker_id=worker_id, now=now)
     for message in messages:
-        send_to_worker_now(worker_id, message)
+        push_to_worker(worker_id, message)
     return len(messages)
 
 

@@ -17,21 +17,23 @@ from typing import Any
 from django.db import transaction
 from django.db.models import Count, Exists, OuterRef, Q
 
-from gradient.recovery.models import ServerBoot
-from gradient.recovery.selectors import service_draining
-from gradient.scheduling import history
-from gradient.scheduling.decisions import waiting as w
-from gradient.scheduling.models import (
+from gradient.core.vocab import (
     BUILD_LASTING_FAILURE,
     BUILD_SUCCESS,
     EVALUATION_ACTIVE,
     BuildStatus,
+    EvaluationStatus,
+)
+from gradient.recovery.models import ServerBoot
+from gradient.runtime.instances import service_draining
+from gradient.scheduling import history
+from gradient.scheduling.decisions import waiting as w
+from gradient.scheduling.models import (
     DerivationBuild,
     DerivationBuildDependency,
     DispatchedJob,
     Evaluation,
     EvaluationBuild,
-    EvaluationStatus,
 )
 from gradient.scheduling.services import drv_recovery, graph
 from gradient.scheduling.services.evaluations import evaluation_cancel

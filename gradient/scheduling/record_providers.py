@@ -1,0 +1,61 @@
+"""What scheduling's rows show the records app about an evaluation: its discovery (the evaluation's
+status, its dispatched_job rows and whether their workers are connected) and who may read its record.
+Registered from SchedulingConfig.ready(); records itself reads no scheduling or workers table."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import TYPE_CHECKING
+
+from django.db.models import Exists, OuterRef
+
+from gradient.records.decisions.discovery import Discovery, ObservedObject
+from gradient.records.schemas import ObjectRef, ObjectTable, RowStatus
+from gradient.records.selectors import ReadAccess
+from gradient.scheduling.models import DispatchedJob, Evaluation
+from gradient.workers.models import WorkerSession
+
+if TYPE_CHECKING:
+    from django.contrib.auth.models import AnonymousUser, User
+
+
+def evaluation_discovery(
+    *, job_key: str, job_id: uuid.UUID, recorded: tuple[ObjectRef, ...], now: datetime
+) -> Discovery:
+    """The evaluation's status, its open dispatched_job rows and the rows its record names."""
+    status = Evaluation.objects.filter(id=job_id).values_list("status", flat=True).first()
+    connected = WorkerSession.objects.filter(worker=OuterRef("worker"), closed_at__isnull=True)
+    rows = (
+        DispatchedJob.objects.filter(job_id=job_key, finished_at__isnull=True)
+        | DispatchedJob.objects.filter(id__in=[ref.id for ref in recorded])
+    ).annotate(connected=Exists(connected))
+    objects = tuple(
+        ObservedObject(
+            object=ObjectRef(table=ObjectTable.DISPATCHED_JOB, id=d_id),
+            open=finished_at is None,
+            worker=worker_name,
+            worker_connected=bool(is_connected),
+            started=accepted_at is not None,
+        )
+        for d_id, finished_at, worker_name, is_connected, accepted_at in rows.values_list(
+            "id", "finished_at", "worker__name", "connected", "accepted_at"
+        )
+    )
+    return Discovery(
+        observed_at=now, objects=objects, row_status=RowStatus(status) if status is not None else None
+    )
+
+
+def evaluation_read_access(*, job_id: uuid.UUID, user: User | AnonymousUser) -> ReadAccess:
+    """Staff read every evaluation's record; anyone else only those of their projects."""
+    evaluation = Evaluation.objects.select_related("project").filter(id=job_id).first()
+    if evaluation is None:
+        return ReadAccess.NO_SUCH_JOB
+    if user.is_staff:
+        return ReadAccess.ALLOWED
+    if user.pk is None:
+        return ReadAccess.DENIED
+    if evaluation.project.members.filter(pk=user.pk).exists():
+        return ReadAccess.ALLOWED
+    return ReadAccess.DENIED

@@ -1,0 +1,692 @@
+"""THE job lifecycle: every transition of an evaluation's job or a shared build that follows a claim or
+a report, for single jobs and cluster members alike.
+
+Start (a claim and the job's own transition, together or not at all), apply a worker's progress,
+complete, fail, requeue, return to the pool, forget what was offered. Nothing outside this module writes
+an evaluation's or a shared build's status after its claim: single-job reports (services.reports), the
+cluster code (gradient.clusters) and recovery (gradient.recovery) call these functions. Each expects to
+run inside the caller's transaction and is safe to repeat: every write is conditional on the state it
+expects, so a second call changes nothing.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+
+import msgspec
+from django.db import connection, transaction
+from django.db.models import Exists, F, OuterRef
+
+from gradient.core.jobkey import build_key, eval_key
+from gradient.core.protocol import (
+    Building,
+    BuildOutput,
+    EvalResult,
+    EvaluatingDerivations,
+    EvaluatingFlake,
+    Fetching,
+    FetchResult,
+    FlakeStep,
+    Job,
+    JobUpdateKind,
+    tag_of,
+)
+from gradient.core.vocab import (
+    BUILD_ABORTABLE,
+    BUILD_SUCCESS,
+    EVALUATION_EVALUATING,
+    EVALUATION_TERMINAL,
+    BuildAttemptOutcome,
+    BuildStatus,
+    DispatchOutcome,
+    EvaluationKind,
+    EvaluationStatus,
+    JobKind,
+)
+from gradient.records.schemas import ReportKind
+from gradient.scheduling import history, jobs
+from gradient.scheduling.decisions.failures import (
+    BuildVerdict,
+    EvalVerdict,
+    decide_build_failure,
+    decide_eval_failure,
+)
+from gradient.scheduling.models import (
+    BuildAttempt,
+    DerivationBuild,
+    DerivationBuildDependency,
+    DispatchedJob,
+    Evaluation,
+)
+from gradient.scheduling.services import drv_recovery, graph
+from gradient.scheduling.services.claims import ClaimRequest, assignment_close, claim_assignment
+from gradient.scheduling.services.offers import forget_scores, forget_sent
+
+EVAL_PHASES: dict[type[JobUpdateKind], EvaluationStatus] = {
+    Fetching: EvaluationStatus.FETCHING,
+    EvaluatingFlake: EvaluationStatus.EVALUATING_FLAKE,
+    EvaluatingDerivations: EvaluationStatus.EVALUATING_DERIVATION,
+}
+# Statuses an evaluation's job moves between before its result (Queued, or on a worker).
+EVAL_RUNNING = (EvaluationStatus.QUEUED, *EVALUATION_EVALUATING)
+REQUEUE_KINDS = ("canceled", "aborted")  # a worker that stops or was told to: no attempt is spent
+
+
+@dataclass(frozen=True)
+class ReportOutcome:
+    """What a report did: accepted (it changed the job) or not, and in words."""
+
+    accepted: bool
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class Claimed:
+    """A won claim: the new assignment and the job payload its AssignJob carries."""
+
+    assignment_id: uuid.UUID
+    job: Job
+
+
+@dataclass(frozen=True)
+class ClaimTerms:
+    """How the claim was decided, kept on its assignment row: the score and what the worker reported."""
+
+    score: float = 0.0
+    breakdown: dict[str, float] = field(default_factory=dict)
+    missing_nar_size: int | None = None
+    missing_count: int | None = None
+    cluster_attempt_id: uuid.UUID | None = None
+
+
+class _StartRefused(Exception):
+    """The job's own transition found it changed after the claim: roll the claim back."""
+
+
+# --- Start ----------------------------------------------------------------------------------------------
+
+
+def claim_build(
+    *, build: DerivationBuild, worker_id: uuid.UUID, now: datetime, terms: ClaimTerms | None = None
+) -> Claimed | None:
+    """Claim a Queued shared build for a worker and start it (Building, one more attempt, its
+    BuildAttempt row), together or not at all. None, with nothing written, when the claim was lost."""
+    terms = terms or ClaimTerms()
+    job = jobs.build_job(build)
+    request = _request(
+        JobKind.BUILD, build.job_key, worker_id, job, terms, build.queued_at, build_id=build.id
+    )
+    return _claim_and_start(request, job, lambda aid: _start_build(build.id, aid, worker_id, now), now)
+
+
+def claim_evaluation(
+    *,
+    evaluation: Evaluation,
+    steps: Sequence[FlakeStep],
+    worker_id: uuid.UUID,
+    worker_name: str,
+    reason: str,
+    now: datetime,
+    terms: ClaimTerms | None = None,
+) -> Claimed | None:
+    """Claim a Queued evaluation's job (these `steps`) for a worker and start it (Fetching or
+    EvaluatingFlake, with its record facts), together or not at all. None when the claim was lost."""
+    terms = terms or ClaimTerms()
+    job = jobs.eval_job(evaluation, steps)
+    queued_at = evaluation.updated_at if evaluation.followup_pending else evaluation.created_at
+    request = _request(
+        JobKind.EVAL, evaluation.job_key, worker_id, job, terms, queued_at, evaluation_id=evaluation.id
+    )
+
+    def start(assignment_id: uuid.UUID) -> None:
+        _start_evaluation(evaluation.id, steps, assignment_id, worker_name, reason, terms, now)
+
+    return _claim_and_start(request, job, start, now)
+
+
+def _request(
+    kind: JobKind,
+    job_key: str,
+    worker_id: uuid.UUID,
+    job: Job,
+    terms: ClaimTerms,
+    queued_at: datetime | None,
+    *,
+    evaluation_id: uuid.UUID | None = None,
+    build_id: uuid.UUID | None = None,
+) -> ClaimRequest:
+    return ClaimRequest(
+        kind=kind,
+        job_key=job_key,
+        worker_id=worker_id,
+        evaluation_id=evaluation_id,
+        build_id=build_id,
+        score=terms.score,
+        breakdown=terms.breakdown,
+        missing_nar_size=terms.missing_nar_size,
+        missing_count=terms.missing_count,
+        job=msgspec.to_builtins(job),
+        queued_at=queued_at,
+        cluster_attempt_id=terms.cluster_attempt_id,
+    )
+
+
+def _claim_and_start(
+    request: ClaimRequest, job: Job, start: Callable[[uuid.UUID], None], now: datetime
+) -> Claimed | None:
+    """The claim and the job's own transition in one savepoint; a claimed job drops out of every
+    worker's sent set (a job returned to the pool is offered afresh; its scores go when it finishes)."""
+    try:
+        with transaction.atomic():
+            assignment_id = claim_assignment(request=request, now=now)
+            if assignment_id is None:
+                return None
+            start(assignment_id)
+            forget_sent(request.job_key)
+            return Claimed(assignment_id, job)
+    except _StartRefused:
+        return None
+
+
+_START_BUILD = (
+    "UPDATE derivation_build SET status = %s, attempts = attempts + 1, updated_at = %s "
+    "WHERE id = %s AND status = %s RETURNING attempts"
+)
+
+
+def _start_build(build_id: uuid.UUID, assignment_id: uuid.UUID, worker_id: uuid.UUID, now: datetime) -> None:
+    """Queued -> Building with one more attempt, counted by the database (never from a stale read)."""
+    prep = DerivationBuild._meta.get_field("id").get_db_prep_value
+    updated_at = DerivationBuild._meta.get_field("updated_at").get_db_prep_value
+    with connection.cursor() as cursor:
+        cursor.execute(
+            _START_BUILD,
+            [
+                BuildStatus.BUILDING.value,
+                updated_at(now, connection),
+                prep(build_id, connection),
+                BuildStatus.QUEUED.value,
+            ],
+        )
+        row = cursor.fetchone()
+    if row is None:
+        raise _StartRefused
+    BuildAttempt.objects.create(
+        build_id=build_id,
+        dispatched_job_id=assignment_id,
+        worker_id=worker_id,
+        number=int(row[0]),
+        started_at=now,
+    )
+
+
+def _start_evaluation(
+    evaluation_id: uuid.UUID,
+    steps: Sequence[FlakeStep],
+    assignment_id: uuid.UUID,
+    worker_name: str,
+    reason: str,
+    terms: ClaimTerms,
+    now: datetime,
+) -> None:
+    status = EvaluationStatus.FETCHING if jobs.FETCH_FLAKE in steps else EvaluationStatus.EVALUATING_FLAKE
+    if not history.evaluation_transition(
+        evaluation_id=evaluation_id,
+        to=status,
+        expect=[EvaluationStatus.QUEUED],
+        reason=reason,
+        now=now,
+        waiting_reason=None,
+        waiting_since=None,
+    ):
+        raise _StartRefused
+    history.claimed(
+        row_id=assignment_id,
+        evaluation_id=evaluation_id,
+        worker=worker_name,
+        now=now,
+        cluster_attempt_id=terms.cluster_attempt_id,
+    )
+
+
+# --- Progress -------------------------------------------------------------------------------------------
+
+
+def apply_job_update(row: DispatchedJob, update: JobUpdateKind, now: datetime) -> ReportOutcome:
+    """A JobUpdate of the assignment `row` (fenced by the caller): an evaluation's phase or result, a
+    build's start or output."""
+    if row.kind == JobKind.EVAL:
+        return _evaluation_update(row, update, now)
+    return _build_update(row, update, now)
+
+
+def _evaluation_update(row: DispatchedJob, update: JobUpdateKind, now: datetime) -> ReportOutcome:
+    phase = tag_of(type(update))
+    evaluation_id = row.evaluation_id
+    if evaluation_id is None or isinstance(update, Building | BuildOutput):
+        return ReportOutcome(False, f"{phase} does not belong to an evaluation job")
+    note_phase(row, phase)
+    target = EVAL_PHASES.get(type(update))
+    if target is not None:
+        history.evaluation_transition(
+            evaluation_id=evaluation_id,
+            to=target,
+            expect=[s for s in EVAL_RUNNING if s != target],
+            reason=f"worker reports {phase}",
+            now=now,
+        )
+        return ReportOutcome(True, phase)
+    evaluation = Evaluation.objects.select_for_update(no_key=True).get(id=evaluation_id)
+    if evaluation.status in EVALUATION_TERMINAL:
+        return ReportOutcome(False, "evaluation already finished")
+    match update:
+        case FetchResult(flake_source=source):
+            evaluation.flake_source = source
+            evaluation.save(update_fields=["flake_source", "updated_at"])
+            return ReportOutcome(True, f"fetched {evaluation.flake_source}")
+        case EvalResult(derivations=found, warnings=warnings, errors=errors):
+            evaluation.warnings = [*evaluation.warnings, *warnings][:500]
+            evaluation.errors = [*evaluation.errors, *errors][:500]
+            evaluation.save(update_fields=["warnings", "errors", "updated_at"])
+            derivations = msgspec.to_builtins(found)
+            if evaluation.kind == EvaluationKind.DRV_RECOVERY:
+                cleared = drv_recovery.drv_recovery_ingest(
+                    evaluation=evaluation, derivations=derivations, now=now
+                )
+                return ReportOutcome(True, f"eval_result (DrvRecovery): {cleared} lost .drv recovered")
+            result = graph.ingest_eval_result(evaluation=evaluation, derivations=derivations, now=now)
+            return ReportOutcome(
+                True, f"eval_result: {result.builds} builds, {result.created} new, {result.queued} queued"
+            )
+    raise AssertionError(f"unhandled evaluation update {phase}")  # every JobUpdateKind is matched above
+
+
+def _build_update(row: DispatchedJob, update: JobUpdateKind, now: datetime) -> ReportOutcome:
+    phase = tag_of(type(update))
+    build_id = row.derivation_build_id
+    if build_id is None or not isinstance(update, Building | BuildOutput):
+        return ReportOutcome(False, f"{phase} does not belong to a build job")
+    if update.build_id != str(build_id):
+        return ReportOutcome(False, "build_id is not this job's build")
+    note_phase(row, phase)
+    if isinstance(update, Building):
+        return ReportOutcome(True, "building")
+    graph.cache_paths(paths=((o.path, o.nar_size) for o in update.outputs))
+    complete_build(row, now=now, substituted=update.substituted)
+    return ReportOutcome(True, "build_output")
+
+
+# --- Completion -----------------------------------------------------------------------------------------
+
+
+def complete_build(row: DispatchedJob, *, now: datetime, substituted: bool = False) -> None:
+    """The build of `row` succeeded (built, or its outputs substituted): its dependents may be queued,
+    its evaluations may finish."""
+    build_id = row.derivation_build_id
+    if build_id is None:
+        return
+    status = BuildStatus.SUBSTITUTED if substituted else BuildStatus.COMPLETED
+    changed = DerivationBuild.objects.filter(id=build_id, status=BuildStatus.BUILDING).update(
+        status=status, finished_at=now, updated_at=now, retry_at=None, failure_kind=None
+    )
+    BuildAttempt.objects.filter(dispatched_job_id=row.id, outcome=BuildAttemptOutcome.RUNNING).update(
+        outcome=BuildAttemptOutcome.SUBSTITUTED if substituted else BuildAttemptOutcome.BUILT, finished_at=now
+    )
+    if changed:
+        forget_scores(row.job_id)
+        graph.queue_ready_builds(build_ids=graph.dependents_of(build_id), now=now)
+        graph.finish_evaluations(evaluation_ids=graph.evaluations_needing([build_id]), now=now)
+
+
+def _locked_evaluation(row: DispatchedJob) -> Evaluation:
+    assert row.evaluation_id is not None  # an eval assignment always names its evaluation
+    return Evaluation.objects.select_for_update(no_key=True).get(id=row.evaluation_id)
+
+
+def complete_evaluation(row: DispatchedJob, now: datetime) -> ReportOutcome:
+    """The evaluation job of `row` completed: a fetch-only job queues its cached follow-up; otherwise the
+    evaluation builds what it found (or fails on its errors, or without a result)."""
+    evaluation = _locked_evaluation(row)
+    if evaluation.status in EVALUATION_TERMINAL:
+        return ReportOutcome(True, "evaluation already finished")
+    steps = tuple(row.job.get("steps") or ())
+    if steps == jobs.FETCH_ONLY_STEPS:
+        if not evaluation.flake_source:
+            fail_evaluation(evaluation, now, "the fetch completed without a flake_source")
+            return ReportOutcome(True, "fetch without source: evaluation failed")
+        # The cached follow-up, under the same eval:{id} key, with the source as a required path.
+        history.evaluation_transition(
+            evaluation_id=evaluation.id,
+            to=EvaluationStatus.QUEUED,
+            expect=EVAL_RUNNING,
+            reason="fetched; the cached follow-up is queued",
+            now=now,
+            followup_pending=True,
+        )
+        forget_sent(evaluation.job_key)
+        return ReportOutcome(True, "fetched; follow-up queued")
+    if evaluation.kind == EvaluationKind.DRV_RECOVERY:
+        return ReportOutcome(True, drv_recovery.drv_recovery_finish(evaluation=evaluation, now=now))
+    if evaluation.errors:
+        fail_evaluation(evaluation, now, None)
+        return ReportOutcome(True, "evaluation errors: failed")
+    if row.phase != "eval_result" and not evaluation.build_links.exists():
+        fail_evaluation(evaluation, now, "the evaluation job completed without an eval_result")
+        return ReportOutcome(True, "no eval_result: failed")
+    history.evaluation_transition(
+        evaluation_id=evaluation.id,
+        to=EvaluationStatus.BUILDING,
+        expect=EVAL_RUNNING,
+        reason="evaluated",
+        now=now,
+        followup_pending=False,
+    )
+    graph.finish_evaluations(evaluation_ids=[evaluation.id], now=now)
+    return ReportOutcome(True, "evaluated; building")
+
+
+# --- Failure --------------------------------------------------------------------------------------------
+
+
+def fail_evaluation(
+    evaluation: Evaluation, now: datetime, error: str | None, *, reason: str | None = None
+) -> None:
+    """End the evaluation Failed, `error` added to its errors (the record's reason: `reason` or the
+    error)."""
+    errors = [*evaluation.errors, error][:500] if error else list(evaluation.errors)
+    history.evaluation_transition(
+        evaluation_id=evaluation.id,
+        to=EvaluationStatus.FAILED,
+        expect=None,
+        reason=reason or error or (errors[-1] if errors else "evaluation failed"),
+        now=now,
+        errors=errors,
+    )
+
+
+def fail_evaluation_job(row: DispatchedJob, *, kind: str, error: str, now: datetime) -> ReportOutcome:
+    """The evaluation job of `row` failed (its assignment is closed): requeued, or the evaluation
+    fails, by scheduling.decisions.failures."""
+    evaluation = _locked_evaluation(row)
+    if evaluation.status in EVALUATION_TERMINAL:
+        return ReportOutcome(True, "evaluation already finished")
+    if kind in REQUEUE_KINDS:
+        requeue_job(row, now=now, refund=True, reason=kind)
+        return ReportOutcome(True, f"{kind}: requeued")
+    verdict = decide_eval_failure(kind=kind, lost_dispatches=evaluation.lost_dispatches)
+    if verdict == EvalVerdict.FAIL:
+        fail_evaluation(evaluation, now, f"{kind}: {error}")
+        return ReportOutcome(True, "evaluation failed")
+    requeue_job(row, now=now, refund=False, reason=f"{kind}: {error}")
+    return ReportOutcome(True, "evaluation requeued")
+
+
+def _close_running_attempt(row: DispatchedJob, *, outcome: str, kind: str, error: str, now: datetime) -> None:
+    BuildAttempt.objects.filter(dispatched_job_id=row.id, outcome=BuildAttemptOutcome.RUNNING).update(
+        outcome=outcome, failure_kind=kind, error=error[:10000], finished_at=now
+    )
+
+
+def fail_build(
+    row: DispatchedJob, *, kind: str, error: str, now: datetime, missing_paths: Sequence[str] | None = None
+) -> ReportOutcome:
+    """The build of `row` failed (its assignment is closed): requeued, retried after a backoff, or ended
+    for good (its dependents fail, its evaluations may finish), by scheduling.decisions.failures. A lost
+    .drv waits for a DrvRecovery evaluation instead."""
+    assert row.derivation_build_id is not None  # a build assignment always names its build
+    build = DerivationBuild.objects.select_for_update(no_key=True).get(id=row.derivation_build_id)
+    attempt_outcome = BuildAttemptOutcome.ABORTED if kind in REQUEUE_KINDS else BuildAttemptOutcome.FAILED
+    _close_running_attempt(row, outcome=attempt_outcome, kind=kind, error=error, now=now)
+    if build.status != BuildStatus.BUILDING:
+        return ReportOutcome(True, f"build already {build.status}")
+    if drv_recovery.is_lost_drv_failure(
+        kind=kind,
+        error=error,
+        drv_path=build.drv_path,
+        missing_paths=list(missing_paths) if missing_paths is not None else None,
+    ):
+        drv_recovery.build_mark_drv_lost(build=build, error=error, now=now)
+        forget_sent(row.job_id)
+        return ReportOutcome(True, "its .drv is lost: waiting for a DrvRecovery evaluation")
+    decision = decide_build_failure(
+        kind=kind,
+        attempts_spent=build.attempts,
+        max_attempts=build.max_attempts,
+        abort_requested=False,
+        now=now,
+    )
+    build.failure_kind = kind
+    build.last_error = error[:10000]
+    build.updated_at = now
+    if decision.verdict == BuildVerdict.REQUEUE:
+        build.status = BuildStatus.QUEUED
+        build.queued_at = now
+        build.attempts = max(0, build.attempts - 1)
+        build.save()
+        forget_sent(row.job_id)
+        return ReportOutcome(True, "requeued without spending an attempt")
+    if decision.verdict == BuildVerdict.RETRY:
+        build.status = BuildStatus.FAILED_TRANSIENT
+        build.retry_at = decision.retry_at
+        build.save()
+        return ReportOutcome(True, f"retry at {decision.retry_at:%H:%M:%S}")
+    status = {
+        BuildVerdict.PERMANENT: BuildStatus.FAILED_PERMANENT,
+        BuildVerdict.TIMEOUT: BuildStatus.FAILED_TIMEOUT,
+        BuildVerdict.ABORTED: BuildStatus.ABORTED,
+    }[decision.verdict]
+    failed = end_build(build_id=build.id, status=status, kind=kind, error=error, now=now)
+    return ReportOutcome(True, f"{status}; {failed} dependents failed")
+
+
+def end_build(
+    *,
+    build_id: uuid.UUID,
+    status: BuildStatus,
+    kind: str,
+    error: str,
+    now: datetime,
+    row: DispatchedJob | None = None,
+) -> int:
+    """End a shared build for good, failed or aborted, while it can still be aborted: with `row`, its
+    running attempt closes too; its dependents fail and its evaluations may finish. Returns how many
+    dependents failed (0, changing nothing, when the build had ended already)."""
+    if row is not None:
+        outcome = BuildAttemptOutcome.ABORTED if status == BuildStatus.ABORTED else BuildAttemptOutcome.FAILED
+        _close_running_attempt(row, outcome=outcome, kind=kind, error=error, now=now)
+    changed = DerivationBuild.objects.filter(id=build_id, status__in=BUILD_ABORTABLE).update(
+        status=status, failure_kind=kind, last_error=error[:10000], finished_at=now, updated_at=now
+    )
+    if not changed:
+        return 0
+    forget_scores(build_key(build_id))
+    failed = graph.fail_dependents(build_ids=[build_id], now=now)
+    graph.finish_evaluations(evaluation_ids=graph.evaluations_needing([build_id]), now=now)
+    return failed
+
+
+# --- Requeue and return to the pool ---------------------------------------------------------------------
+
+
+def requeue_job(row: DispatchedJob, *, now: datetime, refund: bool, reason: str) -> None:
+    """Give a job back to the pool after its assignment closed without a result (`refund`: the build's
+    attempt is not spent)."""
+    if row.kind == JobKind.BUILD and row.derivation_build_id is not None:
+        BuildAttempt.objects.filter(dispatched_job_id=row.id, outcome=BuildAttemptOutcome.RUNNING).update(
+            outcome=BuildAttemptOutcome.ABORTED, error=reason[:2000], finished_at=now
+        )
+        build = DerivationBuild.objects.get(id=row.derivation_build_id)
+        DerivationBuild.objects.filter(id=build.id, status=BuildStatus.BUILDING).update(
+            status=BuildStatus.QUEUED,
+            attempts=max(0, build.attempts - 1) if refund else build.attempts,
+            queued_at=now,
+            updated_at=now,
+        )
+    elif row.evaluation_id is not None:
+        history.evaluation_transition(
+            evaluation_id=row.evaluation_id,
+            to=EvaluationStatus.QUEUED,
+            expect=EVAL_RUNNING,
+            reason=reason,
+            now=now,
+        )
+    forget_sent(row.job_id)
+
+
+def assignment_return_to_pool(*, row: DispatchedJob, reason: str, lost: bool, now: datetime) -> bool:
+    """Close an open single-job assignment as Abandoned and give its job back to the pool: declined
+    (no attempt spent), or lost with its worker (the attempt is spent; an evaluation counts a lost
+    dispatch and fails after 10). False, writing nothing, when it was closed already."""
+    with transaction.atomic():
+        if not assignment_close(row=row, outcome=DispatchOutcome.ABANDONED, reason=reason, now=now):
+            return False
+        if lost:
+            history.reported(
+                row=row, worker=str(row.worker_id), kind=ReportKind.LOST, summary=reason, now=now
+            )
+        if lost and row.evaluation_id is not None:
+            Evaluation.objects.filter(id=row.evaluation_id).update(lost_dispatches=F("lost_dispatches") + 1)
+            evaluation = _locked_evaluation(row)
+            if evaluation.status not in EVALUATION_TERMINAL and (
+                decide_eval_failure(kind="lost", lost_dispatches=evaluation.lost_dispatches)
+                == EvalVerdict.FAIL
+            ):
+                fail_evaluation(
+                    evaluation, now, f"{evaluation.lost_dispatches} evaluation dispatches were lost"
+                )
+                return True
+        requeue_job(row, now=now, refund=not lost, reason=reason)
+    return True
+
+
+def dispatch_return_to_pool(*, dispatch_id: uuid.UUID, reason: str, lost: bool, now: datetime) -> bool:
+    """assignment_return_to_pool by the assignment's id. False, with nothing written, when the
+    assignment was closed already."""
+    row = DispatchedJob.objects.filter(id=dispatch_id, finished_at__isnull=True).first()
+    if row is None:
+        return False
+    return assignment_return_to_pool(row=row, reason=reason, lost=lost, now=now)
+
+
+def worker_jobs_return_lost(*, worker_id: uuid.UUID, reason: str, now: datetime) -> int:
+    """Hand every open single-job assignment of a worker back to the pool as lost. Cluster members are
+    left to the cluster code: a lost member reports into its attempt's verdict, never requeues alone."""
+    dispatch_ids = list(
+        DispatchedJob.objects.filter(
+            worker_id=worker_id, finished_at__isnull=True, cluster_attempt__isnull=True
+        ).values_list("id", flat=True)
+    )
+    return sum(
+        dispatch_return_to_pool(dispatch_id=d, reason=reason, lost=True, now=now) for d in dispatch_ids
+    )
+
+
+# --- After a restart (startup recovery, waiting-and-recovery.md) --------------------------------------
+
+
+def abandon_assignment(
+    row: DispatchedJob, *, reason: str, now: datetime, evaluation_reason: str | None = None
+) -> tuple[bool, bool]:
+    """Close an open single-job assignment whose worker no live server holds as Abandoned; its evaluation
+    (if it is one) goes back to Queued in the same transaction (its record says `evaluation_reason`).
+    Returns (closed, evaluation requeued)."""
+    with transaction.atomic():
+        if not assignment_close(row=row, outcome=DispatchOutcome.ABANDONED, reason=reason, now=now):
+            return False, False
+        requeued = row.evaluation_id is not None and requeue_evaluation(
+            row.evaluation_id, reason=evaluation_reason or reason, now=now
+        )
+        forget_sent(row.job_id)
+    return True, requeued
+
+
+def requeue_evaluation(evaluation_id: uuid.UUID, *, reason: str, now: datetime) -> bool:
+    """An evaluation being fetched or evaluated on a worker that is gone: back to Queued with its phase
+    event. False, changing nothing, when it is not being evaluated."""
+    changed = history.evaluation_transition(
+        evaluation_id=evaluation_id,
+        to=EvaluationStatus.QUEUED,
+        expect=EVALUATION_EVALUATING,
+        reason=reason,
+        now=now,
+    )
+    if changed:
+        forget_sent(eval_key(evaluation_id))
+    return changed
+
+
+def requeue_stranded_evaluations(*, reason: str, now: datetime) -> int:
+    """Every evaluation being evaluated without an open assignment goes back to Queued."""
+    open_row = DispatchedJob.objects.filter(evaluation_id=OuterRef("pk"), finished_at__isnull=True)
+    stranded = (
+        Evaluation.objects.filter(status__in=EVALUATION_EVALUATING)
+        .exclude(Exists(open_row))
+        .values_list("id", flat=True)
+    )
+    return sum(requeue_evaluation(evaluation_id, reason=reason, now=now) for evaluation_id in stranded)
+
+
+@dataclass(frozen=True)
+class StrandedBuilds:
+    attempts_aborted: int
+    requeued: int
+    unpromoted: int
+
+
+def requeue_stranded_builds(*, reason: str, now: datetime) -> StrandedBuilds:
+    """Running build attempts without an open assignment turn Aborted; Building shared builds without
+    one turn Queued, and those whose dependencies are not all done go back to Created."""
+    open_attempt_row = DispatchedJob.objects.filter(
+        derivation_build_id=OuterRef("build_id"), finished_at__isnull=True
+    )
+    attempts_aborted = (
+        BuildAttempt.objects.filter(outcome=BuildAttemptOutcome.RUNNING)
+        .exclude(Exists(open_attempt_row))
+        .update(outcome=BuildAttemptOutcome.ABORTED, error=reason, finished_at=now)
+    )
+    open_build_row = DispatchedJob.objects.filter(
+        derivation_build_id=OuterRef("pk"), finished_at__isnull=True
+    )
+    stranded = list(
+        DerivationBuild.objects.filter(status=BuildStatus.BUILDING)
+        .exclude(Exists(open_build_row))
+        .values_list("id", flat=True)
+    )
+    requeued = DerivationBuild.objects.filter(id__in=stranded, status=BuildStatus.BUILDING).update(
+        status=BuildStatus.QUEUED, queued_at=now, updated_at=now
+    )
+    ungated = DerivationBuildDependency.objects.filter(build_id=OuterRef("pk")).exclude(
+        dependency__status__in=BUILD_SUCCESS
+    )
+    unpromoted = (
+        DerivationBuild.objects.filter(id__in=stranded, status=BuildStatus.QUEUED)
+        .filter(Exists(ungated))
+        .update(status=BuildStatus.CREATED, queued_at=None, updated_at=now)
+    )
+    return StrandedBuilds(attempts_aborted, requeued, unpromoted)
+
+
+# --- What a report shows, on the assignment row and the evaluation's record ------------------------------
+
+
+def note_report(row: DispatchedJob, *, now: datetime) -> None:
+    """The worker reported on this assignment (what the liveness of a job is judged by)."""
+    DispatchedJob.objects.filter(id=row.id).update(last_report_at=now)
+
+
+def note_accepted(row: DispatchedJob, *, now: datetime) -> None:
+    """The worker accepted the assignment (once: a repeated accept keeps the first time)."""
+    DispatchedJob.objects.filter(id=row.id, accepted_at__isnull=True).update(accepted_at=now)
+
+
+def note_phase(row: DispatchedJob, phase: str) -> None:
+    """The last JobUpdate kind the worker reported for this assignment."""
+    DispatchedJob.objects.filter(id=row.id).update(phase=phase)
+
+
+def record_report(row: DispatchedJob, *, worker: str, kind: ReportKind, summary: str, now: datetime) -> None:
+    """What the worker showed, as a fact on the evaluation's record (nothing for a build's assignment)."""
+    history.reported(row=row, worker=worker, kind=kind, summary=summary, now=now)
