@@ -12,9 +12,9 @@ write before a message when it is due), --cycles full cycles by one worker:
 
 Per step it prints the statements Django sent (execute_wrapper); the commits (every write sent
 outside a transaction is one, in autocommit, and so is every transaction); the connection health
-checks (Django's `SELECT 1` when CONN_HEALTH_CHECKS is on); the round trips (statements, health checks, and the BEGIN and COMMIT of each transaction);
-and the wall time p50. Counts, unlike times, do not depend on the machine's load. The last line, in
-this form:
+checks (Django's `SELECT 1` when CONN_HEALTH_CHECKS is on); the round trips (statements, health
+checks, and the BEGIN and COMMIT of each transaction); and the wall time p50. Counts, unlike times,
+do not depend on the machine's load. The last line, in this form:
 
     cycle: <statements> statements, <commits> commits, <round trips> round trips per cycle; <ms> ms p50
 
