@@ -188,8 +188,11 @@ class DerivationBuild(models.Model):
         db_table = "derivation_build"
         ordering = ["created_at"]
         indexes = [
+            # (queued_at, id): RequestJob's preselect walks Queued builds in (queued_at, id) order, and
+            # builds queued together share one queued_at; on queued_at alone PostgreSQL top-N sorts
+            # every pending row (124-171 ms at 50 000 pending, 0.5 ms with the id).
             models.Index(
-                fields=["queued_at"],
+                fields=["queued_at", "id"],
                 name="idx-derivation_build-queued",
                 condition=Q(status=BuildStatus.QUEUED),
             ),
