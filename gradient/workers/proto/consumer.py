@@ -16,6 +16,11 @@ pg_terminate_backend, a failover) is replaced and the call made again, so the wo
 a channel layer that fails under the consumer (Redis restarted) ends the session cleanly, socket closed
 with 1011 and session closed in the database, so the worker reconnects at once instead of waiting for
 the liveness pass to free it.
+
+A report the database cannot store (a data error: a value too long for its column, say) costs neither
+the session nor its jobs: its transaction rolled back, so it changed nothing; a result or a failure
+(JobUpdate, JobCompleted, JobFailed) then fails its assignment as `transient`, with the reason, so the
+job is tried again, and any other message is dropped. Either way it is logged with its traceback.
 """
 
 from __future__ import annotations
@@ -29,13 +34,14 @@ from typing import Any
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
-from django.db import InterfaceError, OperationalError, connection
+from django.db import DataError, InterfaceError, OperationalError, connection
 from django.utils import timezone
 
 from gradient.core.protocol import (
     CLOSE_PROTOCOL_ERROR,
     PROTOCOL_VERSION,
     AssignJobResponse,
+    BuildFailureKind,
     BuildProgress,
     ClusterSignal,
     Draining,
@@ -129,6 +135,41 @@ def _handle(handler: Handler, session: SessionRef, message: Message, mark_seen: 
             jobloop.drop_connection()
             time.sleep(DB_RETRY_PAUSE_SECS * attempt)
     raise AssertionError("unreachable")
+
+
+# Reports whose data error fails their assignment (transient): the job's outcome would be lost otherwise.
+RESULT_REPORTS = (JobUpdate, JobCompleted, JobFailed)
+
+
+def _handle_contained(
+    handler: Handler, session: SessionRef, message: Message, mark_seen: bool
+) -> list[ServerMessage]:
+    """_handle, with a data error contained to its message (see the module's docstring)."""
+    try:
+        return _handle(handler, session, message, mark_seen)
+    except DataError as exc:
+        detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        log.error(
+            "the database refused %s from worker %s (%s); the session goes on",
+            tag_of(type(message)),
+            session.worker_id,
+            detail,
+            exc_info=True,
+        )
+        if not isinstance(message, RESULT_REPORTS):
+            return []
+    failed = JobFailed(
+        job_id=message.job_id,
+        assignment_id=message.assignment_id,
+        error=f"the server could not store the worker's {tag_of(type(message))}: {detail}"[:2000],
+        kind=BuildFailureKind.TRANSIENT,
+        elapsed_ms=getattr(message, "elapsed_ms", 0),
+    )
+    try:
+        return _handle(jobloop.job_failed, session, failed, False)
+    except DataError:
+        log.error("failing assignment %s of worker %s failed too", message.assignment_id, session.worker_id)
+        return []
 
 
 def _close_session(session: SessionRef, reason: str) -> None:
@@ -292,7 +333,7 @@ class WorkerConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]  # channels 
         try:
             # Not thread-sensitive: sessions run their job-loop calls side by side, each in its own
             # transaction on its own thread's connection.
-            replies = await database_sync_to_async(_handle, thread_sensitive=False)(
+            replies = await database_sync_to_async(_handle_contained, thread_sensitive=False)(
                 handler, session, message, mark_seen
             )
         except Exception:
