@@ -79,6 +79,7 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "gradient.middleware.refuse_nul",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -162,6 +163,12 @@ REST_FRAMEWORK = {
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    # DRF's three, with a JSON parser that answers a too deeply nested body with 400 (gradient.parsers).
+    "DEFAULT_PARSER_CLASSES": [
+        "gradient.parsers.JSONParser",
+        "rest_framework.parsers.FormParser",
+        "rest_framework.parsers.MultiPartParser",
+    ],
     "UNAUTHENTICATED_USER": None,
     "EXCEPTION_HANDLER": "gradient.rest.exception_handler",
     "DEFAULT_THROTTLE_CLASSES": ["gradient.throttling.AnonThrottle", "gradient.throttling.UserThrottle"],
@@ -196,6 +203,8 @@ LOGGING = {
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "loggers": {
         "gradient": {"handlers": ["console"], "level": os.environ.get("GRADIENT_LOG_LEVEL", "INFO")},
+        # Every 500 with its traceback (Django logs them here; its own handler prints only with DEBUG on).
+        "django.request": {"handlers": ["console"], "level": "ERROR", "propagate": False},
     },
 }
 

@@ -17,11 +17,13 @@ from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import serializers, status
 from rest_framework.authtoken.views import ObtainAuthToken
 from rest_framework.exceptions import NotFound
+from rest_framework.parsers import FormParser, MultiPartParser
 from rest_framework.permissions import IsAdminUser
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from gradient.parsers import JSONParser
 from gradient.scheduling.models import Project
 from gradient.throttling import AnonThrottle, UserThrottle
 from gradient.workers import services
@@ -146,6 +148,7 @@ class AuthTokenView(ObtainAuthToken):
     """POST /api/v1/auth/token: {username, password} -> {token}; send it as `Authorization: Token ...`."""
 
     throttle_classes = [AnonThrottle, UserThrottle]  # DRF's view has none: password guessing is bounded
+    parser_classes = [FormParser, MultiPartParser, JSONParser]  # DRF's, with gradient.parsers' JSON
 
     @extend_schema(
         request=TokenRequestSerializer,
