@@ -187,6 +187,61 @@ def _close_session(session: SessionRef, reason: str) -> None:
             time.sleep(DB_RETRY_PAUSE_SECS * attempt)
 
 
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+# Sessions of this process whose socket is gone but whose close the database did not take (it was away:
+# a restart, an outage). Each is still open in the database, so its worker's reconnection is refused with
+# 496, wherever it comes; this process knows they are dead, and closes them as soon as the database
+# answers again (_reap_unclosed), instead of leaving them to the liveness pass (120 s by default).
+_unclosed: dict[Any, tuple[SessionRef, str]] = {}
+_reaper: asyncio.Task[None] | None = None
+REAP_EVERY_SECS = 0.5
+REAP_MAX_PAUSE_SECS = 2.0
+
+
+def _remember_unclosed(session: SessionRef, reason: str) -> None:
+    global _reaper
+    _unclosed[session.session_id] = (session, reason)
+    if _reaper is None or _reaper.done():
+        _reaper = asyncio.get_running_loop().create_task(_reap_unclosed())
+
+
+def _close_unclosed_once(session: SessionRef, reason: str) -> None:
+    """One try, on a fresh connection if the last one died."""
+    try:
+        services.worker_session_close(session_id=session.session_id, reason=reason, now=timezone.now())
+    except (OperationalError, InterfaceError):
+        jobloop.drop_connection()
+        raise
+
+
+async def _reap_unclosed() -> None:
+    """Close every session in _unclosed, trying again every REAP_EVERY_SECS (doubling up to
+    REAP_MAX_PAUSE_SECS) while the database is away; ends when none is left."""
+    pause = REAP_EVERY_SECS
+    while _unclosed:
+        await asyncio.sleep(pause)
+        for session_id, (session, reason) in list(_unclosed.items()):
+            try:
+                # Not thread-sensitive: the one shared thread must not wait on a database that is away.
+                await database_sync_to_async(_close_unclosed_once, thread_sensitive=False)(session, reason)
+            except (OperationalError, InterfaceError):
+                pause = min(pause * 2, REAP_MAX_PAUSE_SECS)
+                break
+            except Exception:
+                log.exception("closing the session of %s failed; the liveness pass will", session.worker_id)
+                _unclosed.pop(session_id, None)
+                continue
+            _unclosed.pop(session_id, None)
+            pause = REAP_EVERY_SECS
+            log.info(
+                "worker %s disconnected: %s (closed once the database answered)", session.worker_id, reason
+            )
+
+
 def _forget_channel(layer: Any, channel_name: str | None) -> None:
     """Drop this consumer's entry in channels_redis' per-process receive buffer. The layer leaves one
     behind for every consumer whose receive was cancelled (django/channels_redis#212): a few kilobytes
@@ -398,6 +453,14 @@ class WorkerConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]  # channels 
         self._session_ended = True
         try:
             await database_sync_to_async(_close_session)(session, reason)
+        except (OperationalError, InterfaceError) as exc:
+            log.warning(
+                "closing the session of %s failed (%s); closing it again as soon as the database answers",
+                session.worker_id,
+                _first_line(exc),
+            )
+            _remember_unclosed(session, reason)
+            return
         except Exception:
             log.exception("closing the session of %s failed; the liveness pass will", session.worker_id)
             return
