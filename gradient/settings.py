@@ -176,6 +176,12 @@ REST_FRAMEWORK = {
 # Generous by default: they bound a runaway client, not normal use. "" turns a throttle off.
 GRADIENT_API_THROTTLE_USER = os.environ.get("GRADIENT_API_THROTTLE_USER", "20000/hour")
 GRADIENT_API_THROTTLE_ANON = os.environ.get("GRADIENT_API_THROTTLE_ANON", "2000/hour")
+# Failed logins (the token route and the admin's login page), per account and per client address.
+GRADIENT_LOGIN_THROTTLE_ACCOUNT = os.environ.get("GRADIENT_LOGIN_THROTTLE_ACCOUNT", "10/15m")
+GRADIENT_LOGIN_THROTTLE_ADDRESS = os.environ.get("GRADIENT_LOGIN_THROTTLE_ADDRESS", "50/15m")
+# Addresses or networks of the reverse proxies whose X-Forwarded-For is believed (comma-separated);
+# unset, the client's address is the peer's, whatever a header says (gradient.throttling).
+GRADIENT_TRUSTED_PROXIES = os.environ.get("GRADIENT_TRUSTED_PROXIES", "").strip()
 SPECTACULAR_SETTINGS = {
     "TITLE": "Gradient",
     "DESCRIPTION": "A distributed job scheduler for Nix CI.",

@@ -16,7 +16,7 @@ from django.utils import timezone
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import serializers, status
 from rest_framework.authtoken.views import ObtainAuthToken
-from rest_framework.exceptions import NotFound
+from rest_framework.exceptions import NotFound, Throttled, ValidationError
 from rest_framework.parsers import FormParser, MultiPartParser
 from rest_framework.permissions import IsAdminUser
 from rest_framework.request import Request
@@ -25,7 +25,7 @@ from rest_framework.views import APIView
 
 from gradient.parsers import JSONParser
 from gradient.scheduling.models import Project
-from gradient.throttling import AnonThrottle, UserThrottle
+from gradient.throttling import AnonThrottle, UserThrottle, login_failed, login_refused_for
 from gradient.workers import services
 from gradient.workers.models import Worker
 from gradient.workers.selectors import parse_uuid, workers_with_session_state
@@ -157,7 +157,18 @@ class AuthTokenView(ObtainAuthToken):
         summary="Exchange a username and password for an API token",
     )
     def post(self, request: Request, *args: Any, **kwargs: Any) -> Response:
-        return super().post(request, *args, **kwargs)
+        # Failed logins are limited per account and per address (gradient.throttling): over a limit the
+        # password is not even checked.
+        username = request.data.get("username") if isinstance(request.data, dict) else None
+        username = username if isinstance(username, str) else ""
+        wait = login_refused_for(request, username)
+        if wait is not None:
+            raise Throttled(wait=wait, detail="Too many failed logins.")
+        try:
+            return super().post(request, *args, **kwargs)
+        except ValidationError:
+            login_failed(request, username)
+            raise
 
 
 def _user_data(user: Any) -> dict[str, Any]:
