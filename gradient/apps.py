@@ -7,3 +7,8 @@ class GradientConfig(AppConfig):
     name = "gradient"
     label = "gradient"
     verbose_name = "Gradient"
+
+    def ready(self) -> None:
+        from gradient.auth import connect_signals
+
+        connect_signals()

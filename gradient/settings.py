@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
+from datetime import timedelta
 from pathlib import Path
 
 import dj_database_url
@@ -67,6 +68,7 @@ INSTALLED_APPS = [
     "channels",
     "rest_framework",
     "rest_framework.authtoken",
+    "knox",
     "drf_spectacular",
     "django_celery_beat",
     "gradient",
@@ -158,7 +160,7 @@ LOGIN_URL = "admin:login"
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        "rest_framework.authentication.TokenAuthentication",
+        "knox.auth.TokenAuthentication",  # hashed, expiring tokens (gradient.auth)
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
@@ -182,6 +184,9 @@ GRADIENT_LOGIN_THROTTLE_ADDRESS = os.environ.get("GRADIENT_LOGIN_THROTTLE_ADDRES
 # Addresses or networks of the reverse proxies whose X-Forwarded-For is believed (comma-separated);
 # unset, the client's address is the peer's, whatever a header says (gradient.throttling).
 GRADIENT_TRUSTED_PROXIES = os.environ.get("GRADIENT_TRUSTED_PROXIES", "").strip()
+# REST tokens (gradient.auth): the days a token issued by POST /api/v1/auth/token is good for.
+GRADIENT_API_TOKEN_TTL_DAYS = _env_int("GRADIENT_API_TOKEN_TTL_DAYS", 30)
+REST_KNOX = {"TOKEN_TTL": timedelta(days=GRADIENT_API_TOKEN_TTL_DAYS), "AUTH_HEADER_PREFIX": "Token"}
 SPECTACULAR_SETTINGS = {
     "TITLE": "Gradient",
     "DESCRIPTION": "A distributed job scheduler for Nix CI.",

@@ -23,6 +23,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from gradient.auth import issue_token
 from gradient.parsers import JSONParser
 from gradient.scheduling.models import Project
 from gradient.throttling import AnonThrottle, UserThrottle, login_failed, login_refused_for
@@ -164,11 +165,12 @@ class AuthTokenView(ObtainAuthToken):
         wait = login_refused_for(request, username)
         if wait is not None:
             raise Throttled(wait=wait, detail="Too many failed logins.")
-        try:
-            return super().post(request, *args, **kwargs)
-        except ValidationError:
+        serializer = self.get_serializer(data=request.data)
+        if not serializer.is_valid():
             login_failed(request, username)
-            raise
+            raise ValidationError(serializer.errors)
+        # A new hashed, expiring token per login (gradient.auth), in the shape DRF's view answered.
+        return Response({"token": issue_token(serializer.validated_data["user"])})
 
 
 def _user_data(user: Any) -> dict[str, Any]:
