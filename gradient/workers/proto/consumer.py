@@ -34,6 +34,7 @@ from typing import Any
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
+from django.conf import settings
 from django.db import DataError, InterfaceError, OperationalError, connection
 from django.utils import timezone
 
@@ -94,7 +95,8 @@ JOB_LOOP: dict[type[Message], Handler] = {
     Draining: jobloop.draining,
 }
 
-HANDSHAKE_TIMEOUT_SECS = 30.0
+# A socket that has not sent its InitConnection by then is refused (Reject{400}); a test may lower it.
+HANDSHAKE_TIMEOUT_SECS = float(settings.GRADIENT_PROTO_HANDSHAKE_TIMEOUT_SECS)
 # "Seen" is written at most this often per session; a heartbeat always writes it.
 SEEN_EVERY_SECS = 1.0
 # Channel-layer group memberships expire (channels_redis: a day); a heartbeat renews it this often.
@@ -109,6 +111,23 @@ DB_RETRY_PAUSE_SECS = 0.1
 CHANNEL_LAYER_TIMEOUT_SECS = 2.0
 
 _live: weakref.WeakSet[WorkerConsumer] = weakref.WeakSet()
+_handshake_semaphores: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _handshake_slots() -> asyncio.Semaphore:
+    """At most GRADIENT_PROTO_HANDSHAKE_CONCURRENCY handshakes of this process (of its event loop) at the
+    database at once; the others wait their turn, within the handshake time-out."""
+    loop = asyncio.get_running_loop()
+    semaphore = _handshake_semaphores.get(loop)
+    if semaphore is None:
+        semaphore = _handshake_semaphores[loop] = asyncio.Semaphore(
+            settings.GRADIENT_PROTO_HANDSHAKE_CONCURRENCY
+        )
+    return semaphore
+
+
 _server_draining = False
 
 
@@ -266,6 +285,9 @@ class WorkerConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]  # channels 
         database, so the worker reconnects, and its jobs go back to the pool at once."""
         try:
             await super().__call__(scope, receive, send)
+        except OSError as exc:  # uvicorn's ClientDisconnected: the peer left while we wrote to it
+            log.info("%s left before the server was done with it (%s)", self._who(), type(exc).__name__)
+            await self._end_after_failure(send)
         except RuntimeError as exc:
             if "GeneratorExit" in str(exc):
                 raise  # the consumer's own coroutine is being closed (its task torn down): not a failure
@@ -303,6 +325,16 @@ class WorkerConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]  # channels 
         self.group = None
         self._seen_at = 0.0
         self._grouped_at = 0.0
+        unauthenticated = sum(1 for c in _live if c.session is None and not c.closing)
+        if unauthenticated >= settings.GRADIENT_PROTO_MAX_UNAUTHENTICATED:
+            # Refused before the upgrade (HTTP 403): a flood of sockets that never say who they are costs
+            # this process at most that many consumers. A worker retries with backoff.
+            log.info(
+                "refused %s: %d connections have not completed the handshake", self._peer(), unauthenticated
+            )
+            self.closing = True
+            await self.close()
+            return
         await self.accept()
         loop = asyncio.get_running_loop()
         remember_serve_loop(loop)
@@ -345,14 +377,15 @@ class WorkerConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]  # channels 
             )
             return
         try:
-            result = await database_sync_to_async(services.worker_session_open)(
-                worker_id=message.worker_id,
-                token=message.token,
-                capabilities=message.capabilities,
-                channel_name=self.channel_name,
-                server_boot=current_boot(),
-                now=timezone.now(),
-            )
+            async with _handshake_slots():
+                result = await database_sync_to_async(services.worker_session_open)(
+                    worker_id=message.worker_id,
+                    token=message.token,
+                    capabilities=message.capabilities,
+                    channel_name=self.channel_name,
+                    server_boot=current_boot(),
+                    now=timezone.now(),
+                )
         except Exception:
             log.exception("handshake of %s failed", self._peer())
             await self._close(1011, "internal error")
@@ -414,7 +447,7 @@ class WorkerConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]  # channels 
     async def worker_push(self, event: dict[str, Any]) -> None:
         if self.session is None or self.closing:
             return
-        await self.send(text_data=event["frame"])
+        await self._send_text(event["frame"])
 
     async def worker_close(self, event: dict[str, Any]) -> None:
         if self.session is None or self.closing:
@@ -467,7 +500,26 @@ class WorkerConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]  # channels 
         log.info("worker %s disconnected: %s", session.worker_id, reason)
 
     async def _send(self, message: ServerMessage) -> None:
-        await self.send(text_data=encode(message))
+        await self._send_text(encode(message))
+
+    async def _send_text(self, frame: str) -> None:
+        """Send a frame; a peer that has left already (uvicorn's ClientDisconnected, an OSError) is no
+        failure of ours: its disconnect ends the session."""
+        try:
+            await self.send(text_data=frame)
+        except OSError:
+            log.info("%s left before a frame to it went out", self._who())
+            self.closing = True
+
+    async def close(self, code: int | None = None, reason: str | None = None) -> None:
+        try:
+            await super().close(code=code, reason=reason)
+        except OSError:  # the peer left first: nothing to close
+            log.debug("%s left before its close went out", self._who())
+
+    def _who(self) -> str:
+        session = getattr(self, "session", None)
+        return f"worker {session.worker_id}" if session is not None else self._peer()
 
     async def _violation(self, detail: str) -> None:
         log.info("protocol violation from %s: %s", self._peer(), detail)
