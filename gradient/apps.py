@@ -9,6 +9,8 @@ class GradientConfig(AppConfig):
     verbose_name = "Gradient"
 
     def ready(self) -> None:
-        from gradient.auth import connect_signals
+        from gradient import auth
+        from gradient.workers import revocation
 
-        connect_signals()
+        auth.connect_signals()
+        revocation.connect_signals()
