@@ -7,3 +7,10 @@ class GradientConfig(AppConfig):
     name = "gradient"
     label = "gradient"
     verbose_name = "Gradient"
+
+    def ready(self) -> None:
+        from gradient import auth
+        from gradient.workers import revocation
+
+        auth.connect_signals()
+        revocation.connect_signals()

@@ -14,6 +14,7 @@ import logging
 import uuid
 from typing import Any
 
+from django.db import DataError
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views import defaults
 from rest_framework import exceptions, serializers
@@ -27,7 +28,13 @@ log = logging.getLogger("gradient.rest")
 
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
     """DRF's handler, with a validation error that is not about a field wrapped as non_field_errors so
-    every error body is a JSON object."""
+    every error body is a JSON object, and a value the database refuses (DataError: a NUL, a number or a
+    text out of its column's range that validation let through) answered as bad input, logged."""
+    if isinstance(exc, DataError):
+        log.warning("the database refused a value of %s: %s", context.get("request"), exc, exc_info=True)
+        exc = exceptions.ValidationError(
+            {"non_field_errors": ["A value cannot be stored: " + _first_line(exc)]}
+        )
     response = drf_exception_handler(exc, context)
     if response is None:
         return None  # not an API error: Django's handler500 answers (in JSON under /api/)
@@ -42,6 +49,11 @@ def uuid_or_404(value: str) -> uuid.UUID:
     if parsed is None:
         raise exceptions.NotFound("No such id.")
     return parsed
+
+
+def _first_line(exc: Exception) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 class ControlReceiptSerializer(serializers.Serializer[Any]):

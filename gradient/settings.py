@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
+from datetime import timedelta
 from pathlib import Path
 
 import dj_database_url
@@ -67,6 +68,7 @@ INSTALLED_APPS = [
     "channels",
     "rest_framework",
     "rest_framework.authtoken",
+    "knox",
     "drf_spectacular",
     "django_celery_beat",
     "gradient",
@@ -79,6 +81,7 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "gradient.middleware.refuse_nul",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -157,11 +160,17 @@ LOGIN_URL = "admin:login"
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        "rest_framework.authentication.TokenAuthentication",
+        "knox.auth.TokenAuthentication",  # hashed, expiring tokens (gradient.auth)
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    # DRF's three, with a JSON parser that answers a too deeply nested body with 400 (gradient.parsers).
+    "DEFAULT_PARSER_CLASSES": [
+        "gradient.parsers.JSONParser",
+        "rest_framework.parsers.FormParser",
+        "rest_framework.parsers.MultiPartParser",
+    ],
     "UNAUTHENTICATED_USER": None,
     "EXCEPTION_HANDLER": "gradient.rest.exception_handler",
     "DEFAULT_THROTTLE_CLASSES": ["gradient.throttling.AnonThrottle", "gradient.throttling.UserThrottle"],
@@ -169,6 +178,15 @@ REST_FRAMEWORK = {
 # Generous by default: they bound a runaway client, not normal use. "" turns a throttle off.
 GRADIENT_API_THROTTLE_USER = os.environ.get("GRADIENT_API_THROTTLE_USER", "20000/hour")
 GRADIENT_API_THROTTLE_ANON = os.environ.get("GRADIENT_API_THROTTLE_ANON", "2000/hour")
+# Failed logins (the token route and the admin's login page), per account and per client address.
+GRADIENT_LOGIN_THROTTLE_ACCOUNT = os.environ.get("GRADIENT_LOGIN_THROTTLE_ACCOUNT", "10/15m")
+GRADIENT_LOGIN_THROTTLE_ADDRESS = os.environ.get("GRADIENT_LOGIN_THROTTLE_ADDRESS", "50/15m")
+# Addresses or networks of the reverse proxies whose X-Forwarded-For is believed (comma-separated);
+# unset, the client's address is the peer's, whatever a header says (gradient.throttling).
+GRADIENT_TRUSTED_PROXIES = os.environ.get("GRADIENT_TRUSTED_PROXIES", "").strip()
+# REST tokens (gradient.auth): the days a token issued by POST /api/v1/auth/token is good for.
+GRADIENT_API_TOKEN_TTL_DAYS = _env_int("GRADIENT_API_TOKEN_TTL_DAYS", 30)
+REST_KNOX = {"TOKEN_TTL": timedelta(days=GRADIENT_API_TOKEN_TTL_DAYS), "AUTH_HEADER_PREFIX": "Token"}
 SPECTACULAR_SETTINGS = {
     "TITLE": "Gradient",
     "DESCRIPTION": "A distributed job scheduler for Nix CI.",
@@ -196,6 +214,8 @@ LOGGING = {
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "loggers": {
         "gradient": {"handlers": ["console"], "level": os.environ.get("GRADIENT_LOG_LEVEL", "INFO")},
+        # Every 500 with its traceback (Django logs them here; its own handler prints only with DEBUG on).
+        "django.request": {"handlers": ["console"], "level": "ERROR", "propagate": False},
     },
 }
 
@@ -214,4 +234,10 @@ GRADIENT_SCHEDULER_CLUSTER_RESERVE_TIMEOUT_SECS = _env_int(
 GRADIENT_SCHEDULER_UNBUILDABLE_GRACE_SECS = _env_int("GRADIENT_SCHEDULER_UNBUILDABLE_GRACE_SECS", 300)
 GRADIENT_PROTO_WORKER_HEARTBEAT_TIMEOUT_SECS = _env_int("GRADIENT_PROTO_WORKER_HEARTBEAT_TIMEOUT_SECS", 120)
 GRADIENT_RETENTION_DAYS = _env_int("GRADIENT_RETENTION_DAYS", 90)
+# /proto limits of one process (docs/security.md): seconds a socket may take to send its InitConnection,
+# sockets that have not completed it (more are refused before the upgrade), handshakes at the database
+# at once.
+GRADIENT_PROTO_HANDSHAKE_TIMEOUT_SECS = _env_int("GRADIENT_PROTO_HANDSHAKE_TIMEOUT_SECS", 10)
+GRADIENT_PROTO_MAX_UNAUTHENTICATED = _env_int("GRADIENT_PROTO_MAX_UNAUTHENTICATED", 256)
+GRADIENT_PROTO_HANDSHAKE_CONCURRENCY = _env_int("GRADIENT_PROTO_HANDSHAKE_CONCURRENCY", 16)
 GRADIENT_SCHEDULING_POLICY = os.environ.get("GRADIENT_SCHEDULING_POLICY", "resource-aware")

@@ -4,18 +4,25 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from gradient.health import healthz
 from gradient.overview import overview_json, overview_page
+from gradient.throttling import limit_admin_login
 
 admin.site.site_header = "Gradient"
 admin.site.site_title = "Gradient console"
 admin.site.index_title = "Scheduler console"
+# Failed logins are limited per account and per address (gradient.throttling); set before the admin's
+# URLs are made, which take the view from here.
+admin.site.login = limit_admin_login(admin.site.login)  # type: ignore[method-assign]
 
 urlpatterns = [
     path("healthz", healthz, name="healthz"),
     path("admin/overview/", admin.site.admin_view(overview_page), name="console-overview"),
     path("admin/overview.json", admin.site.admin_view(overview_json), name="console-overview-json"),
     path("admin/", admin.site.urls),
-    path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
-    path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
+    # The document is the same for everyone and reads no table: not counted (the counters are a table).
+    path("api/schema/", SpectacularAPIView.as_view(throttle_classes=[]), name="schema"),
+    path(
+        "api/docs/", SpectacularSwaggerView.as_view(url_name="schema", throttle_classes=[]), name="api-docs"
+    ),
     path("api/v1/", include("gradient.api_urls")),
 ]
 

@@ -5,6 +5,13 @@ Decoding is strict: an unknown `type`, an unknown or missing field, or a wrong t
 `ProtocolError`, which the server answers with `Error{400}` and close code 4400. Optional fields may be
 omitted or `null`; this module encodes them as `null`.
 
+Text is text (protocol.md): a string on the wire may hold any character JSON can carry, but two of
+them cannot be stored or passed on as text: NUL (U+0000, which PostgreSQL's text and jsonb refuse) and a
+lone UTF-16 surrogate (`"\ud800"` without its pair, which no UTF-8 encoder writes). Decoding turns each
+into U+FFFD REPLACEMENT CHARACTER, in every string of every message, keys included, so nothing a worker
+reports can fail on them further in. A surrogate pair (escaped, or as two code points of a Python str)
+is the one character it spells.
+
 This module is plain msgspec with no Django import, so the reference worker (gradient.workers.client)
 uses the very same structs as the server. The failure kinds and the job kind names are
 gradient.core.vocab's (FailureKind, JobKindName), shared with the models and the decision modules.
@@ -12,6 +19,8 @@ gradient.core.vocab's (FailureKind, JobKindName), shared with the models and the
 
 from __future__ import annotations
 
+import json
+import re
 from typing import Annotated, Final, Literal, TypeAlias
 
 import msgspec
@@ -474,11 +483,62 @@ def frame_too_large(frame: str | bytes) -> bool:
     return len(frame.encode()) > MAX_FRAME_BYTES
 
 
+REPLACEMENT_CHARACTER: Final = "\ufffd"
+"""What a NUL or a lone surrogate of any decoded string becomes."""
+
+# An escape that may spell NUL or a surrogate (`\u0000`, `\ud800`..`\udfff`, any case). A match may be
+# no escape at all (`\\u0000` is a backslash and the text "u0000"): it only sends the frame the slow way.
+_SUSPECT_ESCAPE = re.compile(r"\\u(?:0000|[dD][89a-fA-F][0-9a-fA-F]{2})")
+_SUSPECT_ESCAPE_BYTES = re.compile(rb"\\u(?:0000|[dD][89a-fA-F][0-9a-fA-F]{2})")
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def clean_text(text: str) -> str:
+    """`text` with every NUL and every lone surrogate replaced by U+FFFD (a surrogate pair given as two
+    code points becomes the character it spells)."""
+    if "\x00" in text:
+        text = text.replace("\x00", REPLACEMENT_CHARACTER)
+    if _SURROGATE.search(text):
+        text = text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
+    return text
+
+
+def _clean(value: object) -> object:
+    if isinstance(value, str):
+        return clean_text(value)
+    if isinstance(value, list):
+        return [_clean(v) for v in value]
+    if isinstance(value, dict):
+        return {clean_text(k) if isinstance(k, str) else k: _clean(v) for k, v in value.items()}
+    return value
+
+
+def _cleaned_frame(frame: str | bytes) -> str | bytes:
+    """The frame with its text made storable (see the module's docstring). Most frames hold no escape of
+    NUL or a surrogate and no raw surrogate, and pass unchanged, at the cost of one regular-expression
+    scan. The others are parsed by the standard library's json (which, unlike msgspec, accepts a lone
+    surrogate escape), cleaned, and written again for the strict decoder, so what is a violation stays
+    one."""
+    if isinstance(frame, str):
+        raw_surrogate = _SURROGATE.search(frame) is not None
+        if raw_surrogate:
+            frame = clean_text(frame)
+        if not _SUSPECT_ESCAPE.search(frame):
+            return frame
+    elif not _SUSPECT_ESCAPE_BYTES.search(frame):
+        return frame
+    try:
+        parsed = json.loads(frame)
+    except (ValueError, RecursionError):
+        return frame  # not JSON (or absurdly deep): the strict decoder says why
+    return json.dumps(_clean(parsed), ensure_ascii=False, allow_nan=True)
+
+
 def _decode(decoder: msgspec.json.Decoder[object], frame: str | bytes) -> object:
     if frame_too_large(frame):
         raise ProtocolError(f"frame is larger than {MAX_FRAME_BYTES} bytes")
     try:
-        return decoder.decode(frame)
+        return decoder.decode(_cleaned_frame(frame))
     except msgspec.DecodeError as exc:  # ValidationError is a DecodeError too
         raise ProtocolError(str(exc)) from None
 

@@ -16,16 +16,19 @@ from django.utils import timezone
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import serializers, status
 from rest_framework.authtoken.views import ObtainAuthToken
-from rest_framework.exceptions import NotFound
+from rest_framework.exceptions import NotFound, Throttled, ValidationError
+from rest_framework.parsers import FormParser, MultiPartParser
 from rest_framework.permissions import IsAdminUser
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from gradient.auth import issue_token
 from gradient.core.ids import parse_uuid
+from gradient.parsers import JSONParser
 from gradient.scheduling.models import Project
 from gradient.scheduling.services import projects
-from gradient.throttling import AnonThrottle, UserThrottle
+from gradient.throttling import AnonThrottle, UserThrottle, login_failed, login_refused_for
 from gradient.workers import services
 from gradient.workers.models import Worker
 from gradient.workers.selectors import workers_with_session_state
@@ -148,6 +151,7 @@ class AuthTokenView(ObtainAuthToken):
     """POST /api/v1/auth/token: {username, password} -> {token}; send it as `Authorization: Token ...`."""
 
     throttle_classes = [AnonThrottle, UserThrottle]  # DRF's view has none: password guessing is bounded
+    parser_classes = [FormParser, MultiPartParser, JSONParser]  # DRF's, with gradient.parsers' JSON
 
     @extend_schema(
         request=TokenRequestSerializer,
@@ -156,7 +160,19 @@ class AuthTokenView(ObtainAuthToken):
         summary="Exchange a username and password for an API token",
     )
     def post(self, request: Request, *args: Any, **kwargs: Any) -> Response:
-        return super().post(request, *args, **kwargs)
+        # Failed logins are limited per account and per address (gradient.throttling): over a limit the
+        # password is not even checked.
+        username = request.data.get("username") if isinstance(request.data, dict) else None
+        username = username if isinstance(username, str) else ""
+        wait = login_refused_for(request, username)
+        if wait is not None:
+            raise Throttled(wait=wait, detail="Too many failed logins.")
+        serializer = self.get_serializer(data=request.data)
+        if not serializer.is_valid():
+            login_failed(request, username)
+            raise ValidationError(serializer.errors)
+        # A new hashed, expiring token per login (gradient.auth), in the shape DRF's view answered.
+        return Response({"token": issue_token(serializer.validated_data["user"])})
 
 
 def _user_data(user: Any) -> dict[str, Any]:

@@ -118,9 +118,15 @@ def worker_register(*, name: str, projects: Iterable[Project]) -> tuple[Worker, 
 
 
 def worker_token_reset(*, worker_id: uuid.UUID) -> str | None:
-    """Issue a new token (the old one stops working at the next handshake); None for an unknown id."""
+    """Issue a new token; the session opened with the old one is closed (workers.revocation). None for
+    an unknown id."""
+    from gradient.workers.revocation import CLOSE_TOKEN_REVOKED, close_open_sessions
+
     token, hashed = token_new()
-    updated = Worker.objects.filter(id=worker_id).update(token_hash=hashed)
+    with transaction.atomic():
+        updated = Worker.objects.filter(id=worker_id).update(token_hash=hashed)
+        if updated:
+            close_open_sessions(worker_id=worker_id, reason="token rotated", code=CLOSE_TOKEN_REVOKED)
     return token if updated else None
 
 

@@ -154,6 +154,9 @@ class Command(BaseCommand):
             port=options["port"],
             log_level=options["log_level"],
             lifespan="off",
+            # X-Forwarded-For is Gradient's to judge (GRADIENT_TRUSTED_PROXIES, gradient.throttling): uvicorn
+            # would believe it from 127.0.0.1 by default, and any local client could forge its address.
+            proxy_headers=False,
             ws_max_size=WS_MAX_SIZE,
             ws_ping_interval=20.0,
             ws_ping_timeout=20.0,

@@ -16,6 +16,11 @@ pg_terminate_backend, a failover) is replaced and the call made again, so the wo
 a channel layer that fails under the consumer (Redis restarted) ends the session cleanly, socket closed
 with 1011 and session closed in the database, so the worker reconnects at once instead of waiting for
 the liveness pass to free it.
+
+A report the database cannot store (a data error: a value too long for its column, say) costs neither
+the session nor its jobs: its transaction rolled back, so it changed nothing; a result or a failure
+(JobUpdate, JobCompleted, JobFailed) then fails its assignment as `transient`, with the reason, so the
+job is tried again, and any other message is dropped. Either way it is logged with its traceback.
 """
 
 from __future__ import annotations
@@ -29,13 +34,15 @@ from typing import Any
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
-from django.db import InterfaceError, OperationalError, connection
+from django.conf import settings
+from django.db import DataError, InterfaceError, OperationalError, connection
 from django.utils import timezone
 
 from gradient.core.protocol import (
     CLOSE_PROTOCOL_ERROR,
     PROTOCOL_VERSION,
     AssignJobResponse,
+    BuildFailureKind,
     BuildProgress,
     ClusterSignal,
     Draining,
@@ -88,7 +95,8 @@ JOB_LOOP: dict[type[Message], Handler] = {
     Draining: jobloop.draining,
 }
 
-HANDSHAKE_TIMEOUT_SECS = 30.0
+# A socket that has not sent its InitConnection by then is refused (Reject{400}); a test may lower it.
+HANDSHAKE_TIMEOUT_SECS = float(settings.GRADIENT_PROTO_HANDSHAKE_TIMEOUT_SECS)
 # "Seen" is written at most this often per session; a heartbeat always writes it.
 SEEN_EVERY_SECS = 1.0
 # Channel-layer group memberships expire (channels_redis: a day); a heartbeat renews it this often.
@@ -103,6 +111,23 @@ DB_RETRY_PAUSE_SECS = 0.1
 CHANNEL_LAYER_TIMEOUT_SECS = 2.0
 
 _live: weakref.WeakSet[WorkerConsumer] = weakref.WeakSet()
+_handshake_semaphores: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _handshake_slots() -> asyncio.Semaphore:
+    """At most GRADIENT_PROTO_HANDSHAKE_CONCURRENCY handshakes of this process (of its event loop) at the
+    database at once; the others wait their turn, within the handshake time-out."""
+    loop = asyncio.get_running_loop()
+    semaphore = _handshake_semaphores.get(loop)
+    if semaphore is None:
+        semaphore = _handshake_semaphores[loop] = asyncio.Semaphore(
+            settings.GRADIENT_PROTO_HANDSHAKE_CONCURRENCY
+        )
+    return semaphore
+
+
 _server_draining = False
 
 
@@ -131,6 +156,41 @@ def _handle(handler: Handler, session: SessionRef, message: Message, mark_seen: 
     raise AssertionError("unreachable")
 
 
+# Reports whose data error fails their assignment (transient): the job's outcome would be lost otherwise.
+RESULT_REPORTS = (JobUpdate, JobCompleted, JobFailed)
+
+
+def _handle_contained(
+    handler: Handler, session: SessionRef, message: Message, mark_seen: bool
+) -> list[ServerMessage]:
+    """_handle, with a data error contained to its message (see the module's docstring)."""
+    try:
+        return _handle(handler, session, message, mark_seen)
+    except DataError as exc:
+        detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        log.error(
+            "the database refused %s from worker %s (%s); the session goes on",
+            tag_of(type(message)),
+            session.worker_id,
+            detail,
+            exc_info=True,
+        )
+        if not isinstance(message, RESULT_REPORTS):
+            return []
+    failed = JobFailed(
+        job_id=message.job_id,
+        assignment_id=message.assignment_id,
+        error=f"the server could not store the worker's {tag_of(type(message))}: {detail}"[:2000],
+        kind=BuildFailureKind.TRANSIENT,
+        elapsed_ms=getattr(message, "elapsed_ms", 0),
+    )
+    try:
+        return _handle(jobloop.job_failed, session, failed, False)
+    except DataError:
+        log.error("failing assignment %s of worker %s failed too", message.assignment_id, session.worker_id)
+        return []
+
+
 def _close_session(session: SessionRef, reason: str) -> None:
     """Close the session in the database, retried on a lost connection: a session left open keeps its
     worker out (496) until the liveness pass. The close is conditional, so repeating it is harmless."""
@@ -144,6 +204,61 @@ def _close_session(session: SessionRef, reason: str) -> None:
             log.warning("database connection lost closing the session of %s; trying again", session.worker_id)
             jobloop.drop_connection()
             time.sleep(DB_RETRY_PAUSE_SECS * attempt)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+# Sessions of this process whose socket is gone but whose close the database did not take (it was away:
+# a restart, an outage). Each is still open in the database, so its worker's reconnection is refused with
+# 496, wherever it comes; this process knows they are dead, and closes them as soon as the database
+# answers again (_reap_unclosed), instead of leaving them to the liveness pass (120 s by default).
+_unclosed: dict[Any, tuple[SessionRef, str]] = {}
+_reaper: asyncio.Task[None] | None = None
+REAP_EVERY_SECS = 0.5
+REAP_MAX_PAUSE_SECS = 2.0
+
+
+def _remember_unclosed(session: SessionRef, reason: str) -> None:
+    global _reaper
+    _unclosed[session.session_id] = (session, reason)
+    if _reaper is None or _reaper.done():
+        _reaper = asyncio.get_running_loop().create_task(_reap_unclosed())
+
+
+def _close_unclosed_once(session: SessionRef, reason: str) -> None:
+    """One try, on a fresh connection if the last one died."""
+    try:
+        services.worker_session_close(session_id=session.session_id, reason=reason, now=timezone.now())
+    except (OperationalError, InterfaceError):
+        jobloop.drop_connection()
+        raise
+
+
+async def _reap_unclosed() -> None:
+    """Close every session in _unclosed, trying again every REAP_EVERY_SECS (doubling up to
+    REAP_MAX_PAUSE_SECS) while the database is away; ends when none is left."""
+    pause = REAP_EVERY_SECS
+    while _unclosed:
+        await asyncio.sleep(pause)
+        for session_id, (session, reason) in list(_unclosed.items()):
+            try:
+                # Not thread-sensitive: the one shared thread must not wait on a database that is away.
+                await database_sync_to_async(_close_unclosed_once, thread_sensitive=False)(session, reason)
+            except (OperationalError, InterfaceError):
+                pause = min(pause * 2, REAP_MAX_PAUSE_SECS)
+                break
+            except Exception:
+                log.exception("closing the session of %s failed; the liveness pass will", session.worker_id)
+                _unclosed.pop(session_id, None)
+                continue
+            _unclosed.pop(session_id, None)
+            pause = REAP_EVERY_SECS
+            log.info(
+                "worker %s disconnected: %s (closed once the database answered)", session.worker_id, reason
+            )
 
 
 def _forget_channel(layer: Any, channel_name: str | None) -> None:
@@ -170,6 +285,9 @@ class WorkerConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]  # channels 
         database, so the worker reconnects, and its jobs go back to the pool at once."""
         try:
             await super().__call__(scope, receive, send)
+        except OSError as exc:  # uvicorn's ClientDisconnected: the peer left while we wrote to it
+            log.info("%s left before the server was done with it (%s)", self._who(), type(exc).__name__)
+            await self._end_after_failure(send)
         except RuntimeError as exc:
             if "GeneratorExit" in str(exc):
                 raise  # the consumer's own coroutine is being closed (its task torn down): not a failure
@@ -207,6 +325,16 @@ class WorkerConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]  # channels 
         self.group = None
         self._seen_at = 0.0
         self._grouped_at = 0.0
+        unauthenticated = sum(1 for c in _live if c.session is None and not c.closing)
+        if unauthenticated >= settings.GRADIENT_PROTO_MAX_UNAUTHENTICATED:
+            # Refused before the upgrade (HTTP 403): a flood of sockets that never say who they are costs
+            # this process at most that many consumers. A worker retries with backoff.
+            log.info(
+                "refused %s: %d connections have not completed the handshake", self._peer(), unauthenticated
+            )
+            self.closing = True
+            await self.close()
+            return
         await self.accept()
         loop = asyncio.get_running_loop()
         remember_serve_loop(loop)
@@ -249,14 +377,15 @@ class WorkerConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]  # channels 
             )
             return
         try:
-            result = await database_sync_to_async(services.worker_session_open)(
-                worker_id=message.worker_id,
-                token=message.token,
-                capabilities=message.capabilities,
-                channel_name=self.channel_name,
-                server_boot=current_boot(),
-                now=timezone.now(),
-            )
+            async with _handshake_slots():
+                result = await database_sync_to_async(services.worker_session_open)(
+                    worker_id=message.worker_id,
+                    token=message.token,
+                    capabilities=message.capabilities,
+                    channel_name=self.channel_name,
+                    server_boot=current_boot(),
+                    now=timezone.now(),
+                )
         except Exception:
             log.exception("handshake of %s failed", self._peer())
             await self._close(1011, "internal error")
@@ -292,7 +421,7 @@ class WorkerConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]  # channels 
         try:
             # Not thread-sensitive: sessions run their job-loop calls side by side, each in its own
             # transaction on its own thread's connection.
-            replies = await database_sync_to_async(_handle, thread_sensitive=False)(
+            replies = await database_sync_to_async(_handle_contained, thread_sensitive=False)(
                 handler, session, message, mark_seen
             )
         except Exception:
@@ -318,7 +447,7 @@ class WorkerConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]  # channels 
     async def worker_push(self, event: dict[str, Any]) -> None:
         if self.session is None or self.closing:
             return
-        await self.send(text_data=event["frame"])
+        await self._send_text(event["frame"])
 
     async def worker_close(self, event: dict[str, Any]) -> None:
         if self.session is None or self.closing:
@@ -357,13 +486,40 @@ class WorkerConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]  # channels 
         self._session_ended = True
         try:
             await database_sync_to_async(_close_session)(session, reason)
+        except (OperationalError, InterfaceError) as exc:
+            log.warning(
+                "closing the session of %s failed (%s); closing it again as soon as the database answers",
+                session.worker_id,
+                _first_line(exc),
+            )
+            _remember_unclosed(session, reason)
+            return
         except Exception:
             log.exception("closing the session of %s failed; the liveness pass will", session.worker_id)
             return
         log.info("worker %s disconnected: %s", session.worker_id, reason)
 
     async def _send(self, message: ServerMessage) -> None:
-        await self.send(text_data=encode(message))
+        await self._send_text(encode(message))
+
+    async def _send_text(self, frame: str) -> None:
+        """Send a frame; a peer that has left already (uvicorn's ClientDisconnected, an OSError) is no
+        failure of ours: its disconnect ends the session."""
+        try:
+            await self.send(text_data=frame)
+        except OSError:
+            log.info("%s left before a frame to it went out", self._who())
+            self.closing = True
+
+    async def close(self, code: int | None = None, reason: str | None = None) -> None:
+        try:
+            await super().close(code=code, reason=reason)
+        except OSError:  # the peer left first: nothing to close
+            log.debug("%s left before its close went out", self._who())
+
+    def _who(self) -> str:
+        session = getattr(self, "session", None)
+        return f"worker {session.worker_id}" if session is not None else self._peer()
 
     async def _violation(self, detail: str) -> None:
         log.info("protocol violation from %s: %s", self._peer(), detail)
