@@ -18,6 +18,7 @@ from datetime import datetime, timedelta
 
 from django.db import IntegrityError, transaction
 from django.db.models import Exists, OuterRef, Q
+from django.utils import timezone
 
 from gradient.core.ids import parse_uuid
 from gradient.core.protocol import (
@@ -38,6 +39,8 @@ from gradient.workers.selectors import worker_project_names
 from gradient.workers.tokens import token_matches, token_new
 
 log = logging.getLogger("gradient.workers")
+
+CLOSE_TOKEN_REVOKED = 4401  # as a Reject{401}: the token it connected with is no longer good
 
 # A boot that stopped, or whose heartbeat (every 10 s) is older than this, holds no live sockets: its
 # sessions may be closed by a handshake that would otherwise be refused with 496.
@@ -118,10 +121,9 @@ def worker_register(*, name: str, projects: Iterable[Project]) -> tuple[Worker, 
 
 
 def worker_token_reset(*, worker_id: uuid.UUID) -> str | None:
-    """Issue a new token; the session opened with the old one is closed (workers.revocation). None for
-    an unknown id."""
-    from gradient.workers.revocation import CLOSE_TOKEN_REVOKED, close_open_sessions
-
+    """Issue a new token; the session opened with the old one is closed at once (socket 4401, its jobs
+    back to the pool), so the old token stops working now, not at the next handshake. None for an
+    unknown id."""
     token, hashed = token_new()
     with transaction.atomic():
         updated = Worker.objects.filter(id=worker_id).update(token_hash=hashed)
@@ -137,14 +139,24 @@ def worker_deactivate(*, worker_id: uuid.UUID, now: datetime) -> bool:
         if not Worker.objects.filter(id=worker_id).exists():
             return False
         Worker.objects.filter(id=worker_id, active=True).update(active=False, deactivated_at=now)
+        close_open_sessions(worker_id=worker_id, reason="worker deactivated", code=CLOSE_DEACTIVATED, now=now)
+    return True
+
+
+def close_open_sessions(*, worker_id: uuid.UUID, reason: str, code: int, now: datetime | None = None) -> int:
+    """Close the worker's open sessions in the database (its jobs go back to the pool, by the session
+    hooks) and order their consumers to close the sockets, on whatever process holds them, once this
+    commits. Returns how many were closed."""
+    now = now or timezone.now()
+    closed = 0
+    with transaction.atomic():
         for session_id in WorkerSession.objects.filter(
             worker_id=worker_id, closed_at__isnull=True
         ).values_list("id", flat=True):
-            if _session_close(session_id=session_id, reason="worker deactivated", now=now) is not None:
-                close_worker_session_on_commit(
-                    worker_id, session_id=session_id, code=CLOSE_DEACTIVATED, reason="worker deactivated"
-                )
-    return True
+            if _session_close(session_id=session_id, reason=reason, now=now) is not None:
+                closed += 1
+                close_worker_session_on_commit(worker_id, session_id=session_id, code=code, reason=reason)
+    return closed
 
 
 def worker_activate(*, worker_id: uuid.UUID) -> bool:
