@@ -38,7 +38,7 @@ from gradient.scheduling.models import (
     EvaluationStatus,
     JobKind,
 )
-from gradient.scheduling.services import drv_recovery, graph
+from gradient.scheduling.services import drv_recovery, eval_parts, graph
 from gradient.scheduling.services.claims import assignment_close
 from gradient.workers.models import CandidateScore, SentCandidate
 
@@ -229,20 +229,7 @@ def _eval_update(row: DispatchedJob, kind: str, update: dict[str, Any], now: dat
         evaluation.flake_source = update["flake_source"]
         evaluation.save(update_fields=["flake_source", "updated_at"])
         return ReportOutcome(True, f"fetched {evaluation.flake_source}")
-    evaluation.warnings = [*evaluation.warnings, *update.get("warnings", [])][:500]
-    evaluation.errors = [*evaluation.errors, *update.get("errors", [])][:500]
-    evaluation.save(update_fields=["warnings", "errors", "updated_at"])
-    if evaluation.kind == EvaluationKind.DRV_RECOVERY:
-        cleared = drv_recovery.drv_recovery_ingest(
-            evaluation=evaluation, derivations=update.get("derivations", []), now=now
-        )
-        return ReportOutcome(True, f"eval_result (DrvRecovery): {cleared} lost .drv recovered")
-    result = graph.ingest_eval_result(
-        evaluation=evaluation, derivations=update.get("derivations", []), now=now
-    )
-    return ReportOutcome(
-        True, f"eval_result: {result.builds} builds, {result.created} new, {result.queued} queued"
-    )
+    return ReportOutcome(*eval_parts.eval_result_part(row=row, evaluation=evaluation, update=update, now=now))
 
 
 def _build_update(row: DispatchedJob, kind: str, update: dict[str, Any], now: datetime) -> ReportOutcome:
@@ -298,6 +285,8 @@ def _eval_completed(row: DispatchedJob, now: datetime) -> ReportOutcome:
     evaluation = _locked_evaluation(row)
     if evaluation.status in EVALUATION_TERMINAL:
         return ReportOutcome(True, "evaluation already finished")
+    if (incomplete := eval_parts.incomplete_result(row=row, evaluation=evaluation, now=now)) is not None:
+        return ReportOutcome(*incomplete)
     steps = tuple(row.job.get("steps") or ())
     if steps == jobs.FETCH_ONLY_STEPS:
         if not evaluation.flake_source:
