@@ -206,9 +206,13 @@ class FetchResult(JobUpdateKindBase, tag="fetch_result"):
 
 
 class EvalResult(JobUpdateKindBase, tag="eval_result"):
+    """One eval_result, or one part of a result too large for a frame: every part but the last has
+    `is_final: false`; absent (null) means true, so one frame is a whole result ("Large evaluations")."""
+
     derivations: list[DiscoveredDerivation]
     warnings: list[str]
     errors: list[str]
+    is_final: bool | None = None
 
 
 class Building(JobUpdateKindBase, tag="building"):

@@ -170,6 +170,16 @@ class DerivationBuild(models.Model):
         blank=True,
         help_text="No worker could obtain the .drv: not queued until a DrvRecovery evaluation restores it.",
     )
+    ingest = models.ForeignKey(
+        "EvalIngest",
+        null=True,
+        blank=True,
+        on_delete=models.DO_NOTHING,
+        db_constraint=False,
+        db_index=False,
+        related_name="+",
+        help_text="The eval_result in parts that created it: not queued while that result is still arriving.",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     queued_at = models.DateTimeField(null=True, blank=True)
     updated_at = models.DateTimeField(auto_now=True)
@@ -446,3 +456,56 @@ class CandidateScore(models.Model):
 
     def __str__(self) -> str:
         return f"{self.job_id} on {self.worker_id}: {self.missing_nar_size} B missing"
+
+
+class EvalIngest(models.Model):
+    """An eval_result arriving in parts on one assignment (protocol.md, "Large evaluations"). Each part
+    is stored as it arrives; `decided_at` is set when the final part arrived and the graph was decided.
+    Builds it created are held (never queued) while it is undecided and its assignment open; a part
+    after the final one is dropped."""
+
+    assignment = models.OneToOneField(
+        DispatchedJob, primary_key=True, on_delete=models.CASCADE, related_name="eval_ingest"
+    )
+    evaluation = models.ForeignKey(Evaluation, on_delete=models.CASCADE, related_name="ingests")
+    parts = models.PositiveIntegerField(default=0)
+    derivations = models.PositiveIntegerField(
+        default=0, help_text="Derivations received (one named twice counts twice)."
+    )
+    started_at = models.DateTimeField()
+    decided_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        db_table = "eval_ingest"
+
+    def __str__(self) -> str:
+        state = "decided" if self.decided_at else "arriving"
+        return f"eval_result of {self.assignment_id}: {self.parts} parts, {state}"
+
+
+class EvalIngestInput(models.Model):
+    """An input of a build not known yet when its part arrived: the input's derivation may come in a
+    later part. A build with such a row is never queued (its dependency edges are incomplete); the row
+    becomes an edge when the input arrives, and goes when the result's final part shows the input is
+    not part of it."""
+
+    ingest = models.ForeignKey(EvalIngest, on_delete=models.CASCADE, related_name="pending_inputs")
+    build = models.ForeignKey(DerivationBuild, on_delete=models.CASCADE, related_name="+")
+    input_drv_path = models.CharField(max_length=1024)
+
+    class Meta:
+        db_table = "eval_ingest_input"
+        constraints = [
+            models.UniqueConstraint(
+                fields=["ingest", "build", "input_drv_path"],
+                name="eval_ingest_input-unique",
+                violation_error_message="This pending input is noted already.",
+            ),
+        ]
+        indexes = [
+            models.Index(fields=["ingest", "input_drv_path"], name="idx-eval_ingest_input-path"),
+            models.Index(fields=["build"], name="idx-eval_ingest_input-build"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.build_id} awaits {self.input_drv_path}"

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import Exists, OuterRef, Q, QuerySet
 
 from gradient.core.vocab import (
@@ -28,6 +28,8 @@ from gradient.scheduling.models import (
     CachedPath,
     DerivationBuild,
     DerivationBuildDependency,
+    EvalIngest,
+    EvalIngestInput,
     Evaluation,
     EvaluationBuild,
 )
@@ -52,89 +54,130 @@ def cache_paths(*, paths: Iterable[tuple[str, int]]) -> None:
 def ingest_eval_result(
     *, evaluation: Evaluation, derivations: Sequence[dict[str, Any]], now: datetime
 ) -> IngestResult:
-    """Create or reuse one shared build per derivation path, their dependency edges, the evaluation's
-    links and the cached outputs; then queue what can start and fail what cannot."""
-    result = IngestResult()
-    by_path: dict[str, dict[str, Any]] = {}
-    for d in derivations:
-        by_path.setdefault(d["drv_path"], d)
-    if not by_path:
+    """A whole eval_result at once: create or reuse one shared build per derivation path, their
+    dependency edges, the evaluation's links and the cached outputs; then decide the graph (queue what
+    can start, fail what cannot). A result in parts goes through eval_parts instead."""
+    from gradient.scheduling.services.ingest import store_part
+
+    stored = store_part(
+        evaluation=evaluation, derivations=derivations, ingest_id=None, hold=False, final=True, now=now
+    )
+    result = IngestResult(builds=len(stored.ids), created=stored.created, build_ids=list(stored.ids.values()))
+    if not stored.ids:
         return result
-
-    cache_paths(
-        paths=(
-            (o["path"], o.get("nar_size") or 0)
-            for d in by_path.values()
-            for o in d.get("cached_outputs") or []
-        )
-    )
-
-    existing = set(DerivationBuild.objects.filter(drv_path__in=by_path).values_list("drv_path", flat=True))
-    new_rows = [
-        DerivationBuild(
-            drv_path=path,
-            system=d["system"],
-            required_features=sorted(set(d.get("required_features") or [])),
-            outputs=[{"name": o["name"], "path": o["path"]} for o in d.get("outputs") or []],
-            prioritized=evaluation.priority,
-        )
-        for path, d in by_path.items()
-        if path not in existing
-    ]
-    DerivationBuild.objects.bulk_create(new_rows, ignore_conflicts=True)
-    ids = dict(DerivationBuild.objects.filter(drv_path__in=by_path).values_list("drv_path", "id"))
-    result.builds = len(ids)
-    result.created = len(new_rows)
-    result.build_ids = list(ids.values())
-
-    # A build aborted for an earlier evaluation nobody wanted any more is wanted again now.
-    DerivationBuild.objects.filter(id__in=ids.values(), status=BuildStatus.ABORTED).update(
-        status=BuildStatus.CREATED, retry_at=None, updated_at=now
-    )
-
-    edges = [
-        DerivationBuildDependency(build_id=ids[path], dependency_id=ids[dep])
-        for path, d in by_path.items()
-        for dep in d.get("input_drvs") or []
-        if dep in ids and dep != path
-    ]
-    DerivationBuildDependency.objects.bulk_create(edges, ignore_conflicts=True)
-
-    links = [
-        EvaluationBuild(
-            evaluation=evaluation, build_id=ids[path], attr=d.get("attr"), named=d.get("attr") is not None
-        )
-        for path, d in by_path.items()
-    ]
-    EvaluationBuild.objects.bulk_create(links, ignore_conflicts=True)
-
-    result.substituted = substitute_cached_builds(build_ids=result.build_ids, now=now)
-    result.dependency_failed = fail_dependents(build_ids=result.build_ids, now=now)
-    result.queued = queue_ready_builds(build_ids=result.build_ids, now=now)
+    decided = decide_evaluation_graph(evaluation_id=evaluation.id, now=now)
+    result.substituted = decided.substituted
+    result.dependency_failed = decided.dependency_failed
+    result.queued = decided.queued
     return result
 
 
+@dataclass
+class GraphDecision:
+    substituted: int = 0
+    dependency_failed: int = 0
+    queued: int = 0
+
+
+def _links_of(evaluation_id: uuid.UUID) -> QuerySet[Any]:
+    return EvaluationBuild.objects.filter(evaluation_id=evaluation_id).values("build_id")
+
+
+def decide_evaluation_graph(*, evaluation_id: uuid.UUID, now: datetime) -> GraphDecision:
+    """The evaluation's whole result is in: what is cached is Substituted, what needs a lasting failure
+    fails, what can start is Queued. Set-based over the evaluation's links and edges: a few statements
+    whatever the evaluation's size, and writes only for builds whose status changes."""
+    decision = GraphDecision()
+    decision.substituted = _substitute_cached_of_evaluation(evaluation_id, now)
+    failed_dep = DerivationBuildDependency.objects.filter(
+        build_id=OuterRef("pk"), dependency__status__in=BUILD_LASTING_FAILURE
+    )
+    doomed = list(
+        DerivationBuild.objects.filter(id__in=_links_of(evaluation_id), status__in=BUILD_PENDING)
+        .filter(Exists(failed_dep))
+        .values_list("id", flat=True)
+    )
+    if doomed:  # proportional to what failed, not to the evaluation
+        decision.dependency_failed = DerivationBuild.objects.filter(
+            id__in=doomed, status__in=BUILD_PENDING
+        ).update(
+            status=BuildStatus.DEPENDENCY_FAILED,
+            last_error="a dependency failed",
+            finished_at=now,
+            updated_at=now,
+        )
+        decision.dependency_failed += fail_dependents(build_ids=doomed, now=now)
+    candidates = DerivationBuild.objects.filter(
+        id__in=_links_of(evaluation_id), status=BuildStatus.CREATED, drv_lost_at__isnull=True
+    )
+    # A dependency finishing in another transaction right now would read this evaluation's new builds
+    # as held, and the statement below would read that dependency as Building: lock the builds that
+    # wait on a Building one first (few: what runs right now), as queue_ready_builds does.
+    _lock_ids(
+        candidates.filter(
+            Exists(
+                DerivationBuildDependency.objects.filter(
+                    build_id=OuterRef("pk"), dependency__status=BuildStatus.BUILDING
+                )
+            )
+        )
+    )
+    decision.queued = _ready(candidates).update(status=BuildStatus.QUEUED, queued_at=now, updated_at=now)
+    return decision
+
+
+def _substitute_cached_of_evaluation(evaluation_id: uuid.UUID, now: datetime) -> int:
+    if connection.vendor != "postgresql":
+        ids = list(
+            DerivationBuild.objects.filter(
+                id__in=_links_of(evaluation_id), status__in=BUILD_PENDING
+            ).values_list("id", flat=True)
+        )
+        return substitute_cached_builds(build_ids=ids, now=now)
+    with connection.cursor() as cur:
+        cur.execute(
+            "UPDATE derivation_build b SET status = %s, finished_at = %s, updated_at = %s "
+            "FROM evaluation_build eb WHERE eb.evaluation_id = %s AND eb.build_id = b.id "
+            "AND b.status = ANY(%s) AND jsonb_array_length(b.outputs) > 0 AND NOT EXISTS ("
+            "SELECT 1 FROM jsonb_array_elements(b.outputs) o "
+            "WHERE NOT EXISTS (SELECT 1 FROM cached_path c WHERE c.path = o->>'path'))",
+            [BuildStatus.SUBSTITUTED.value, now, now, evaluation_id, [s.value for s in BUILD_PENDING]],
+        )
+        return int(cur.rowcount)
+
+
 def substitute_cached_builds(*, build_ids: Sequence[uuid.UUID], now: datetime) -> int:
-    """A pending build whose every output is in the cache needs no build: it is Substituted."""
-    done = 0
+    """A pending build whose every output is in the cache needs no build: it is Substituted (one
+    statement for all of them)."""
     pending = DerivationBuild.objects.filter(id__in=build_ids, status__in=BUILD_PENDING).only("id", "outputs")
     candidates = [b for b in pending if b.outputs]
     paths = {o["path"] for b in candidates for o in b.outputs}
     cached = set(CachedPath.objects.filter(path__in=paths).values_list("path", flat=True))
-    for b in candidates:
-        if all(o["path"] in cached for o in b.outputs):
-            done += DerivationBuild.objects.filter(id=b.id, status__in=BUILD_PENDING).update(
-                status=BuildStatus.SUBSTITUTED, finished_at=now, updated_at=now
-            )
-    return done
+    done = [b.id for b in candidates if all(o["path"] in cached for o in b.outputs)]
+    if not done:
+        return 0
+    return DerivationBuild.objects.filter(id__in=done, status__in=BUILD_PENDING).update(
+        status=BuildStatus.SUBSTITUTED, finished_at=now, updated_at=now
+    )
+
+
+def _ready(qs: QuerySet[Any]) -> QuerySet[Any]:
+    """The builds of `qs` that may be queued: every dependency succeeded, every input is known (no
+    input pending from a result in parts), and not held by a result in parts still arriving on an open
+    assignment."""
+    unfinished_dep = DerivationBuildDependency.objects.filter(build_id=OuterRef("pk")).exclude(
+        dependency__status__in=BUILD_SUCCESS
+    )
+    pending_input = EvalIngestInput.objects.filter(build_id=OuterRef("pk"))
+    held = EvalIngest.objects.filter(
+        assignment_id=OuterRef("ingest_id"), decided_at__isnull=True, assignment__finished_at__isnull=True
+    )
+    return qs.exclude(Exists(unfinished_dep)).exclude(Exists(pending_input)).exclude(Exists(held))
 
 
 def queue_ready_builds(*, build_ids: Sequence[uuid.UUID] | None = None, now: datetime) -> int:
     """Created builds whose every dependency succeeded become Queued. With no ids, every Created build
     (the full resync)."""
-    unfinished_dep = DerivationBuildDependency.objects.filter(build_id=OuterRef("pk")).exclude(
-        dependency__status__in=BUILD_SUCCESS
-    )
     # A build whose .drv is lost waits for its DrvRecovery evaluation (services.drv_recovery).
     qs = DerivationBuild.objects.filter(status=BuildStatus.CREATED, drv_lost_at__isnull=True)
     if build_ids is not None:
@@ -145,7 +188,7 @@ def queue_ready_builds(*, build_ids: Sequence[uuid.UUID] | None = None, now: dat
         # second waits for the first to commit and then reads both (READ COMMITTED: a fresh snapshot
         # per statement).
         _lock_ids(qs)
-    ready = list(qs.exclude(Exists(unfinished_dep)).values_list("id", flat=True))
+    ready = list(_ready(qs).values_list("id", flat=True))
     if not ready:
         return 0
     return DerivationBuild.objects.filter(id__in=ready, status=BuildStatus.CREATED).update(

@@ -61,7 +61,7 @@ from gradient.scheduling.models import (
     DispatchedJob,
     Evaluation,
 )
-from gradient.scheduling.services import drv_recovery, graph
+from gradient.scheduling.services import drv_recovery, eval_parts, graph
 from gradient.scheduling.services.claims import ClaimRequest, assignment_close, claim_assignment
 from gradient.scheduling.services.offers import forget_scores, forget_sent
 
@@ -287,20 +287,12 @@ def _evaluation_update(row: DispatchedJob, update: JobUpdateKind, now: datetime)
             evaluation.flake_source = source
             evaluation.save(update_fields=["flake_source", "updated_at"])
             return ReportOutcome(True, f"fetched {evaluation.flake_source}")
-        case EvalResult(derivations=found, warnings=warnings, errors=errors):
-            evaluation.warnings = [*evaluation.warnings, *warnings][:500]
-            evaluation.errors = [*evaluation.errors, *errors][:500]
-            evaluation.save(update_fields=["warnings", "errors", "updated_at"])
-            derivations = msgspec.to_builtins(found)
-            if evaluation.kind == EvaluationKind.DRV_RECOVERY:
-                cleared = drv_recovery.drv_recovery_ingest(
-                    evaluation=evaluation, derivations=derivations, now=now
-                )
-                return ReportOutcome(True, f"eval_result (DrvRecovery): {cleared} lost .drv recovered")
-            result = graph.ingest_eval_result(evaluation=evaluation, derivations=derivations, now=now)
-            return ReportOutcome(
-                True, f"eval_result: {result.builds} builds, {result.created} new, {result.queued} queued"
+        case EvalResult():
+            # a whole result, or one part of it (eval_parts: stored as it arrives, decided at the last)
+            accepted, detail = eval_parts.eval_result_part(
+                row=row, evaluation=evaluation, update=msgspec.to_builtins(update), now=now
             )
+            return ReportOutcome(accepted, detail)
     raise AssertionError(f"unhandled evaluation update {phase}")  # every JobUpdateKind is matched above
 
 
@@ -352,6 +344,8 @@ def complete_evaluation(row: DispatchedJob, now: datetime) -> ReportOutcome:
     evaluation = _locked_evaluation(row)
     if evaluation.status in EVALUATION_TERMINAL:
         return ReportOutcome(True, "evaluation already finished")
+    if (incomplete := eval_parts.incomplete_result(row=row, evaluation=evaluation, now=now)) is not None:
+        return ReportOutcome(*incomplete)
     steps = tuple(row.job.get("steps") or ())
     if steps == jobs.FETCH_ONLY_STEPS:
         if not evaluation.flake_source:

@@ -13,7 +13,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from gradient.core.protocol import JobKindName
+from gradient.core.protocol import MAX_FRAME_BYTES, JobKindName
+from gradient.workers.client.parts import PART_BUDGET_BYTES
 from gradient.workers.executors import EXECUTORS
 
 
@@ -44,6 +45,7 @@ class WorkerConfig:
     sim_store: list[str] | None = None
     sim_build_ms: int = 100
     log_level: str = "INFO"
+    eval_part_bytes: int = PART_BUDGET_BYTES  # an eval_result larger than this goes in parts
 
     @property
     def job_kinds(self) -> list[JobKindName]:
@@ -82,6 +84,7 @@ ENVIRONMENT = {
     "sim_store": "GRADIENT_WORKER_SIM_STORE",
     "sim_build_ms": "GRADIENT_WORKER_SIM_BUILD_MS",
     "log_level": "GRADIENT_WORKER_LOG_LEVEL",
+    "eval_part_bytes": "GRADIENT_WORKER_EVAL_PART_BYTES",
 }
 
 
@@ -142,6 +145,13 @@ def build_parser() -> argparse.ArgumentParser:
         dest="idle_request_secs",
         type=float,
         help=f"repeat RequestJob while idle (default 10) {env('idle_request_secs')}",
+    )
+    p.add_argument(
+        "--eval-part-bytes",
+        dest="eval_part_bytes",
+        type=int,
+        help=f"the largest eval_result frame; a larger result goes in parts (default {PART_BUDGET_BYTES}, "
+        f"at most 1 MiB) {env('eval_part_bytes')}",
     )
     p.add_argument(
         "--stop-grace-secs",
@@ -248,4 +258,7 @@ def parse_config(argv: Sequence[str] | None = None, environ: Mapping[str, str] |
         sim_store=sim_store,
         sim_build_ms=int(number("sim_build_ms", int, 100)),
         log_level=(get("log_level") or "INFO").upper(),
+        eval_part_bytes=min(
+            MAX_FRAME_BYTES, max(4096, int(number("eval_part_bytes", int, PART_BUDGET_BYTES)))
+        ),
     )

@@ -39,10 +39,10 @@ from gradient.core.protocol import (
     ClusterPeer,
     ClusterSignal,
     ClusterSignalDelivery,
+    DiscoveredDerivation,
     Draining,
     Error,
     EvalProgress,
-    EvalResult,
     EvaluatingDerivations,
     EvaluatingFlake,
     Fetching,
@@ -75,6 +75,7 @@ from gradient.core.protocol import (
 )
 from gradient.workers.client.config import WorkerConfig
 from gradient.workers.client.metrics import collect_metrics, cpu_core_benchmark, hardware, prime_cpu_usage
+from gradient.workers.client.parts import DerivationTooLarge, eval_result_parts
 from gradient.workers.client.scoring import paths_to_check, score_candidates
 from gradient.workers.executors.base import Executor, ExecutorFailure, JobContext
 
@@ -582,14 +583,34 @@ class Connection:
                 if attrs is None:
                     attrs = (await self.executor.evaluate_flake(ref, flake_job.wildcards, ctx)).attrs
                 result = await self.executor.evaluate_derivations(ref, attrs, ctx)
-                await self._update(
-                    job,
-                    EvalResult(
-                        derivations=result.derivations,
-                        warnings=warnings + result.warnings,
-                        errors=result.errors,
-                    ),
+                await self._send_eval_result(
+                    job, result.derivations, warnings + result.warnings, result.errors
                 )
+
+    async def _send_eval_result(
+        self, job: Job, derivations: list[DiscoveredDerivation], warnings: list[str], errors: list[str]
+    ) -> None:
+        """The result in parts that each fit a frame (client/parts.py), in order on this assignment."""
+        try:
+            parts = eval_result_parts(
+                derivations=derivations,
+                warnings=warnings,
+                errors=errors,
+                job_id=job.assign.job_id,
+                assignment_id=job.assign.assignment_id,
+                budget=self.config.eval_part_bytes,
+            )
+        except DerivationTooLarge as exc:
+            raise ExecutorFailure(BuildFailureKind.PERMANENT, str(exc)) from None
+        if len(parts) > 1:
+            log.info(
+                "eval_result of %s: %d derivations in %d parts",
+                job.assign.job_id,
+                len(derivations),
+                len(parts),
+            )
+        for part in parts:
+            await self._update(job, part)
 
     async def _run_build(self, job: Job, build_job: BuildJob, ctx: Context) -> None:
         for spec in build_job.builds:

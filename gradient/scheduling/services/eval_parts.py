@@ -1,0 +1,133 @@
+"""An eval_result in parts (protocol.md, "Large evaluations"): the report side.
+
+A result too large for one frame arrives as several `eval_result` updates on the same assignment,
+every one but the last with `is_final: false` (absent means true: one frame is a whole result). Each
+part is one report, so one short transaction: its derivations are stored as it arrives
+(services.ingest); the graph is decided once, when the final part arrives
+(graph.decide_evaluation_graph). The `eval_ingest` row of the assignment keeps which parts came:
+
+- the builds a part created are held (never queued) while the result is arriving on an open
+  assignment, and a build whose inputs are not all known yet is never queued;
+- a part after the final one is a stale report: dropped, nothing changes;
+- a JobCompleted before the final part fails the evaluation with a clear error (the result is
+  incomplete), and nothing of it is built.
+
+Call these from the report's transaction, with the assignment row locked by the fence (so the parts of
+one assignment never race each other) and the evaluation row locked.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from django.db.models import F
+
+from gradient.core.vocab import EvaluationKind, EvaluationStatus
+from gradient.scheduling import history
+from gradient.scheduling.models import DispatchedJob, EvalIngest, EvalIngestInput, Evaluation, EvaluationBuild
+from gradient.scheduling.services import drv_recovery, graph
+from gradient.scheduling.services.ingest import store_part
+
+MAX_MESSAGES = 500  # warnings and errors kept per evaluation, of all parts together
+
+
+Outcome = tuple[bool, str]  # a ReportOutcome's (accepted, detail): reports.py calls into this module
+
+
+def _outcome(accepted: bool, detail: str) -> Outcome:
+    return accepted, detail
+
+
+def eval_result_part(
+    *, row: DispatchedJob, evaluation: Evaluation, update: dict[str, Any], now: datetime
+) -> Outcome:
+    """One eval_result update (a whole result, or one part of it) on the open assignment `row`."""
+    final = update.get("is_final") is not False
+    ingest = EvalIngest.objects.filter(assignment_id=row.id).first()
+    if ingest is not None and ingest.decided_at is not None:
+        return _outcome(False, "dropped: a part after the final one")
+    evaluation.warnings = [*evaluation.warnings, *update.get("warnings", [])][:MAX_MESSAGES]
+    evaluation.errors = [*evaluation.errors, *update.get("errors", [])][:MAX_MESSAGES]
+    evaluation.save(update_fields=["warnings", "errors", "updated_at"])
+    derivations = update.get("derivations", [])
+    first = ingest is None
+    if ingest is None:
+        ingest = EvalIngest.objects.create(
+            assignment_id=row.id,
+            evaluation_id=evaluation.id,
+            started_at=now,
+            decided_at=now if final else None,
+        )
+    elif final:
+        EvalIngest.objects.filter(pk=ingest.pk).update(decided_at=now)
+    EvalIngest.objects.filter(pk=ingest.pk).update(
+        parts=F("parts") + 1, derivations=F("derivations") + len(derivations)
+    )
+    part = ingest.parts + 1
+    if evaluation.kind == EvaluationKind.DRV_RECOVERY:
+        cleared = drv_recovery.drv_recovery_ingest(evaluation=evaluation, derivations=derivations, now=now)
+        return _outcome(True, f"eval_result (DrvRecovery): {cleared} lost .drv recovered")
+    whole = first and final
+    stored = store_part(
+        evaluation=evaluation,
+        derivations=derivations,
+        ingest_id=None if whole else ingest.pk,
+        hold=not final,
+        final=final,
+        now=now,
+    )
+    if not final:
+        return _outcome(
+            True,
+            f"eval_result part {part}: {len(stored.ids)} derivations, {stored.created} new, "
+            f"{stored.pending} inputs pending",
+        )
+    if not whole:
+        _forget_pending_inputs(ingest, evaluation)
+    decided = graph.decide_evaluation_graph(evaluation_id=evaluation.id, now=now)
+    if whole:
+        return _outcome(
+            True, f"eval_result: {len(stored.ids)} builds, {stored.created} new, {decided.queued} queued"
+        )
+    builds = EvaluationBuild.objects.filter(evaluation_id=evaluation.id).count()
+    return _outcome(
+        True,
+        f"eval_result, final part {part}: {builds} builds, {decided.queued} queued, "
+        f"{decided.substituted} substituted, {decided.dependency_failed} failed",
+    )
+
+
+def _forget_pending_inputs(ingest: EvalIngest, evaluation: Evaluation) -> None:
+    """The final part is in: an input still pending is not a derivation of the result (ignored, as in a
+    whole result). Pending inputs of ingests that will never finish (their assignment closed), for builds
+    of this result, go too: this ingest saw those builds' inputs whole."""
+    EvalIngestInput.objects.filter(ingest_id=ingest.pk).delete()
+    stale = EvalIngestInput.objects.filter(
+        build_id__in=EvaluationBuild.objects.filter(evaluation_id=evaluation.id).values("build_id")
+    ).exclude(ingest__decided_at__isnull=True, ingest__assignment__finished_at__isnull=True)
+    if stale.exists():
+        stale.delete()
+
+
+def incomplete_result(*, row: DispatchedJob, evaluation: Evaluation, now: datetime) -> Outcome | None:
+    """JobCompleted of an evaluation job whose eval_result is still arriving (parts came, the final one
+    did not): the evaluation fails with a clear error, and nothing of its result is built for it (a failed
+    evaluation needs no build; builds with inputs still pending are never queued). None when the result
+    is whole, or when no eval_result came at all."""
+    ingest = EvalIngest.objects.filter(assignment_id=row.id).first()
+    if ingest is None or ingest.decided_at is not None:
+        return None
+    error = (
+        f"the evaluation job completed before the final part of its eval_result ({ingest.parts} parts, "
+        f"{ingest.derivations} derivations received): the result is incomplete"
+    )
+    history.evaluation_transition(
+        evaluation_id=evaluation.id,
+        to=EvaluationStatus.FAILED,
+        expect=None,
+        reason=error,
+        now=now,
+        errors=[*evaluation.errors, error][:MAX_MESSAGES],
+    )
+    return _outcome(True, "completed before the final eval_result part: failed")

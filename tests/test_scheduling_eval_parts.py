@@ -1,0 +1,340 @@
+"""An eval_result in parts (protocol.md, "Large evaluations"): each part stored as it arrives, the graph
+decided at the final part, stale parts and a JobCompleted before the final part as the spec says."""
+
+from __future__ import annotations
+
+import random
+import uuid
+from typing import Any
+
+import pytest
+from django.utils import timezone
+
+from gradient.scheduling.models import (
+    BuildStatus,
+    DerivationBuild,
+    DerivationBuildDependency,
+    DispatchedJob,
+    EvalIngestInput,
+    Evaluation,
+    EvaluationBuild,
+    EvaluationStatus,
+)
+from gradient.scheduling.services import graph
+from gradient.scheduling.services.assignment import Assignment
+from gradient.scheduling.services.passes import build_resync_pass
+from gradient.scheduling.services.lifecycle import assignment_return_to_pool
+from tests.factories import EvaluationFactory, ProjectFactory, connected_worker
+from tests.scheduling_helpers import ask, drv, report, update
+
+pytestmark = pytest.mark.django_db
+
+
+def nixpkgs_like(n: int, *, seed: int = 7, cached_every: int = 5) -> list[dict[str, Any]]:
+    """n derivations, each with 1-5 inputs among the earlier ones (the first has none), every
+    `cached_every`-th one cached; in a shuffled order, so inputs often come in later parts."""
+    rng = random.Random(seed)
+    names = [f"p{i}" for i in range(n)]
+    out = []
+    for i, name in enumerate(names):
+        inputs = rng.sample(names[:i], min(i, rng.randint(1, 5))) if i else []
+        out.append(drv(name, *inputs, cached=i % cached_every == cached_every - 1, attr=f"pkgs.{name}"))
+    rng.shuffle(out)
+    return out
+
+
+def _expected(derivations: list[dict[str, Any]]) -> tuple[set[tuple[str, str]], set[str]]:
+    """The edges (build, dependency) by path, and the paths that can start at once (the leaves: every
+    input cached, and not cached themselves)."""
+    cached = {d["drv_path"] for d in derivations if d["cached_outputs"]}
+    edges = {(d["drv_path"], i) for d in derivations for i in d["input_drvs"]}
+    leaves = {
+        d["drv_path"]
+        for d in derivations
+        if d["drv_path"] not in cached and all(i in cached for i in d["input_drvs"])
+    }
+    return edges, leaves
+
+
+def _edges() -> set[tuple[str, str]]:
+    return set(DerivationBuildDependency.objects.values_list("build__drv_path", "dependency__drv_path"))
+
+
+def _status(status: str) -> set[str]:
+    return set(DerivationBuild.objects.filter(status=status).values_list("drv_path", flat=True))
+
+
+def _evaluating() -> tuple[Evaluation, Any, Assignment]:
+    project = ProjectFactory()
+    evaluation = EvaluationFactory(project=project)
+    worker = connected_worker([project])
+    a = ask(worker.id, "flake")
+    assert a is not None and a.job_key == evaluation.job_key
+    update(worker.id, a, kind="evaluating_derivations")
+    return evaluation, worker, a
+
+
+def _send(
+    worker: Any, a: Assignment, derivations: list[dict[str, Any]], size: int, **extra: Any
+) -> list[Any]:
+    chunks = [derivations[i : i + size] for i in range(0, len(derivations), size)] or [[]]
+    outcomes = []
+    for n, chunk in enumerate(chunks):
+        final = n == len(chunks) - 1
+        outcomes.append(
+            update(
+                worker.id,
+                a,
+                kind="eval_result",
+                derivations=chunk,
+                warnings=[f"w{n}"],
+                errors=[],
+                is_final=final,
+                **extra,
+            )
+        )
+    return outcomes
+
+
+def _snapshot() -> list[tuple[object, ...]]:
+    rows: list[tuple[object, ...]] = []
+    rows += list(DerivationBuild.objects.order_by("drv_path").values_list("drv_path", "status", "ingest_id"))
+    rows += sorted(_edges())
+    rows += list(EvaluationBuild.objects.order_by("build__drv_path").values_list("build__drv_path", "attr"))
+    rows += list(EvalIngestInput.objects.order_by("id").values_list("build_id", "input_drv_path"))
+    rows += list(Evaluation.objects.order_by("id").values_list("id", "status", "warnings", "errors"))
+    return rows
+
+
+def test_a_result_in_parts_keeps_every_edge_and_queues_exactly_the_leaves() -> None:
+    evaluation, worker, a = _evaluating()
+    derivations = nixpkgs_like(1000)
+    edges, leaves = _expected(derivations)
+    chunks = [derivations[i : i + 100] for i in range(0, 1000, 100)]
+    for chunk in chunks[:-1]:
+        outcome = update(
+            worker.id, a, kind="eval_result", derivations=chunk, warnings=["w"], errors=[], is_final=False
+        )
+        assert outcome.accepted and "part" in outcome.detail
+    # Before the final part nothing can start, even for the resync pass.
+    build_resync_pass(now=timezone.now())
+    assert not _status(BuildStatus.QUEUED) and not _status(BuildStatus.SUBSTITUTED)
+    assert ask(connected_worker([evaluation.project]).id) is None
+    outcome = update(
+        worker.id, a, kind="eval_result", derivations=chunks[-1], warnings=["w"], errors=[], is_final=True
+    )
+    assert outcome.accepted and "final part 10" in outcome.detail
+    assert _edges() == edges
+    assert _status(BuildStatus.QUEUED) == leaves
+    assert _status(BuildStatus.SUBSTITUTED) == {d["drv_path"] for d in derivations if d["cached_outputs"]}
+    assert not EvalIngestInput.objects.exists()
+    assert EvaluationBuild.objects.filter(evaluation=evaluation).count() == 1000
+    evaluation.refresh_from_db()
+    assert evaluation.warnings == ["w"] * 10
+    assert report(worker.id, a, "JobCompleted", elapsed_ms=1).accepted
+    evaluation.refresh_from_db()
+    assert evaluation.status == EvaluationStatus.BUILDING
+
+
+def test_the_same_result_in_one_frame_or_in_parts_makes_the_same_graph() -> None:
+    derivations = nixpkgs_like(300, seed=3)
+    whole_edges, leaves = _expected(derivations)
+    evaluation, worker, a = _evaluating()
+    _send(worker, a, derivations, 37)
+    assert _edges() == whole_edges and _status(BuildStatus.QUEUED) == leaves
+
+
+def test_a_derivation_named_in_two_parts_counts_once() -> None:
+    evaluation, worker, a = _evaluating()
+    parts = [[drv("a"), drv("b", "a", "c")], [drv("b", "a", "c"), drv("a")], [drv("c")]]
+    for n, part in enumerate(parts):
+        update(worker.id, a, kind="eval_result", derivations=part, warnings=[], errors=[], is_final=n == 2)
+    assert DerivationBuild.objects.count() == 3
+    assert EvaluationBuild.objects.filter(evaluation=evaluation).count() == 3
+    assert _edges() == {
+        (drv("b")["drv_path"], drv("a")["drv_path"]),
+        (drv("b")["drv_path"], drv("c")["drv_path"]),
+    }
+    assert _status(BuildStatus.QUEUED) == {drv("a")["drv_path"], drv("c")["drv_path"]}
+
+
+def test_an_input_that_is_in_no_part_is_ignored_as_in_a_whole_result() -> None:
+    evaluation, worker, a = _evaluating()
+    update(
+        worker.id,
+        a,
+        kind="eval_result",
+        derivations=[drv("top", "elsewhere")],
+        warnings=[],
+        errors=[],
+        is_final=False,
+    )
+    assert EvalIngestInput.objects.count() == 1
+    update(worker.id, a, kind="eval_result", derivations=[], warnings=[], errors=[], is_final=True)
+    assert not _edges() and _status(BuildStatus.QUEUED) == {drv("top")["drv_path"]}
+    assert not EvalIngestInput.objects.exists()
+
+
+def test_a_part_after_the_final_one_is_dropped() -> None:
+    evaluation, worker, a = _evaluating()
+    _send(worker, a, [drv("a"), drv("b", "a")], 1)
+    before = _snapshot()
+    late = update(
+        worker.id,
+        a,
+        kind="eval_result",
+        derivations=[drv("late", "a")],
+        warnings=["late"],
+        errors=["late"],
+        is_final=False,
+    )
+    assert late.accepted is False and "after the final" in late.detail
+    again = update(worker.id, a, kind="eval_result", derivations=[drv("late2")], warnings=[], errors=[])
+    assert again.accepted is False
+    assert _snapshot() == before
+
+
+def test_a_whole_result_followed_by_another_eval_result_drops_the_second() -> None:
+    evaluation, worker, a = _evaluating()
+    assert update(worker.id, a, kind="eval_result", derivations=[drv("a")], warnings=[], errors=[]).accepted
+    before = _snapshot()
+    assert not update(
+        worker.id, a, kind="eval_result", derivations=[drv("b")], warnings=[], errors=[]
+    ).accepted
+    assert _snapshot() == before
+
+
+def test_a_part_on_a_stale_assignment_changes_nothing() -> None:
+    evaluation, worker, a = _evaluating()
+    update(worker.id, a, kind="eval_result", derivations=[drv("a")], warnings=[], errors=[], is_final=False)
+    row = DispatchedJob.objects.get(id=a.assignment_id)
+    assert assignment_return_to_pool(row=row, reason="worker lost", lost=True, now=timezone.now())
+    before = _snapshot()
+    for final in (False, True):
+        outcome = update(
+            worker.id,
+            a,
+            kind="eval_result",
+            derivations=[drv("b", "a")],
+            warnings=["x"],
+            errors=[],
+            is_final=final,
+        )
+        assert outcome.accepted is False
+    bogus = Assignment.__new__(Assignment)
+    object.__setattr__(bogus, "job_key", a.job_key)
+    object.__setattr__(bogus, "assignment_id", uuid.uuid4())
+    assert not update(
+        worker.id, bogus, kind="eval_result", derivations=[drv("c")], warnings=[], errors=[]
+    ).accepted
+    assert _snapshot() == before
+
+
+def test_job_completed_before_the_final_part_fails_the_evaluation_and_nothing_of_it_is_built() -> None:
+    evaluation, worker, a = _evaluating()
+    derivations = nixpkgs_like(200)
+    for i in range(0, 100, 50):
+        update(
+            worker.id,
+            a,
+            kind="eval_result",
+            derivations=derivations[i : i + 50],
+            warnings=[],
+            errors=[],
+            is_final=False,
+        )
+    outcome = report(worker.id, a, "JobCompleted", elapsed_ms=5)
+    assert outcome.accepted and "before the final" in outcome.detail
+    evaluation.refresh_from_db()
+    assert evaluation.status == EvaluationStatus.FAILED
+    assert (
+        "before the final part of its eval_result (2 parts, 100 derivations received)"
+        in evaluation.errors[-1]
+    )
+    build_resync_pass(now=timezone.now())
+    builder = connected_worker([evaluation.project])
+    assert ask(builder.id) is None
+    assert not DerivationBuild.objects.filter(status=BuildStatus.BUILDING).exists()
+    # The session goes on: the same worker takes the next evaluation.
+    nxt = EvaluationFactory(project=evaluation.project)
+    b = ask(worker.id, "flake")
+    assert b is not None and b.job_key == nxt.job_key
+
+
+def test_a_re_evaluation_in_parts_after_a_lost_assignment_arrives_whole() -> None:
+    evaluation, worker, a = _evaluating()
+    derivations = nixpkgs_like(400, seed=11)
+    edges, leaves = _expected(derivations)
+    for i in range(0, 200, 50):
+        update(
+            worker.id,
+            a,
+            kind="eval_result",
+            derivations=derivations[i : i + 50],
+            warnings=[],
+            errors=[],
+            is_final=False,
+        )
+    row = DispatchedJob.objects.get(id=a.assignment_id)
+    assert assignment_return_to_pool(row=row, reason="worker lost", lost=True, now=timezone.now())
+    build_resync_pass(now=timezone.now())
+    # Builds whose inputs are not all known yet never start.
+    pending = set(EvalIngestInput.objects.values_list("build__drv_path", flat=True))
+    assert pending and not pending & _status(BuildStatus.QUEUED)
+    again = ask(worker.id, "flake")
+    assert again is not None and again.job_key == evaluation.job_key
+    _send(worker, again, derivations, 60)
+    assert _edges() == edges
+    assert _status(BuildStatus.QUEUED) == leaves
+    assert not EvalIngestInput.objects.exists()
+
+
+def test_re_evaluating_the_same_result_writes_no_edge_and_no_build() -> None:
+    derivations = nixpkgs_like(300, seed=5)
+    first, worker, a = _evaluating()
+    _send(worker, a, derivations, 40)
+    report(worker.id, a, "JobCompleted", elapsed_ms=1)
+    edges = DerivationBuildDependency.objects.count()
+    builds = list(DerivationBuild.objects.order_by("id").values_list("id", "updated_at", "status"))
+    second = EvaluationFactory(project=first.project)
+    b = ask(worker.id, "flake")
+    assert b is not None and b.job_key == second.job_key
+    _send(worker, b, derivations, 40)
+    assert DerivationBuildDependency.objects.count() == edges
+    assert list(DerivationBuild.objects.order_by("id").values_list("id", "updated_at", "status")) == builds
+    assert EvaluationBuild.objects.filter(evaluation=second).count() == 300
+
+
+def test_two_evaluations_sending_the_same_new_derivations_in_parts_at_once_make_one_graph() -> None:
+    derivations = nixpkgs_like(200, seed=9)
+    edges, leaves = _expected(derivations)
+    e1, w1, a1 = _evaluating()
+    e2, w2, a2 = _evaluating()
+    chunks = [derivations[i : i + 30] for i in range(0, 200, 30)]
+    for n, chunk in enumerate(chunks):
+        final = n == len(chunks) - 1
+        update(w1.id, a1, kind="eval_result", derivations=chunk, warnings=[], errors=[], is_final=final)
+        update(
+            w2.id,
+            a2,
+            kind="eval_result",
+            derivations=list(reversed(chunk)),
+            warnings=[],
+            errors=[],
+            is_final=final,
+        )
+    assert DerivationBuild.objects.count() == 200
+    assert _edges() == edges and _status(BuildStatus.QUEUED) == leaves
+
+
+def test_a_build_held_by_a_result_still_arriving_is_queued_when_it_is_decided() -> None:
+    """Another evaluation needing a build a result in parts created waits for that result's final part."""
+    evaluation, worker, a = _evaluating()
+    update(
+        worker.id, a, kind="eval_result", derivations=[drv("shared")], warnings=[], errors=[], is_final=False
+    )
+    other = EvaluationFactory(project=evaluation.project, status=EvaluationStatus.BUILDING)
+    graph.ingest_eval_result(evaluation=other, derivations=[drv("shared")], now=timezone.now())
+    assert not _status(BuildStatus.QUEUED)
+    update(worker.id, a, kind="eval_result", derivations=[], warnings=[], errors=[], is_final=True)
+    assert _status(BuildStatus.QUEUED) == {drv("shared")["drv_path"]}
