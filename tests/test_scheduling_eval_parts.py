@@ -22,8 +22,8 @@ from gradient.scheduling.models import (
 )
 from gradient.scheduling.services import graph
 from gradient.scheduling.services.assignment import Assignment
-from gradient.scheduling.services.passes import build_resync_pass
 from gradient.scheduling.services.lifecycle import assignment_return_to_pool
+from gradient.scheduling.services.passes import build_resync_pass
 from tests.factories import EvaluationFactory, ProjectFactory, connected_worker
 from tests.scheduling_helpers import ask, drv, report, update
 
