@@ -21,6 +21,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from gradient.idempotency import scoped_key
 from gradient.records.errors import IdempotencyConflict
 from gradient.rest import ControlReceiptSerializer
 from gradient.scheduling import selectors
@@ -234,7 +235,7 @@ class EvaluationsView(APIView):
                     wait_for_workers=data["wait_for_workers"],
                     priority=data["priority"],
                     created_by=user,  # type: ignore[arg-type]
-                    idempotency_key=key,
+                    idempotency_key=scoped_key(user, key) if key is not None else None,  # per user
                     now=timezone.now(),
                 )
         except SubmissionGone:
