@@ -49,7 +49,11 @@ def _application_name() -> str:
     return f"gradient {role} {os.getpid()}"[:63]
 
 
-SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY") or "gradient-development-key-not-for-production"
+DEVELOPMENT_SECRET_KEY = "gradient-development-key-not-for-production"
+SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY") or DEVELOPMENT_SECRET_KEY
+# True when no DJANGO_SECRET_KEY was given: `serve` then refuses to listen beyond loopback outside the
+# embedded mode (gradient.deploy), and `check --deploy` warns (W009).
+USING_DEVELOPMENT_SECRET_KEY = SECRET_KEY == DEVELOPMENT_SECRET_KEY
 DEBUG = _env_bool("DJANGO_DEBUG", False)
 ALLOWED_HOSTS = [
     h.strip() for h in os.environ.get("DJANGO_ALLOWED_HOSTS", "localhost,127.0.0.1").split(",") if h.strip()
@@ -197,6 +201,21 @@ SPECTACULAR_SETTINGS = {
         "gradient.rest.add_error_responses",
     ],
 }
+
+# --- TLS (docs/security.md): what a deployment behind HTTPS turns on --------------------------------------
+
+# Session and CSRF cookies only over HTTPS (check --deploy W012, W016).
+SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = _env_bool("GRADIENT_SECURE_COOKIES", False)
+# Strict-Transport-Security for this many seconds (W004); 0 sends none.
+SECURE_HSTS_SECONDS = _env_int("GRADIENT_HSTS_SECONDS", 0)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = SECURE_HSTS_SECONDS > 0
+# Redirect plain HTTP to HTTPS (W008). Behind a TLS-terminating proxy, also say that the proxy's
+# X-Forwarded-Proto is believed (only a proxy that always sets it may be trusted so).
+SECURE_SSL_REDIRECT = _env_bool("GRADIENT_SSL_REDIRECT", False)
+if _env_bool("GRADIENT_PROXY_SSL_HEADER", False):
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+# /healthz is for load balancers that ask over plain HTTP.
+SECURE_REDIRECT_EXEMPT = [r"^healthz$"]
 
 # --- Locale, static -------------------------------------------------------------------------------
 

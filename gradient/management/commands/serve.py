@@ -119,6 +119,11 @@ class Command(BaseCommand):
         parser.add_argument("--log-level", default="info")
 
     def handle(self, *args: Any, **options: Any) -> None:
+        from gradient.deploy import refuse_insecure_start
+
+        warning = refuse_insecure_start(host=options["host"])
+        if warning:
+            self.stderr.write(warning)
         boot = server_boot_start(now=timezone.now())
         set_current_boot(boot.id)
         self.stdout.write(
