@@ -24,6 +24,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from gradient.auth import issue_token
+from gradient.names import refuse_invisible_characters
 from gradient.parsers import JSONParser
 from gradient.scheduling.models import Project
 from gradient.throttling import AnonThrottle, UserThrottle, login_failed, login_refused_for
@@ -77,7 +78,7 @@ class UserSerializer(serializers.Serializer[Any]):
 
 
 class ProjectCreateSerializer(serializers.Serializer[Any]):
-    name = serializers.CharField(max_length=200)
+    name = serializers.CharField(max_length=200, validators=[refuse_invisible_characters])
 
     def validate_name(self, value: str) -> str:
         if Project.objects.filter(name=value).exists():
@@ -91,7 +92,7 @@ class ProjectSerializer(serializers.Serializer[Any]):
 
 
 class WorkerCreateSerializer(serializers.Serializer[Any]):
-    name = serializers.CharField(max_length=200)
+    name = serializers.CharField(max_length=200, validators=[refuse_invisible_characters])
     projects = ProjectNamesField(default=list)
 
     def validate_name(self, value: str) -> str:
