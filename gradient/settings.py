@@ -256,6 +256,8 @@ GRADIENT_RETENTION_DAYS = _env_int("GRADIENT_RETENTION_DAYS", 90)
 # /proto limits of one process (docs/security.md): seconds a socket may take to send its InitConnection,
 # sockets that have not completed it (more are refused before the upgrade), handshakes at the database
 # at once.
+# Seconds a connection may take to send a request's headers (serve's uvicorn; gradient.http_protocol).
+GRADIENT_HTTP_REQUEST_TIMEOUT_SECS = _env_int("GRADIENT_HTTP_REQUEST_TIMEOUT_SECS", 10)
 GRADIENT_PROTO_HANDSHAKE_TIMEOUT_SECS = _env_int("GRADIENT_PROTO_HANDSHAKE_TIMEOUT_SECS", 10)
 GRADIENT_PROTO_MAX_UNAUTHENTICATED = _env_int("GRADIENT_PROTO_MAX_UNAUTHENTICATED", 256)
 GRADIENT_PROTO_HANDSHAKE_CONCURRENCY = _env_int("GRADIENT_PROTO_HANDSHAKE_CONCURRENCY", 16)
