@@ -190,6 +190,8 @@ GRADIENT_LOGIN_THROTTLE_ADDRESS = os.environ.get("GRADIENT_LOGIN_THROTTLE_ADDRES
 GRADIENT_TRUSTED_PROXIES = os.environ.get("GRADIENT_TRUSTED_PROXIES", "").strip()
 # REST tokens (gradient.auth): the days a token issued by POST /api/v1/auth/token is good for.
 GRADIENT_API_TOKEN_TTL_DAYS = _env_int("GRADIENT_API_TOKEN_TTL_DAYS", 30)
+# A user's tokens kept at most: a login beyond that revokes the user's oldest.
+GRADIENT_API_TOKENS_PER_USER = _env_int("GRADIENT_API_TOKENS_PER_USER", 100)
 REST_KNOX = {"TOKEN_TTL": timedelta(days=GRADIENT_API_TOKEN_TTL_DAYS), "AUTH_HEADER_PREFIX": "Token"}
 SPECTACULAR_SETTINGS = {
     "TITLE": "Gradient",
