@@ -42,9 +42,17 @@ def token_ttl() -> timedelta:
 
 
 def issue_token(user: Any) -> str:
-    """A new token for `user`, shown once; its expired tokens go."""
+    """A new token for `user`, shown once. Its expired tokens go, and beyond GRADIENT_API_TOKENS_PER_USER
+    its oldest: knox reads all of a user's tokens on every request it authenticates, so a client that
+    logs in for every job must not make that list grow for a month."""
     AuthToken.objects.filter(user=user, expiry__lt=timezone.now()).delete()
     _instance, token = AuthToken.objects.create(user=user, expiry=token_ttl())
+    keep = (
+        AuthToken.objects.filter(user=user)
+        .order_by("-created")
+        .values("digest")[: settings.GRADIENT_API_TOKENS_PER_USER]
+    )
+    AuthToken.objects.filter(user=user).exclude(digest__in=keep).delete()
     return str(token)
 
 

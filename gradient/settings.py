@@ -49,7 +49,11 @@ def _application_name() -> str:
     return f"gradient {role} {os.getpid()}"[:63]
 
 
-SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY") or "gradient-development-key-not-for-production"
+DEVELOPMENT_SECRET_KEY = "gradient-development-key-not-for-production"
+SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY") or DEVELOPMENT_SECRET_KEY
+# True when no DJANGO_SECRET_KEY was given: `serve` then refuses to listen beyond loopback outside the
+# embedded mode (gradient.deploy), and `check --deploy` warns (W009).
+USING_DEVELOPMENT_SECRET_KEY = SECRET_KEY == DEVELOPMENT_SECRET_KEY
 DEBUG = _env_bool("DJANGO_DEBUG", False)
 ALLOWED_HOSTS = [
     h.strip() for h in os.environ.get("DJANGO_ALLOWED_HOSTS", "localhost,127.0.0.1").split(",") if h.strip()
@@ -186,6 +190,8 @@ GRADIENT_LOGIN_THROTTLE_ADDRESS = os.environ.get("GRADIENT_LOGIN_THROTTLE_ADDRES
 GRADIENT_TRUSTED_PROXIES = os.environ.get("GRADIENT_TRUSTED_PROXIES", "").strip()
 # REST tokens (gradient.auth): the days a token issued by POST /api/v1/auth/token is good for.
 GRADIENT_API_TOKEN_TTL_DAYS = _env_int("GRADIENT_API_TOKEN_TTL_DAYS", 30)
+# A user's tokens kept at most: a login beyond that revokes the user's oldest.
+GRADIENT_API_TOKENS_PER_USER = _env_int("GRADIENT_API_TOKENS_PER_USER", 100)
 REST_KNOX = {"TOKEN_TTL": timedelta(days=GRADIENT_API_TOKEN_TTL_DAYS), "AUTH_HEADER_PREFIX": "Token"}
 SPECTACULAR_SETTINGS = {
     "TITLE": "Gradient",
@@ -197,6 +203,21 @@ SPECTACULAR_SETTINGS = {
         "gradient.rest.add_error_responses",
     ],
 }
+
+# --- TLS (docs/security.md): what a deployment behind HTTPS turns on --------------------------------------
+
+# Session and CSRF cookies only over HTTPS (check --deploy W012, W016).
+SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = _env_bool("GRADIENT_SECURE_COOKIES", False)
+# Strict-Transport-Security for this many seconds (W004); 0 sends none.
+SECURE_HSTS_SECONDS = _env_int("GRADIENT_HSTS_SECONDS", 0)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = SECURE_HSTS_SECONDS > 0
+# Redirect plain HTTP to HTTPS (W008). Behind a TLS-terminating proxy, also say that the proxy's
+# X-Forwarded-Proto is believed (only a proxy that always sets it may be trusted so).
+SECURE_SSL_REDIRECT = _env_bool("GRADIENT_SSL_REDIRECT", False)
+if _env_bool("GRADIENT_PROXY_SSL_HEADER", False):
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+# /healthz is for load balancers that ask over plain HTTP.
+SECURE_REDIRECT_EXEMPT = [r"^healthz$"]
 
 # --- Locale, static -------------------------------------------------------------------------------
 
@@ -237,6 +258,8 @@ GRADIENT_RETENTION_DAYS = _env_int("GRADIENT_RETENTION_DAYS", 90)
 # /proto limits of one process (docs/security.md): seconds a socket may take to send its InitConnection,
 # sockets that have not completed it (more are refused before the upgrade), handshakes at the database
 # at once.
+# Seconds a connection may take to send a request's headers (serve's uvicorn; gradient.http_protocol).
+GRADIENT_HTTP_REQUEST_TIMEOUT_SECS = _env_int("GRADIENT_HTTP_REQUEST_TIMEOUT_SECS", 10)
 GRADIENT_PROTO_HANDSHAKE_TIMEOUT_SECS = _env_int("GRADIENT_PROTO_HANDSHAKE_TIMEOUT_SECS", 10)
 GRADIENT_PROTO_MAX_UNAUTHENTICATED = _env_int("GRADIENT_PROTO_MAX_UNAUTHENTICATED", 256)
 GRADIENT_PROTO_HANDSHAKE_CONCURRENCY = _env_int("GRADIENT_PROTO_HANDSHAKE_CONCURRENCY", 16)

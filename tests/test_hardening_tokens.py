@@ -148,3 +148,10 @@ def test_staff_list_and_revoke_tokens_in_the_admin(op: User) -> None:
     )
     assert response.status_code == 302
     assert not _works(token)
+
+
+def test_a_user_keeps_at_most_the_configured_number_of_tokens_the_newest(op: User) -> None:
+    with override_settings(GRADIENT_API_TOKENS_PER_USER=3):
+        tokens = [_login() for _ in range(5)]
+    assert AuthToken.objects.filter(user=op).count() == 3
+    assert [_works(t) for t in tokens] == [False, False, True, True, True]

@@ -5,6 +5,7 @@ from django.http import HttpRequest
 from django.utils import timezone
 
 from gradient.core.vocab import EVALUATION_ACTIVE
+from gradient.names import NameCheckedForm
 from gradient.records.admin import RecordTimelineMixin
 from gradient.scheduling.admin_waiting import WaitingReasonFilter, waiting_for
 from gradient.scheduling.models import (
@@ -24,6 +25,7 @@ from gradient.scheduling.services.evaluations import evaluation_request_cancel
 
 @admin.register(Project)
 class ProjectAdmin(admin.ModelAdmin):
+    form = NameCheckedForm
     list_display = ["name", "created_at"]
     search_fields = ["name"]
     filter_horizontal = ["members"]

@@ -22,6 +22,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from gradient.core.vocab import EvaluationStatus, member_of
+from gradient.idempotency import scoped_key
 from gradient.records.errors import IdempotencyConflict
 from gradient.rest import ControlReceiptSerializer, uuid_or_404
 from gradient.scheduling import selectors
@@ -228,7 +229,7 @@ class EvaluationsView(APIView):
                     wait_for_workers=data["wait_for_workers"],
                     priority=data["priority"],
                     created_by=user,  # type: ignore[arg-type]
-                    idempotency_key=key,
+                    idempotency_key=scoped_key(user, key) if key is not None else None,  # per user
                     now=timezone.now(),
                 )
         except SubmissionGone:

@@ -3,6 +3,7 @@ from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
 
+from gradient.names import NameCheckedForm
 from gradient.workers.models import IdleSlot, Worker, WorkerSession
 from gradient.workers.services import worker_activate, worker_deactivate, worker_token_reset
 from gradient.workers.tokens import token_new
@@ -36,6 +37,7 @@ class WorkerSessionInline(admin.TabularInline):
 
 @admin.register(Worker)
 class WorkerAdmin(admin.ModelAdmin):
+    form = NameCheckedForm
     list_display = ["name", "active", "zone", "architectures", "max_concurrent_builds", "last_seen"]
     list_filter = ["active", "zone", "can_build", "can_eval", "can_fetch"]
     search_fields = ["name", "id"]

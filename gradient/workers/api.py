@@ -25,6 +25,7 @@ from rest_framework.views import APIView
 
 from gradient.auth import issue_token
 from gradient.core.ids import parse_uuid
+from gradient.names import refuse_invisible_characters
 from gradient.parsers import JSONParser
 from gradient.scheduling.models import Project
 from gradient.scheduling.services import projects
@@ -79,7 +80,7 @@ class UserSerializer(serializers.Serializer[Any]):
 
 
 class ProjectCreateSerializer(serializers.Serializer[Any]):
-    name = serializers.CharField(max_length=200)
+    name = serializers.CharField(max_length=200, validators=[refuse_invisible_characters])
 
     def validate_name(self, value: str) -> str:
         if Project.objects.filter(name=value).exists():
@@ -93,7 +94,7 @@ class ProjectSerializer(serializers.Serializer[Any]):
 
 
 class WorkerCreateSerializer(serializers.Serializer[Any]):
-    name = serializers.CharField(max_length=200)
+    name = serializers.CharField(max_length=200, validators=[refuse_invisible_characters])
     projects = ProjectNamesField(default=list)
 
     def validate_name(self, value: str) -> str:

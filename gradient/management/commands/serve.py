@@ -22,6 +22,7 @@ from django.core.management.base import BaseCommand, CommandParser
 from django.db import close_old_connections
 from django.utils import timezone
 
+from gradient.http_protocol import TimedHttpProtocol
 from gradient.passrunner import PassRunner
 from gradient.runtime.boot import set_current_boot
 from gradient.runtime.passes import (
@@ -119,6 +120,11 @@ class Command(BaseCommand):
         parser.add_argument("--log-level", default="info")
 
     def handle(self, *args: Any, **options: Any) -> None:
+        from gradient.deploy import refuse_insecure_start
+
+        warning = refuse_insecure_start(host=options["host"])
+        if warning:
+            self.stderr.write(warning)
         boot = server_boot_start(now=timezone.now())
         set_current_boot(boot.id)
         self.stdout.write(
@@ -157,6 +163,7 @@ class Command(BaseCommand):
             # X-Forwarded-For is Gradient's to judge (GRADIENT_TRUSTED_PROXIES, gradient.throttling): uvicorn
             # would believe it from 127.0.0.1 by default, and any local client could forge its address.
             proxy_headers=False,
+            http=TimedHttpProtocol,  # a request's headers within GRADIENT_HTTP_REQUEST_TIMEOUT_SECS
             ws_max_size=WS_MAX_SIZE,
             ws_ping_interval=20.0,
             ws_ping_timeout=20.0,

@@ -224,8 +224,9 @@ REAP_MAX_PAUSE_SECS = 2.0
 def _remember_unclosed(session: SessionRef, reason: str) -> None:
     global _reaper
     _unclosed[session.session_id] = (session, reason)
-    if _reaper is None or _reaper.done():
-        _reaper = asyncio.get_running_loop().create_task(_reap_unclosed())
+    loop = asyncio.get_running_loop()
+    if _reaper is None or _reaper.done() or _reaper.get_loop() is not loop:
+        _reaper = loop.create_task(_reap_unclosed())
 
 
 def _close_unclosed_once(session: SessionRef, reason: str) -> None:

@@ -1,0 +1,37 @@
+"""What `serve` refuses to start with (docs/security.md, the deploy checklist).
+
+Without DJANGO_SECRET_KEY the settings fall back to a key that is in the source code, so anyone could
+sign a session cookie or a password-reset link. That is fine for the embedded development mode (SQLite,
+one process) and for DEBUG; outside them, `serve` listens on loopback only (a local test, a conformance
+run: operations.md documents the development key as the default) and refuses any other address.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+
+from django.conf import settings
+from django.core.management.base import CommandError
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def refuse_insecure_start(*, host: str) -> str | None:
+    """Raise CommandError when `serve` must not start with these settings on `host`; returns a warning
+    to print when it may, but only on loopback."""
+    if not settings.USING_DEVELOPMENT_SECRET_KEY or settings.EMBEDDED or settings.DEBUG:
+        return None
+    if not _loopback(host):
+        raise CommandError(
+            "DJANGO_SECRET_KEY is not set: the built-in development key is public. Set DJANGO_SECRET_KEY "
+            "(a long random string, the same for every serve process) before listening on "
+            f"{host}; without it serve listens on loopback only (docs/security.md)."
+        )
+    return "gradient: DJANGO_SECRET_KEY is not set; using the development key, on loopback only"
