@@ -1,9 +1,9 @@
 """Storing the derivations of an eval_result (or of one part of it), set-based.
 
-One part's rows are written in a handful of statements, whatever its size: on PostgreSQL multi-row
-statements over arrays (`unnest`), with `ON CONFLICT DO NOTHING` where another evaluation may write
-the same row; elsewhere (SQLite, the embedded mode, for small evaluations) the same steps through the
-ORM. Both do the same thing:
+One part's rows are written in a handful of statements, whatever its size: on PostgreSQL its rows are
+copied (psycopg's COPY) into temporary tables and each table written with one `INSERT ... SELECT`,
+`ON CONFLICT DO NOTHING` where another evaluation may write the same row; elsewhere (SQLite, the
+embedded mode, for small evaluations) the same steps through the ORM. Both do the same thing:
 
 1. the cached outputs (`cached_path`, with their NAR sizes);
 2. one shared build per derivation path: existing ones reused, missing ones created (held by the
