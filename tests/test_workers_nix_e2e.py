@@ -325,3 +325,79 @@ def test_cancelling_an_evaluation_stops_the_nix_build_it_runs(
         assert build.status == BuildStatus.ABORTED
         assert not any(Path(o["path"]).exists() for o in build.outputs)
         assert "JobFailed build:" in worker.log()
+
+
+# A generated flake of BASE + TOP derivations, each its own package: the base ones stand alone, each top
+# one needs a base one and an earlier top one. The base is built beforehand with one `nix build`, so
+# the evaluation reports their outputs valid (cached_outputs; being packages themselves, they are still
+# part of the result, where the executor would leave out the inputs of a valid derivation), and the top
+# goes through Gradient.
+LARGE_FLAKE = """{
+  outputs = { self }: let
+    system = "x86_64-linux";
+    mk = name: deps: builtins.derivation {
+      inherit name system; builder = "/bin/sh"; salt = "@SALT@";
+      args = [ "-c" "echo ${name} ${toString deps} > $out" ];
+    };
+    n = @BASE@;
+    base = builtins.genList (i: mk "base-${toString i}" [ ]) n;
+    top = builtins.genList (j: mk "top-${toString j}" ([ (builtins.elemAt base (n - 1 - j)) ]
+      ++ (if j == 0 then [ ] else [ (builtins.elemAt top (j / 2)) ]))) @TOP@;
+  in {
+    packages.${system} = builtins.listToAttrs (
+      builtins.genList (i: { name = "base-${toString i}"; value = builtins.elemAt base i; }) n
+      ++ builtins.genList (j: { name = "top-${toString j}"; value = builtins.elemAt top j; }) @TOP@);
+    legacyPackages.${system}.base = builtins.derivation {
+      name = "base-all"; inherit system; builder = "/bin/sh"; salt = "@SALT@";
+      deps = base; passAsFile = [ "deps" ]; args = [ "-c" "read -r x < $depsPath; echo $x > $out" ];
+    };
+  };
+}"""
+
+
+def test_a_generated_flake_of_three_thousand_derivations_is_sent_in_parts_and_built_to_completion(
+    tmp_path: Path, service_env: dict[str, str]
+) -> None:
+    import subprocess
+
+    from gradient.scheduling.models import EvalIngest
+
+    base, top = 2990, 20
+    flake, rev = write_flake(
+        tmp_path / "large",
+        LARGE_FLAKE.replace("@SALT@", uuid.uuid4().hex)
+        .replace("@BASE@", str(base))
+        .replace("@TOP@", str(top)),
+    )
+    subprocess.run(
+        ["nix", "build", "--no-link", "--max-jobs", "4", f"{flake}#legacyPackages.x86_64-linux.base"],
+        env={**os.environ, "NIX_CONFIG": nix_config()},
+        check=True,
+        capture_output=True,
+        timeout=600,
+    )
+    with ExitStack() as stack:
+        server = stack.enter_context(serve(service_env, tmp_path, extra_args=["--no-passes"]))
+        token = _operator(server)
+        worker = _nix_worker(
+            stack, server, token, tmp_path, "nix-0", "--slots", "4", "--eval-part-bytes", "262144"
+        )
+        evaluation_id = str(
+            _post(
+                server,
+                "/api/v1/evaluations",
+                {"project": "flakes", "repository": str(flake), "commit": rev},
+                token,
+            )["id"]
+        )
+        _wait_for(server, [worker], {"large": evaluation_id}, {"large": EvaluationStatus.COMPLETED})
+    ingest = EvalIngest.objects.get(evaluation_id=evaluation_id)
+    assert ingest.parts > 1 and ingest.derivations == base + top and ingest.decided_at is not None
+    assert DerivationBuild.objects.count() == base + top
+    # top-j needs its base one and top-(j/2).
+    assert DerivationBuildDependency.objects.count() == top + (top - 1)
+    statuses = dict(DerivationBuild.objects.values_list("drv_path", "status"))
+    assert {s for p, s in statuses.items() if "-base-" in p} == {BuildStatus.SUBSTITUTED}
+    assert {s for p, s in statuses.items() if "-top-" in p} == {BuildStatus.COMPLETED}
+    built = [b for b in DerivationBuild.objects.filter(status=BuildStatus.COMPLETED)]
+    assert len(built) == top and all(Path(o["path"]).exists() for b in built for o in b.outputs)

@@ -216,6 +216,12 @@ class DerivationBuild(models.Model):
                 name="idx-derivation_build-created",
                 condition=Q(status=BuildStatus.CREATED),
             ),
+            # Builds that failed lastingly (few): what a decision looks up to fail their dependents.
+            models.Index(
+                fields=["id"],
+                name="idx-derivation_build-failed",
+                condition=Q(status__in=BUILD_LASTING_FAILURE),
+            ),
         ]
 
     def __str__(self) -> str:
@@ -229,8 +235,14 @@ class DerivationBuild(models.Model):
 class DerivationBuildDependency(models.Model):
     """An edge: `build` needs `dependency` built (or substituted) first."""
 
-    build = models.ForeignKey(DerivationBuild, on_delete=models.CASCADE, related_name="dependency_edges")
-    dependency = models.ForeignKey(DerivationBuild, on_delete=models.CASCADE, related_name="dependent_edges")
+    # No index of their own: the unique edge index leads with build, idx-derivation_build_dep-dep is the
+    # dependency's. Every index is written for each of a large evaluation's edges (docs/performance.md).
+    build = models.ForeignKey(
+        DerivationBuild, on_delete=models.CASCADE, related_name="dependency_edges", db_index=False
+    )
+    dependency = models.ForeignKey(
+        DerivationBuild, on_delete=models.CASCADE, related_name="dependent_edges", db_index=False
+    )
 
     class Meta:
         db_table = "derivation_build_dependency"
@@ -256,8 +268,14 @@ class EvaluationBuild(models.Model):
     """Links an evaluation to a shared build it needs. `named` marks the builds its wildcards selected;
     `blocks_evaluation` is false for a build the evaluation no longer waits on."""
 
-    evaluation = models.ForeignKey(Evaluation, on_delete=models.CASCADE, related_name="build_links")
-    build = models.ForeignKey(DerivationBuild, on_delete=models.CASCADE, related_name="evaluation_links")
+    # No index of their own: evaluation_build-unique leads with evaluation, idx-evaluation_build-build is
+    # the build's.
+    evaluation = models.ForeignKey(
+        Evaluation, on_delete=models.CASCADE, related_name="build_links", db_index=False
+    )
+    build = models.ForeignKey(
+        DerivationBuild, on_delete=models.CASCADE, related_name="evaluation_links", db_index=False
+    )
     attr = models.CharField(max_length=1024, null=True, blank=True)
     named = models.BooleanField(default=False)
     blocks_evaluation = models.BooleanField(default=True)

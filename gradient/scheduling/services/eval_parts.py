@@ -18,9 +18,12 @@ one assignment never race each other) and the evaluation row locked.
 
 from __future__ import annotations
 
+import logging
+import uuid
 from datetime import datetime
 from typing import Any
 
+from django.db import transaction
 from django.db.models import F
 
 from gradient.core.vocab import EvaluationKind, EvaluationStatus
@@ -28,6 +31,8 @@ from gradient.scheduling import history
 from gradient.scheduling.models import DispatchedJob, EvalIngest, EvalIngestInput, Evaluation, EvaluationBuild
 from gradient.scheduling.services import drv_recovery, graph
 from gradient.scheduling.services.ingest import store_part
+
+log = logging.getLogger("gradient.reports")
 
 MAX_MESSAGES = 500  # warnings and errors kept per evaluation, of all parts together
 
@@ -73,7 +78,7 @@ def eval_result_part(
         evaluation=evaluation,
         derivations=derivations,
         ingest_id=None if whole else ingest.pk,
-        hold=not final,
+        hold=not whole,
         final=final,
         now=now,
     )
@@ -83,18 +88,43 @@ def eval_result_part(
             f"eval_result part {part}: {len(stored.ids)} derivations, {stored.created} new, "
             f"{stored.pending} inputs pending",
         )
-    if not whole:
-        _forget_pending_inputs(ingest, evaluation)
-    decided = graph.decide_evaluation_graph(evaluation_id=evaluation.id, now=now)
     if whole:
+        decided = graph.decide_evaluation_graph(evaluation_id=evaluation.id, now=now)
         return _outcome(
             True, f"eval_result: {len(stored.ids)} builds, {stored.created} new, {decided.queued} queued"
         )
+    _forget_pending_inputs(ingest, evaluation)
     builds = EvaluationBuild.objects.filter(evaluation_id=evaluation.id).count()
+    if builds > graph.DECIDE_SLICE:
+        # Too large to decide within this transaction and keep it short: decided slice by slice, each
+        # in its own transaction, as soon as this one (the final part, the ingest marked decided)
+        # commits. Should this process die in between, the passes finish it: the resync queues what
+        # can start, and the waiting pass heals the rest (docs/scheduling.md).
+        evaluation_id = evaluation.id
+        transaction.on_commit(lambda: _decide_in_slices(evaluation_id, now))
+        return _outcome(
+            True, f"eval_result, final part {part}: {builds} builds, decided in slices after commit"
+        )
+    decided = graph.decide_evaluation_graph(evaluation_id=evaluation.id, now=now)
     return _outcome(
         True,
         f"eval_result, final part {part}: {builds} builds, {decided.queued} queued, "
         f"{decided.substituted} substituted, {decided.dependency_failed} failed",
+    )
+
+
+def _decide_in_slices(evaluation_id: uuid.UUID, now: datetime) -> None:
+    try:
+        decided = graph.decide_evaluation_graph_in_slices(evaluation_id=evaluation_id, now=now)
+    except Exception:  # the report itself is committed; the passes finish the decision
+        log.exception("deciding the graph of evaluation %s failed; the passes will finish it", evaluation_id)
+        return
+    log.info(
+        "evaluation %s decided: %d queued, %d substituted, %d failed",
+        evaluation_id,
+        decided.queued,
+        decided.substituted,
+        decided.dependency_failed,
     )
 
 

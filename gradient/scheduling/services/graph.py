@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
@@ -62,7 +62,11 @@ def ingest_eval_result(
     stored = store_part(
         evaluation=evaluation, derivations=derivations, ingest_id=None, hold=False, final=True, now=now
     )
-    result = IngestResult(builds=len(stored.ids), created=stored.created, build_ids=list(stored.ids.values()))
+    result = IngestResult(
+        builds=len(stored.ids),
+        created=stored.created,
+        build_ids=[uuid.UUID(str(i)) for i in stored.ids.values()],
+    )
     if not stored.ids:
         return result
     decided = decide_evaluation_graph(evaluation_id=evaluation.id, now=now)
@@ -79,69 +83,188 @@ class GraphDecision:
     queued: int = 0
 
 
-def _links_of(evaluation_id: uuid.UUID) -> QuerySet[Any]:
-    return EvaluationBuild.objects.filter(evaluation_id=evaluation_id).values("build_id")
+# An evaluation's builds are decided this many at a time, each slice in its own transaction when the
+# decision runs on its own (decide_evaluation_graph_in_slices): a short transaction per slice, however
+# large the evaluation.
+DECIDE_SLICE = 20_000
+
+
+_LINKS_SQL = (
+    "SELECT eb.build_id FROM evaluation_build eb WHERE eb.evaluation_id = %s "
+    "AND (%s::uuid IS NULL OR eb.build_id > %s) AND (%s::uuid IS NULL OR eb.build_id <= %s)"
+)
+
+
+def _scoped(template: str, scope: str) -> str:
+    """A statement over a BuildRange: `{scope}` is its subquery (constant text; values are parameters)."""
+    return template.replace("{scope}", scope)
+
+
+@dataclass(frozen=True)
+class BuildRange:
+    """The builds an evaluation links (its result) whose id is in (after, upto] (None: unbounded)."""
+
+    evaluation_id: uuid.UUID
+    after: uuid.UUID | None = None
+    upto: uuid.UUID | None = None
+
+    def ids(self) -> QuerySet[Any]:
+        qs = EvaluationBuild.objects.filter(evaluation_id=self.evaluation_id)
+        if self.after is not None:
+            qs = qs.filter(build_id__gt=self.after)
+        if self.upto is not None:
+            qs = qs.filter(build_id__lte=self.upto)
+        return qs.values("build_id")
+
+    def sql(self) -> tuple[str, list[Any]]:
+        """A subquery of the ids (column build_id), with its parameters."""
+        return _LINKS_SQL, [self.evaluation_id, self.after, self.after, self.upto, self.upto]
+
+    def slices(self, size: int = DECIDE_SLICE) -> list[BuildRange]:
+        """This range in slices of about `size` builds, by id."""
+        if connection.vendor == "postgresql":
+            sql, params = self.sql()
+            with connection.cursor() as cur:
+                cur.execute(
+                    _scoped(
+                        "SELECT build_id FROM (SELECT build_id, row_number() OVER (ORDER BY build_id) AS n "
+                        "FROM ({scope}) s0) s WHERE n %% %s = 0 ORDER BY build_id",
+                        sql,
+                    ),
+                    [*params, size],
+                )
+                bounds = [row[0] for row in cur.fetchall()]
+        else:
+            ids = sorted(self.ids().values_list("build_id", flat=True))
+            bounds = ids[size - 1 : -1 : size] if len(ids) > size else []
+        out: list[BuildRange] = []
+        after = self.after
+        for upto in bounds:
+            out.append(replace(self, after=after, upto=upto))
+            after = upto
+        out.append(replace(self, after=after, upto=self.upto))
+        return out
 
 
 def decide_evaluation_graph(*, evaluation_id: uuid.UUID, now: datetime) -> GraphDecision:
     """The evaluation's whole result is in: what is cached is Substituted, what needs a lasting failure
-    fails, what can start is Queued. Set-based over the evaluation's links and edges: a few statements
-    whatever the evaluation's size, and writes only for builds whose status changes."""
+    fails, what can start is Queued. Set-based over the evaluation's links and their edges: a few
+    statements whatever the size, writing only builds whose status changes. Runs in the caller's
+    transaction."""
+    scope = BuildRange(evaluation_id)
     decision = GraphDecision()
-    decision.substituted = _substitute_cached_of_evaluation(evaluation_id, now)
+    decision.substituted = _substitute_cached(scope, now)
+    decision.dependency_failed = _fail_needing_failed(scope, now)
+    decision.queued = _queue_ready(scope, now)
+    return decision
+
+
+def decide_evaluation_graph_in_slices(*, evaluation_id: uuid.UUID, now: datetime) -> GraphDecision:
+    """decide_evaluation_graph for a large result, a slice of its builds per transaction: first every
+    slice's cached builds, then every slice's failures, then every slice's queueing (so a build of one
+    slice waiting on a build of a later one sees that one decided first)."""
+    decision = GraphDecision()
+    if connection.vendor == "postgresql":
+        # The tables grew by a whole evaluation since autovacuum last looked: plans made on the old
+        # statistics would scan them whole for every slice. A few hundred milliseconds, once.
+        with connection.cursor() as cur:
+            cur.execute("ANALYZE derivation_build, derivation_build_dependency, evaluation_build")
+    ranges = BuildRange(evaluation_id).slices()
+    for r in ranges:
+        with transaction.atomic():
+            decision.substituted += _substitute_cached(r, now)
+    for r in ranges:
+        with transaction.atomic():
+            decision.dependency_failed += _fail_needing_failed(r, now)
+    for r in ranges:
+        with transaction.atomic():
+            decision.queued += _queue_ready(r, now)
+    return decision
+
+
+def _fail_needing_failed(r: BuildRange, now: datetime) -> int:
     failed_dep = DerivationBuildDependency.objects.filter(
         build_id=OuterRef("pk"), dependency__status__in=BUILD_LASTING_FAILURE
     )
     doomed = list(
-        DerivationBuild.objects.filter(id__in=_links_of(evaluation_id), status__in=BUILD_PENDING)
+        DerivationBuild.objects.filter(id__in=r.ids(), status__in=BUILD_PENDING)
         .filter(Exists(failed_dep))
         .values_list("id", flat=True)
     )
-    if doomed:  # proportional to what failed, not to the evaluation
-        decision.dependency_failed = DerivationBuild.objects.filter(
-            id__in=doomed, status__in=BUILD_PENDING
-        ).update(
-            status=BuildStatus.DEPENDENCY_FAILED,
-            last_error="a dependency failed",
-            finished_at=now,
-            updated_at=now,
-        )
-        decision.dependency_failed += fail_dependents(build_ids=doomed, now=now)
+    if not doomed:
+        return 0
+    # Proportional to what failed, not to the evaluation.
+    failed = DerivationBuild.objects.filter(id__in=doomed, status__in=BUILD_PENDING).update(
+        status=BuildStatus.DEPENDENCY_FAILED,
+        last_error="a dependency failed",
+        finished_at=now,
+        updated_at=now,
+    )
+    return failed + fail_dependents(build_ids=doomed, now=now)
+
+
+def _queue_ready(r: BuildRange, now: datetime) -> int:
     candidates = DerivationBuild.objects.filter(
-        id__in=_links_of(evaluation_id), status=BuildStatus.CREATED, drv_lost_at__isnull=True
+        id__in=r.ids(), status=BuildStatus.CREATED, drv_lost_at__isnull=True
     )
-    # A dependency finishing in another transaction right now would read this evaluation's new builds
-    # as held, and the statement below would read that dependency as Building: lock the builds that
-    # wait on a Building one first (few: what runs right now), as queue_ready_builds does.
-    _lock_ids(
-        candidates.filter(
-            Exists(
-                DerivationBuildDependency.objects.filter(
-                    build_id=OuterRef("pk"), dependency__status=BuildStatus.BUILDING
-                )
-            )
+    # A dependency finishing in another transaction right now could read this evaluation's new builds
+    # as held while this statement reads that dependency as Building: lock the builds that wait on a
+    # Building one first, as queue_ready_builds does. Found from the Building builds (few: what runs
+    # right now), not from the evaluation's.
+    building = DerivationBuild.objects.filter(status=BuildStatus.BUILDING).values("id")
+    waiting_on_building = DerivationBuildDependency.objects.filter(dependency_id__in=building).values(
+        "build_id"
+    )
+    _lock_ids(candidates.filter(id__in=waiting_on_building))
+    if connection.vendor != "postgresql":
+        return int(_ready(candidates).update(status=BuildStatus.QUEUED, queued_at=now, updated_at=now))
+    # _ready's conditions, driven from the slice's links (behind OFFSET 0, so the planner starts there
+    # instead of from every Created build).
+    with connection.cursor() as cur:
+        sql, params = r.sql()
+        cur.execute(
+            _scoped(
+                "UPDATE derivation_build b SET status = %s, queued_at = %s, updated_at = %s FROM ("
+                "{scope} OFFSET 0) s WHERE b.id = s.build_id AND b.status = %s AND b.drv_lost_at IS NULL "
+                "AND NOT EXISTS (SELECT 1 FROM derivation_build_dependency e JOIN derivation_build x "
+                "ON x.id = e.dependency_id WHERE e.build_id = b.id AND x.status <> ALL(%s)) "
+                "AND NOT EXISTS (SELECT 1 FROM eval_ingest_input u WHERE u.build_id = b.id) "
+                "AND NOT EXISTS (SELECT 1 FROM eval_ingest i JOIN dispatched_job d ON d.id = i.assignment_id "
+                "WHERE i.assignment_id = b.ingest_id AND i.decided_at IS NULL AND d.finished_at IS NULL)",
+                sql,
+            ),
+            [
+                BuildStatus.QUEUED.value,
+                now,
+                now,
+                *params,
+                BuildStatus.CREATED.value,
+                [s.value for s in BUILD_SUCCESS],
+            ],
         )
-    )
-    decision.queued = _ready(candidates).update(status=BuildStatus.QUEUED, queued_at=now, updated_at=now)
-    return decision
+        return int(cur.rowcount)
 
 
-def _substitute_cached_of_evaluation(evaluation_id: uuid.UUID, now: datetime) -> int:
+def _substitute_cached(r: BuildRange, now: datetime) -> int:
     if connection.vendor != "postgresql":
         ids = list(
-            DerivationBuild.objects.filter(
-                id__in=_links_of(evaluation_id), status__in=BUILD_PENDING
-            ).values_list("id", flat=True)
+            DerivationBuild.objects.filter(id__in=r.ids(), status__in=BUILD_PENDING).values_list(
+                "id", flat=True
+            )
         )
         return substitute_cached_builds(build_ids=ids, now=now)
+    sql, params = r.sql()
     with connection.cursor() as cur:
         cur.execute(
-            "UPDATE derivation_build b SET status = %s, finished_at = %s, updated_at = %s "
-            "FROM evaluation_build eb WHERE eb.evaluation_id = %s AND eb.build_id = b.id "
-            "AND b.status = ANY(%s) AND jsonb_array_length(b.outputs) > 0 AND NOT EXISTS ("
-            "SELECT 1 FROM jsonb_array_elements(b.outputs) o "
-            "WHERE NOT EXISTS (SELECT 1 FROM cached_path c WHERE c.path = o->>'path'))",
-            [BuildStatus.SUBSTITUTED.value, now, now, evaluation_id, [s.value for s in BUILD_PENDING]],
+            _scoped(
+                "UPDATE derivation_build b SET status = %s, finished_at = %s, updated_at = %s FROM ("
+                "{scope} OFFSET 0) s WHERE s.build_id = b.id AND b.status = ANY(%s) "
+                "AND jsonb_array_length(b.outputs) > 0 "
+                "AND NOT EXISTS (SELECT 1 FROM jsonb_array_elements(b.outputs) o "
+                "WHERE NOT EXISTS (SELECT 1 FROM cached_path c WHERE c.path = o->>'path'))",
+                sql,
+            ),
+            [BuildStatus.SUBSTITUTED.value, now, now, *params, [s.value for s in BUILD_PENDING]],
         )
         return int(cur.rowcount)
 

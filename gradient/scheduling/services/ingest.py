@@ -1,9 +1,9 @@
 """Storing the derivations of an eval_result (or of one part of it), set-based.
 
-One part's rows are written in a handful of statements, whatever its size: on PostgreSQL multi-row
-statements over arrays (`unnest`), with `ON CONFLICT DO NOTHING` where another evaluation may write
-the same row; elsewhere (SQLite, the embedded mode, for small evaluations) the same steps through the
-ORM. Both do the same thing:
+One part's rows are written in a handful of statements, whatever its size: on PostgreSQL its rows are
+copied (psycopg's COPY) into temporary tables and each table written with one `INSERT ... SELECT`,
+`ON CONFLICT DO NOTHING` where another evaluation may write the same row; elsewhere (SQLite, the
+embedded mode, for small evaluations) the same steps through the ORM. Both do the same thing:
 
 1. the cached outputs (`cached_path`, with their NAR sizes);
 2. one shared build per derivation path: existing ones reused, missing ones created (held by the
@@ -25,13 +25,13 @@ Call inside the report's transaction. Nothing here decides the graph (graph.deci
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 import msgspec
-from django.db import connection
+from django.db import connection, transaction
 
 from gradient.core.vocab import BuildStatus
 from gradient.scheduling.models import (
@@ -48,7 +48,7 @@ _json = msgspec.json.Encoder()
 
 @dataclass
 class StoredPart:
-    ids: dict[str, uuid.UUID]  # every derivation path of the part -> its shared build
+    ids: dict[str, Any]  # every derivation path of the part -> its shared build's id (uuid, or its text)
     created: int = 0
     edges: int = 0
     pending: int = 0
@@ -70,8 +70,8 @@ def _cached(by_path: dict[str, dict[str, Any]]) -> dict[str, int]:
     return out
 
 
-def _inputs(path: str, d: dict[str, Any]) -> list[str]:
-    return sorted({p for p in d.get("input_drvs") or [] if p != path})
+def _inputs(path: str, d: dict[str, Any]) -> set[str]:
+    return {p for p in d.get("input_drvs") or [] if p != path}
 
 
 def store_part(
@@ -84,8 +84,9 @@ def store_part(
     now: datetime,
 ) -> StoredPart:
     """Store one part (or a whole result: `final` and no earlier part). `ingest_id` names the
-    eval_ingest row the pending inputs belong to (None: a whole result, nothing can be pending);
-    `hold` marks the new builds as held by it until the result is decided."""
+    eval_ingest row the pending inputs belong to (None: a whole result, nothing can be pending).
+    With `hold`, the builds this part creates are held by that ingest: never queued while it is
+    undecided on an open assignment."""
     by_path = _unique(derivations)
     if connection.vendor == "postgresql":
         return _store_postgres(evaluation.id, evaluation.priority, by_path, ingest_id, hold, final, now)
@@ -95,6 +96,31 @@ def store_part(
 # --- PostgreSQL --------------------------------------------------------------------------------------
 
 _FIELD_DEFAULTS = {f.name: f.default for f in DerivationBuild._meta.concrete_fields}
+
+# The part's rows go into temporary tables by COPY (psycopg's copy, formatted in C), and every write is
+# one INSERT ... SELECT from them. Created in the transaction that uses them, so they exist whatever
+# connection (or pooler) runs it; emptied at commit, and here (a part before in the same transaction).
+_TEMP_TABLES = "; ".join(
+    f"CREATE TEMP TABLE IF NOT EXISTS {table} ({columns}) ON COMMIT DELETE ROWS; DELETE FROM {table}"  # noqa: S608 (constants)
+    for table, columns in (
+        ("gradient_ingest_drv", "i uuid, p text, s text, f jsonb, o jsonb"),
+        ("gradient_ingest_link", "b uuid, a text"),
+        ("gradient_ingest_input", "i text"),
+        ("gradient_ingest_edge", "b uuid, d uuid"),
+        ("gradient_ingest_pending", "b uuid, i text"),
+        ("gradient_ingest_cached", "p text, n bigint"),
+    )
+)
+# Looking rows up by a unique key, one at a time, the way the planner cannot get wrong: a correlated
+# subquery in the select list (or a LATERAL one behind OFFSET 0) runs as an index lookup per row. As a
+# join, with no statistics on the temporary tables and stale ones on tables that grow fast (a first
+# large ingest), the planner hashes the whole table instead: every build read for every part.
+
+
+def _copy(cur: Any, table: str, columns: str, rows: Iterable[tuple[Any, ...]]) -> None:
+    with cur.cursor.copy(f"COPY {table} ({columns}) FROM STDIN") as copy:
+        for row in rows:
+            copy.write_row(row)
 
 
 def _store_postgres(
@@ -107,143 +133,138 @@ def _store_postgres(
     now: datetime,
 ) -> StoredPart:
     stored = StoredPart(ids={})
+    if not by_path:
+        return stored
     paths = sorted(by_path)  # one order for every writer: concurrent ingests never deadlock on them
-    with connection.cursor() as cur:
+    with transaction.atomic(), connection.cursor() as cur:
+        cur.execute(_TEMP_TABLES)
         cached = _cached(by_path)
         if cached:
-            cached_paths = sorted(cached)
+            _copy(cur, "gradient_ingest_cached", "p, n", sorted(cached.items()))
             cur.execute(
-                "INSERT INTO cached_path (path, nar_size, created_at) "
-                "SELECT p, n, %s FROM unnest(%s::text[], %s::bigint[]) AS t(p, n) "
-                "ON CONFLICT (path) DO NOTHING",
-                [now, cached_paths, [cached[p] for p in cached_paths]],
+                "INSERT INTO cached_path (path, nar_size, created_at) SELECT p, n, %s "
+                "FROM gradient_ingest_cached ORDER BY p ON CONFLICT (path) DO NOTHING",
+                [now],
             )
-        existing: dict[str, tuple[uuid.UUID, str]] = {}
-        if paths:
-            cur.execute("SELECT drv_path, id, status FROM derivation_build WHERE drv_path = ANY(%s)", [paths])
-            existing = {p: (i, s) for p, i, s in cur.fetchall()}
-        missing = [p for p in paths if p not in existing]
-        created: dict[str, uuid.UUID] = {}
-        if missing:
-            new_ids = [uuid.uuid4() for _ in missing]
-            cur.execute(
-                "INSERT INTO derivation_build (id, drv_path, system, required_features, outputs, status, "
-                "prioritized, attempts, max_attempts, timeout_secs, max_silent_secs, last_error, "
-                "ingest_id, created_at, updated_at) "
-                "SELECT i, p, s, f::jsonb, o::jsonb, %s, %s, 0, %s, %s, %s, '', %s, %s, %s "
-                "FROM unnest(%s::uuid[], %s::text[], %s::text[], %s::text[], %s::text[]) AS t(i, p, s, f, o) "
-                "ON CONFLICT (drv_path) DO NOTHING RETURNING drv_path, id",
-                [
-                    BuildStatus.CREATED.value,
-                    priority,
-                    _FIELD_DEFAULTS["max_attempts"],
-                    _FIELD_DEFAULTS["timeout_secs"],
-                    _FIELD_DEFAULTS["max_silent_secs"],
-                    ingest_id if hold else None,
-                    now,
-                    now,
-                    new_ids,
-                    missing,
-                    [by_path[p]["system"] for p in missing],
-                    [
-                        _json.encode(sorted(set(by_path[p].get("required_features") or []))).decode()
-                        for p in missing
-                    ],
-                    [
-                        _json.encode(
-                            [{"name": o["name"], "path": o["path"]} for o in by_path[p].get("outputs") or []]
-                        ).decode()
-                        for p in missing
-                    ],
-                ],
-            )
-            created = dict(cur.fetchall())
-            raced = [p for p in missing if p not in created]
-            if raced:  # created by another evaluation meanwhile
-                cur.execute(
-                    "SELECT drv_path, id, status FROM derivation_build WHERE drv_path = ANY(%s)", [raced]
+        _copy(
+            cur,
+            "gradient_ingest_drv",
+            "i, p, s, f, o",
+            (
+                (
+                    uuid.uuid4(),
+                    p,
+                    by_path[p]["system"],
+                    _json.encode(sorted(set(by_path[p].get("required_features") or []))).decode(),
+                    _json.encode(
+                        [{"name": o["name"], "path": o["path"]} for o in by_path[p].get("outputs") or []]
+                    ).decode(),
                 )
-                existing.update({p: (i, s) for p, i, s in cur.fetchall()})
-        stored.ids = {p: existing[p][0] for p in existing}
-        stored.ids.update(created)
+                for p in paths
+            ),
+        )
+        cur.execute(
+            "INSERT INTO derivation_build (id, drv_path, system, required_features, outputs, status, "
+            "prioritized, attempts, max_attempts, timeout_secs, max_silent_secs, last_error, "
+            "ingest_id, created_at, updated_at) "
+            "SELECT t.i, t.p, t.s, t.f, t.o, %s, %s, 0, %s, %s, %s, '', %s, %s, %s "
+            "FROM gradient_ingest_drv t ORDER BY t.p ON CONFLICT (drv_path) DO NOTHING RETURNING drv_path",
+            [
+                BuildStatus.CREATED.value,
+                priority,
+                _FIELD_DEFAULTS["max_attempts"],
+                _FIELD_DEFAULTS["timeout_secs"],
+                _FIELD_DEFAULTS["max_silent_secs"],
+                ingest_id if hold else None,
+                now,
+                now,
+            ],
+        )
+        created = {p for (p,) in cur.fetchall()}
         stored.created = len(created)
-
-        aborted = [i for i, s in existing.values() if s == BuildStatus.ABORTED]
+        cur.execute(
+            "SELECT t.p, b.id::text, b.status, "
+            "EXISTS (SELECT 1 FROM eval_ingest_input u WHERE u.build_id = b.id) "
+            "FROM gradient_ingest_drv t CROSS JOIN LATERAL "
+            "(SELECT id, status FROM derivation_build WHERE drv_path = t.p OFFSET 0) b"
+        )
+        aborted: list[str] = []
+        todo = set(created)
+        for p, build_id, status, waiting in cur.fetchall():
+            stored.ids[p] = build_id
+            if status == BuildStatus.ABORTED:
+                aborted.append(build_id)
+            if waiting:  # some ingest still waits for one of its inputs: look at them again
+                todo.add(p)
         if aborted:
             # A build aborted for an earlier evaluation nobody wanted any more is wanted again now.
             cur.execute(
                 "UPDATE derivation_build SET status = %s, retry_at = NULL, updated_at = %s "
-                "WHERE id = ANY(%s) AND status = %s",
+                "WHERE id = ANY(%s::uuid[]) AND status = %s",
                 [BuildStatus.CREATED.value, now, aborted, BuildStatus.ABORTED.value],
             )
-
-        link_ids = [stored.ids[p] for p in paths]
+        _copy(cur, "gradient_ingest_link", "b, a", ((stored.ids[p], by_path[p].get("attr")) for p in paths))
         cur.execute(
             "INSERT INTO evaluation_build (evaluation_id, build_id, attr, named, blocks_evaluation) "
-            "SELECT %s, b, a, a IS NOT NULL, true FROM unnest(%s::uuid[], %s::text[]) AS t(b, a) "
+            "SELECT %s, b, a, a IS NOT NULL, true FROM gradient_ingest_link ORDER BY b "
             "ON CONFLICT (evaluation_id, build_id) DO NOTHING",
-            [evaluation_id, link_ids, [by_path[p].get("attr") for p in paths]],
+            [evaluation_id],
         )
-
-        # Whose inputs to look at: new builds, and builds whose inputs some ingest still waits for.
-        todo = set(created)
-        old_ids = [existing[p][0] for p in existing]
-        if old_ids:
-            cur.execute(
-                "SELECT DISTINCT b.drv_path FROM eval_ingest_input u JOIN derivation_build b "
-                "ON b.id = u.build_id WHERE u.build_id = ANY(%s)",
-                [old_ids],
-            )
-            todo.update(p for (p,) in cur.fetchall())
-        pairs = [(p, i) for p in sorted(todo) for i in _inputs(p, by_path[p])]
-        outside = sorted({i for _, i in pairs if i not in stored.ids})
-        known: dict[str, uuid.UUID] = {}
+        # Ids as text from here on: hashing and comparing uuid.UUID objects costs more than the rest.
+        edges: set[tuple[str, str]] = set()
+        outside: list[tuple[str, str]] = []
+        for p in todo:
+            for i in _inputs(p, by_path[p]):
+                if i in stored.ids:
+                    edges.add((stored.ids[p], stored.ids[i]))
+                else:
+                    outside.append((stored.ids[p], i))
+        pending: list[tuple[str, str]] = []
         if outside:
+            # An input outside this part is known when it is a derivation of an earlier part (linked).
+            # Each looked up once (stdenv and its kind are everybody's input).
+            _copy(cur, "gradient_ingest_input", "i", ((i,) for i in {i for _, i in outside}))
             cur.execute(
-                "SELECT b.drv_path, b.id FROM derivation_build b WHERE b.drv_path = ANY(%s) AND EXISTS "
-                "(SELECT 1 FROM evaluation_build eb WHERE eb.evaluation_id = %s AND eb.build_id = b.id)",
-                [outside, evaluation_id],
+                "SELECT r.i, CASE WHEN EXISTS (SELECT 1 FROM evaluation_build eb "
+                "WHERE eb.evaluation_id = %s AND eb.build_id = r.d) THEN r.d::text END FROM ("
+                "SELECT x.i, (SELECT d.id FROM derivation_build d WHERE d.drv_path = x.i) AS d "
+                "FROM gradient_ingest_input x OFFSET 0) r",
+                [evaluation_id],
             )
-            known = dict(cur.fetchall())
-        edge_from: list[uuid.UUID] = []
-        edge_to: list[uuid.UUID] = []
-        pend_build: list[uuid.UUID] = []
-        pend_path: list[str] = []
-        for p, i in pairs:
-            target = stored.ids.get(i) or known.get(i)
-            if target is not None:
-                edge_from.append(stored.ids[p])
-                edge_to.append(target)
-            elif not final and ingest_id is not None:
-                pend_build.append(stored.ids[p])
-                pend_path.append(i)
-        if edge_from:
+            known = {i: target for i, target in cur.fetchall() if target is not None}
+            for build_id, i in outside:
+                target = known.get(i)
+                if target is not None:
+                    edges.add((build_id, target))
+                elif not final and ingest_id is not None:
+                    pending.append((build_id, i))
+        if ingest_id is not None:
+            # Inputs of earlier parts that this part brought.
+            cur.execute(
+                "DELETE FROM eval_ingest_input u WHERE u.ingest_id = %s "
+                "AND u.input_drv_path IN (SELECT p FROM gradient_ingest_drv) "
+                "RETURNING u.build_id::text, u.input_drv_path",
+                [ingest_id],
+            )
+            edges.update((build_id, stored.ids[i]) for build_id, i in cur.fetchall())
+        edges = {(b, d) for b, d in edges if b != d}
+        if edges:
+            _copy(cur, "gradient_ingest_edge", "b, d", edges)
             cur.execute(
                 "INSERT INTO derivation_build_dependency (build_id, dependency_id) "
-                "SELECT b, d FROM unnest(%s::uuid[], %s::uuid[]) AS t(b, d) WHERE b <> d "
-                "ON CONFLICT (build_id, dependency_id) DO NOTHING",
-                [edge_from, edge_to],
+                "SELECT b, d FROM gradient_ingest_edge ORDER BY b, d "
+                "ON CONFLICT (build_id, dependency_id) DO NOTHING"
             )
-            stored.edges += cur.rowcount
-        if pend_build:
+            stored.edges = cur.rowcount
+        if pending:
+            _copy(cur, "gradient_ingest_pending", "b, i", pending)
             cur.execute(
                 "INSERT INTO eval_ingest_input (ingest_id, build_id, input_drv_path) "
-                "SELECT %s, b, p FROM unnest(%s::uuid[], %s::text[]) AS t(b, p) "
+                "SELECT %s, b, i FROM gradient_ingest_pending "
                 "ON CONFLICT (ingest_id, build_id, input_drv_path) DO NOTHING",
-                [ingest_id, pend_build, pend_path],
+                [ingest_id],
             )
-            stored.pending += cur.rowcount
-        if ingest_id is not None and paths:
-            # Earlier parts' inputs that this part brought.
-            cur.execute(
-                "WITH r AS (DELETE FROM eval_ingest_input u WHERE u.ingest_id = %s "
-                "AND u.input_drv_path = ANY(%s) RETURNING u.build_id, u.input_drv_path) "
-                "INSERT INTO derivation_build_dependency (build_id, dependency_id) "
-                "SELECT r.build_id, b.id FROM r JOIN derivation_build b ON b.drv_path = r.input_drv_path "
-                "WHERE b.id <> r.build_id ON CONFLICT (build_id, dependency_id) DO NOTHING",
-                [ingest_id, paths],
-            )
-            stored.edges += cur.rowcount
+            stored.pending = cur.rowcount
     return stored
 
 

@@ -1,0 +1,369 @@
+"""Large evaluations: an eval_result of N derivations ingested in parts through the real report path.
+
+    .venv/bin/python bench/ingest.py [--derivations 1000 10000 150000] [--profile]
+
+For each N: a generated nixpkgs-shaped graph (1-5 inputs per derivation, many of them on a small core
+the way stdenv and its bootstrap are everyone's inputs; 20 % cached; 1-2 outputs; store paths of the
+real length, in a shuffled order as Nix lists them). One evaluation is claimed by a registered worker;
+the reference worker's own splitter (gradient.workers.client.parts) cuts the result into parts that fit
+a frame, and each part goes through what a frame from a socket goes through after the consumer:
+strict decoding (core.protocol) and the job loop's JobUpdate (jobloop.job_update: the fence, the part
+stored in its own transaction; the graph decided at the final part). Then a second evaluation of the
+same commit sends the same result again (the reuse: nothing new).
+
+Printed per N: the ingest time from the first part to the graph decided (the server's: the worker's
+split and encoding are done before, and printed apart), the statements sent, the peak
+memory growth of this process during the ingest (RSS sampled every 10 ms, over its value before the
+first part, with the generated graph already in memory), the transactions and the longest one (from its
+first statement to the end of its commit: a part's report, or a slice of the decision), the parts, and
+the reuse time. The last line:
+
+    ingest: <N> derivations in <s> s, reuse <s> s, peak +<MB> MB, longest transaction <s> s
+
+--profile writes a cProfile of the first ingest of the largest N to var/bench/ingest.prof and prints
+its top functions.
+
+Needs PostgreSQL (BENCH_DATABASE_URL, default postgres://postgres@127.0.0.1:5432/gradient_bench).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import describe_machine, log_dir, reset_tables, setup_django  # noqa: E402
+
+NIX_BASE32 = "0123456789abcdfghijklmnpqrsvwxyz"
+PNAMES = [
+    "python3",
+    "perl",
+    "gcc",
+    "glibc",
+    "openssl",
+    "zlib",
+    "curl",
+    "rust",
+    "go",
+    "node",
+    "libxml2",
+    "qt5",
+]
+
+
+def generate(n: int, seed: int = 19) -> list[Any]:
+    """n DiscoveredDerivations shaped like a nixpkgs evaluation, in a shuffled order."""
+    from gradient.core.protocol import CachedOutput, DiscoveredDerivation, OutputPath
+
+    rng = random.Random(seed)
+    core = max(1, n // 100)
+
+    def store(i: int, suffix: str) -> str:
+        digest = "".join(rng.choice(NIX_BASE32) for _ in range(32))
+        return f"/nix/store/{digest}-{PNAMES[i % len(PNAMES)]}-{i // len(PNAMES)}.{i % 10}{suffix}"
+
+    paths = [store(i, ".drv") for i in range(n)]
+    out: list[Any] = []
+    for i in range(n):
+        inputs: set[str] = set()
+        for _ in range(rng.randint(1, 5) if i else 0):
+            j = rng.randrange(min(i, core)) if rng.random() < 0.5 else rng.randrange(i)
+            inputs.add(paths[j])
+        names = ["out"] if rng.random() < 0.7 else ["out", "dev"]
+        outputs = [OutputPath(name=name, path=store(i, "" if name == "out" else "-dev")) for name in names]
+        cached = rng.random() < 0.2
+        out.append(
+            DiscoveredDerivation(
+                drv_path=paths[i],
+                system="x86_64-linux",
+                required_features=["big-parallel"] if rng.random() < 0.05 else [],
+                outputs=outputs,
+                input_drvs=sorted(inputs),
+                cached_outputs=[
+                    CachedOutput(path=o.path, nar_size=rng.randint(10**4, 10**8)) for o in outputs
+                ]
+                if cached
+                else [],
+                attr=f"legacyPackages.x86_64-linux.pkg{i}" if rng.random() < 0.3 else None,
+            )
+        )
+    rng.shuffle(out)
+    return out
+
+
+class RssSampler:
+    """The peak RSS of this process while running, sampled every 10 ms."""
+
+    def __init__(self) -> None:
+        self.page = os.sysconf("SC_PAGE_SIZE")
+        self.start = self.now()
+        self.peak = self.start
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def now(self) -> int:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * self.page
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.01):
+            self.peak = max(self.peak, self.now())
+
+    def __enter__(self) -> RssSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, self.now())
+
+    @property
+    def growth_mb(self) -> float:
+        return (self.peak - self.start) / 2**20
+
+
+class Statements:
+    """Counts the statements sent, times them by their first words, and times every transaction from
+    its first statement to the end of its commit (a statement outside a transaction block is one)."""
+
+    def __init__(self, connection: Any) -> None:
+        self.connection = connection
+        self.count = 0
+        self.seconds: dict[str, float] = {}
+        self.longest_transaction = 0.0
+        self.transactions = 0
+        self._began: float | None = None
+
+    def __call__(self, execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        self.count += 1
+        t0 = time.perf_counter()
+        if self.connection.in_atomic_block and self._began is None:
+            self._began = t0
+        try:
+            return execute(sql, params, many, context)
+        finally:
+            t1 = time.perf_counter()
+            key = " ".join(sql.split())[:90]
+            self.seconds[key] = self.seconds.get(key, 0.0) + t1 - t0
+            if not self.connection.in_atomic_block:
+                self._ended(t0, t1)
+
+    def _ended(self, began: float, ended: float) -> None:
+        self.transactions += 1
+        self.longest_transaction = max(self.longest_transaction, ended - began)
+
+    def __enter__(self) -> Statements:
+        commit, rollback = self.connection._commit, self.connection._rollback
+
+        def ended(original: Any) -> Any:
+            def call() -> Any:
+                try:
+                    return original()
+                finally:
+                    if self._began is not None:
+                        self._ended(self._began, time.perf_counter())
+                        self._began = None
+
+            return call
+
+        self._saved = (commit, rollback)
+        self.connection._commit, self.connection._rollback = ended(commit), ended(rollback)
+        self._wrapper = self.connection.execute_wrapper(self)
+        self._wrapper.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._wrapper.__exit__(*exc)
+        self.connection._commit, self.connection._rollback = self._saved
+
+    def top(self, n: int = 8) -> list[str]:
+        ranked = sorted(self.seconds.items(), key=lambda kv: -kv[1])[:n]
+        return [f"    {secs:7.2f} s  {sql}" for sql, secs in ranked]
+
+
+def claim(project: Any, worker: Any, session: Any, commit: str) -> Any:
+    from django.utils import timezone
+
+    from gradient.scheduling.models import Evaluation
+    from gradient.scheduling.services.assignment import request_job
+    from gradient.scheduling.services.reports import handle_report
+
+    evaluation = Evaluation.objects.create(project=project, repository="sim:bench", commit=commit)
+    handed = request_job(worker_id=worker.id, protocol_kind="flake", now=timezone.now())
+    assert handed is not None and handed.job_key == evaluation.job_key, "the claim went elsewhere"
+    message = {
+        "type": "JobUpdate",
+        "job_id": handed.job_key,
+        "assignment_id": str(handed.assignment_id),
+        "update": {"kind": "evaluating_derivations"},
+    }
+    handle_report(worker_id=worker.id, message=message, now=timezone.now())
+    return handed, evaluation.id
+
+
+def send_result(session: Any, handed: Any, derivations: list[Any]) -> dict[str, Any]:
+    """The reference worker's parts, each encoded as its frame, decoded strictly and handed to the job
+    loop, one after the other (as one socket's frames are). Returns the figures."""
+    from django.db import connection
+
+    from gradient.core.protocol import JobUpdate, decode_worker_message, encode
+    from gradient.workers.client.parts import eval_result_parts
+    from gradient.workers.proto import jobloop
+
+    # The worker's side first (its split and its frames), so what is timed and measured is the server's.
+    t0 = time.perf_counter()
+    frames = [
+        encode(JobUpdate(job_id=handed.job_key, assignment_id=str(handed.assignment_id), update=part))
+        for part in eval_result_parts(
+            derivations=derivations,
+            warnings=[],
+            errors=[],
+            job_id=handed.job_key,
+            assignment_id=str(handed.assignment_id),
+        )
+    ]
+    worker_side = time.perf_counter() - t0
+    frame_bytes = max(len(f) for f in frames)
+    parts = len(frames)
+    with RssSampler() as rss, Statements(connection) as counter:
+        started = time.perf_counter()
+        while frames:
+            message = decode_worker_message(frames.pop(0))
+            jobloop.job_update(session=session, message=message)
+            del message
+        elapsed = time.perf_counter() - started
+    return {
+        "seconds": elapsed,
+        "statements": counter.count,
+        "peak_mb": rss.growth_mb,
+        "longest": counter.longest_transaction,
+        "transactions": counter.transactions,
+        "parts": parts,
+        "worker_side": worker_side,
+        "frame_kb": frame_bytes / 1024,
+        "top": counter.top(),
+    }
+
+
+def check(evaluation_id: Any, derivations: list[Any]) -> str:
+    """That the result arrived whole: every edge, exactly the leaves queued."""
+    from gradient.scheduling.models import DerivationBuild, DerivationBuildDependency, EvaluationBuild
+
+    edges = sum(len(set(d.input_drvs)) for d in derivations)
+    cached = {d.drv_path for d in derivations if d.cached_outputs}
+    leaves = sum(
+        1 for d in derivations if d.drv_path not in cached and all(i in cached for i in d.input_drvs)
+    )
+    got_edges = DerivationBuildDependency.objects.count()
+    got_links = EvaluationBuild.objects.filter(evaluation_id=evaluation_id).count()
+    queued = DerivationBuild.objects.filter(status="Queued").count()
+    substituted = DerivationBuild.objects.filter(status="Substituted").count()
+    ok = (
+        got_edges == edges
+        and got_links == len(derivations)
+        and queued == leaves
+        and substituted == len(cached)
+    )
+    return (
+        f"{'whole' if ok else 'NOT WHOLE'}: {got_links} links, {got_edges}/{edges} edges, "
+        f"{queued}/{leaves} leaves queued, {substituted}/{len(cached)} substituted"
+    )
+
+
+def run(n: int, profile: bool, verbose: bool) -> str:
+    from django.db import connection
+    from django.utils import timezone
+
+    from gradient.runtime.passes import server_boot_start
+    from gradient.workers.models import Worker, WorkerSession
+    from gradient.workers.services import SessionRef, project_create
+
+    reset_tables()
+    with connection.cursor() as cursor:
+        cursor.execute("TRUNCATE eval_ingest, eval_ingest_input CASCADE")
+    now = timezone.now()
+    project = project_create(name="ingest")
+    worker = Worker.objects.create(
+        name="evaluator", token_hash="-", can_fetch=True, can_eval=True, can_build=False, cpu_core_score=1000
+    )
+    worker.projects.set([project])
+    boot = server_boot_start(now=now)
+    row = WorkerSession.objects.create(
+        worker=worker, channel_name="bench.ingest", server_boot=boot.id, opened_at=now, last_seen=now
+    )
+    session = SessionRef(session_id=row.id, worker_id=worker.id)
+    t0 = time.perf_counter()
+    derivations = generate(n)
+    print(f"N = {n}: generated in {time.perf_counter() - t0:.1f} s; {describe_machine()}", flush=True)
+
+    handed, evaluation_id = claim(project, worker, session, "first")
+    profiler = None
+    if profile:
+        import cProfile
+
+        profiler = cProfile.Profile()
+        profiler.enable()
+    first = send_result(session, handed, derivations)
+    if profiler is not None:
+        profiler.disable()
+    print(
+        f"  ingest {first['seconds']:.2f} s in {first['parts']} parts "
+        f"(largest frame {first['frame_kb']:.0f} KiB; the worker split and encoded them in "
+        f"{first['worker_side']:.1f} s before), "
+        f"{first['statements']} statements, peak +{first['peak_mb']:.0f} MB, "
+        f"{first['transactions']} transactions, the longest {first['longest']:.2f} s",
+        flush=True,
+    )
+    print("\n".join(first["top"]) if verbose else "", end="\n" if verbose else "")
+    print(f"  {check(evaluation_id, derivations)}", flush=True)
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE")  # what autovacuum does soon after a load this size
+    again, _ = claim(project, worker, session, "again")
+    reuse = send_result(session, again, derivations)
+    print(
+        f"  reuse {reuse['seconds']:.2f} s in {reuse['parts']} parts, {reuse['statements']} statements, "
+        f"peak +{reuse['peak_mb']:.0f} MB, {reuse['transactions']} transactions, "
+        f"the longest {reuse['longest']:.2f} s",
+        flush=True,
+    )
+    print("\n".join(reuse["top"]) if verbose else "", end="\n" if verbose else "")
+    if profiler is not None:
+        import pstats
+
+        path = log_dir() / "ingest.prof"
+        profiler.dump_stats(str(path))
+        print(f"  profile of the first ingest: {path}")
+        pstats.Stats(profiler).sort_stats("cumulative").print_stats(25)
+    peak = max(first["peak_mb"], reuse["peak_mb"])
+    longest = max(first["longest"], reuse["longest"])
+    return (
+        f"ingest: {n} derivations in {first['seconds']:.1f} s, reuse {reuse['seconds']:.1f} s, "
+        f"peak +{peak:.0f} MB, longest transaction {longest:.2f} s"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--derivations", type=int, nargs="+", default=[1000, 10000, 150000])
+    parser.add_argument("--profile", action="store_true", help="cProfile the largest N's first ingest")
+    parser.add_argument("--statements", action="store_true", help="the statements that took longest")
+    args = parser.parse_args()
+    setup_django()
+    import logging
+
+    logging.getLogger("gradient").setLevel(logging.WARNING)
+    lines = [run(n, args.profile and n == max(args.derivations), args.statements) for n in args.derivations]
+    for line in lines:
+        print(line)
+
+
+if __name__ == "__main__":
+    main()
