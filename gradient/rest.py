@@ -52,6 +52,31 @@ class ControlReceiptSerializer(serializers.Serializer[Any]):
     message = serializers.CharField(help_text="What the intent did (or why it did nothing).")
 
 
+class OperationSerializer(serializers.Serializer[Any]):
+    """The answer to an operator's action (restart, prioritize, rebuild, drain): the intent is on the
+    records it names, and the rows changed through the services."""
+
+    id = serializers.UUIDField(help_text="The evaluation, build or worker acted on.")
+    status = serializers.CharField(help_text="Its status right after the action.")
+    message = serializers.CharField(help_text="What the action did, in words.")
+    records = serializers.ListField(
+        child=serializers.CharField(), help_text="The job records the control intent was appended to."
+    )
+    successor = serializers.UUIDField(
+        allow_null=True, help_text="For a restart: the new evaluation that supersedes this one."
+    )
+
+
+def operation_body(result: Any) -> dict[str, Any]:
+    return {
+        "id": result.id,
+        "status": result.status,
+        "message": result.message,
+        "records": list(result.records),
+        "successor": result.successor,
+    }
+
+
 def _is_api(request: HttpRequest) -> bool:
     return request.path.startswith("/api/")
 

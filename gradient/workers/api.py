@@ -23,8 +23,9 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from gradient.core.ids import parse_uuid
+from gradient.rest import OperationSerializer, operation_body
 from gradient.scheduling.models import Project
-from gradient.scheduling.services import projects
+from gradient.scheduling.services import operations, projects
 from gradient.throttling import AnonThrottle, UserThrottle
 from gradient.workers import services
 from gradient.workers.models import Worker
@@ -262,8 +263,29 @@ class WorkerDeactivateView(APIView):
     )
     def post(self, request: Request, worker_id: str) -> Response:
         worker = _worker_or_404(worker_id)
-        services.worker_deactivate(worker_id=worker.id, now=timezone.now())
+        # signed on the records of the jobs it runs, as every operator action (issue 16)
+        operations.worker_request_deactivate(
+            worker_id=worker.id, actor=request.user.get_username(), now=timezone.now()
+        )
         return Response(WorkerSerializer(_worker_or_404(str(worker.id))).data)
+
+
+class WorkerDrainView(APIView):
+    permission_classes = [IsAdminUser]
+
+    @extend_schema(
+        request=None,
+        responses={202: OperationSerializer},
+        summary="Drain a connected worker: it gets nothing new from any server, its running jobs finish",
+        description="A `drain_worker` intent on the records of the evaluations it runs. The mark is its "
+        "open session's: a worker that reconnects is not draining.",
+    )
+    def post(self, request: Request, worker_id: str) -> Response:
+        worker = _worker_or_404(worker_id)
+        result = operations.worker_request_drain(
+            worker_id=worker.id, actor=request.user.get_username(), now=timezone.now()
+        )
+        return Response(operation_body(result), status=status.HTTP_202_ACCEPTED)
 
 
 class WorkerActivateView(APIView):

@@ -38,7 +38,7 @@ from gradient.core.vocab import (
     EvaluationKind,
 )
 from gradient.records.decisions.fold import fold
-from gradient.records.errors import RecordTombstoned, UnknownRecord
+from gradient.records.errors import DecodeError, InvalidHistory, RecordTombstoned, UnknownRecord
 from gradient.records.schemas import (
     AnyControl,
     DeactivateWorker,
@@ -49,7 +49,7 @@ from gradient.records.schemas import (
     Resubmitted,
     parse_job_key,
 )
-from gradient.records.selectors import record_read
+from gradient.records.selectors import record_job, record_read
 from gradient.records.services import Receipt, commit_control, record_append_facts
 from gradient.scheduling.models import DerivationBuild, DispatchedJob, Evaluation, EvaluationBuild
 from gradient.scheduling.services import lifecycle
@@ -100,10 +100,13 @@ def evaluation_restart(*, evaluation_id: uuid.UUID, actor: str, now: datetime) -
     if evaluation.kind != EvaluationKind.NORMAL:
         raise ActionRefused("A DrvRecovery evaluation is not restarted by hand; rebuild its build instead.")
     try:
+        before = record_job(job_key=evaluation.job_key, now=now)
+        if before.successor is not None or before.pending_resubmit:
+            raise ActionRefused(f"Restarted already, as {before.successor or 'a pending resubmit'}.")
         commit_control(
             job_key=evaluation.job_key, intent=Resubmit(reason=f"restarted by {actor}"), actor=actor, now=now
         )
-    except (UnknownRecord, RecordTombstoned) as exc:
+    except (UnknownRecord, RecordTombstoned, DecodeError, InvalidHistory) as exc:
         raise ActionRefused(f"The evaluation's record takes no intent: {exc}") from None
     successor = evaluation_resubmit(evaluation_id=evaluation.id, actor=actor, now=now)
     if successor is None:
