@@ -47,6 +47,7 @@ from gradient.core.vocab import (
     JobKind,
 )
 from gradient.records.schemas import ReportKind
+from gradient.runtime import metrics
 from gradient.scheduling import history, jobs
 from gradient.scheduling.decisions.failures import (
     BuildVerdict,
@@ -183,11 +184,13 @@ def _claim_and_start(
         with transaction.atomic():
             assignment_id = claim_assignment(request=request, now=now)
             if assignment_id is None:
+                metrics.count(metrics.CLAIMS_LOST)
                 return None
             start(assignment_id)
             forget_sent(request.job_key)
             return Claimed(assignment_id, job)
     except _StartRefused:
+        metrics.count(metrics.CLAIMS_LOST)
         return None
 
 
