@@ -17,6 +17,8 @@ from typing import Any
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views import defaults
 from rest_framework import exceptions, serializers
+from rest_framework.pagination import LimitOffsetPagination
+from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
@@ -34,6 +36,29 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
     if isinstance(exc, exceptions.ValidationError) and not isinstance(response.data, dict):
         response.data = {"non_field_errors": response.data}
     return response
+
+
+class Pages(LimitOffsetPagination):
+    """`limit` (default 100, at most 1000) and `offset`; answers `{count, next, previous, results}`."""
+
+    default_limit = 100
+    max_limit = 1000
+
+
+def check_page_params(request: Request) -> None:
+    """limit and offset must be non-negative integers: a 400, not a silently ignored parameter."""
+    errors = {}
+    for name in ("limit", "offset"):
+        raw = request.query_params.get(name)
+        if raw is not None and not (raw.isascii() and raw.isdigit()):
+            errors[name] = [f"{name} must be a non-negative integer."]
+    if errors:
+        raise serializers.ValidationError(errors)
+
+
+def wants_pages(request: Request) -> bool:
+    """A list route of rest.md that answers a bare array (projects, workers) pages when asked to."""
+    return "limit" in request.query_params or "offset" in request.query_params
 
 
 def uuid_or_404(value: str) -> uuid.UUID:

@@ -16,7 +16,6 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, extend_schema_field
 from rest_framework import serializers, status
 from rest_framework.exceptions import NotFound, PermissionDenied
-from rest_framework.pagination import LimitOffsetPagination
 from rest_framework.permissions import IsAdminUser
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -24,7 +23,14 @@ from rest_framework.views import APIView
 
 from gradient.core.vocab import EvaluationStatus, member_of
 from gradient.records.errors import IdempotencyConflict
-from gradient.rest import ControlReceiptSerializer, OperationSerializer, operation_body, uuid_or_404
+from gradient.rest import (
+    ControlReceiptSerializer,
+    OperationSerializer,
+    Pages,
+    check_page_params,
+    operation_body,
+    uuid_or_404,
+)
 from gradient.scheduling import selectors
 from gradient.scheduling.decisions.waiting import describe
 from gradient.scheduling.models import DerivationBuild, Evaluation, Project
@@ -36,22 +42,6 @@ from gradient.scheduling.services.evaluations import (
 )
 
 IDEMPOTENCY_HEADER = "Idempotency-Key"
-
-
-class Pages(LimitOffsetPagination):
-    default_limit = 100
-    max_limit = 1000
-
-
-def _check_page_params(request: Request) -> None:
-    """limit and offset must be non-negative integers: a 400, not a silently ignored parameter."""
-    errors = {}
-    for name in ("limit", "offset"):
-        raw = request.query_params.get(name)
-        if raw is not None and not (raw.isascii() and raw.isdigit()):
-            errors[name] = [f"{name} must be a non-negative integer."]
-    if errors:
-        raise serializers.ValidationError(errors)
 
 
 def visible_projects(user: Any) -> QuerySet[Project]:
@@ -199,7 +189,7 @@ class EvaluationsView(APIView):
         operation_id="v1_evaluations_list",
     )
     def get(self, request: Request) -> Response:
-        _check_page_params(request)
+        check_page_params(request)
         qs = Evaluation.objects.filter(project__in=visible_projects(request.user)).select_related("project")
         wanted_status = request.query_params.get("status")
         if wanted_status:
