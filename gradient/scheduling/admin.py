@@ -132,6 +132,7 @@ class EvaluationAdmin(RecordTimelineMixin, OperatedAdmin):
     search_fields = ["id", "repository", "commit"]
     date_hierarchy = "created_at"
     list_select_related = ["project"]
+    list_per_page = 50
     inlines = [EvaluationBuildInline]
     operations = EVALUATION_OPERATIONS
     actions = [op.bulk() for op in EVALUATION_OPERATIONS]
@@ -145,8 +146,8 @@ class EvaluationAdmin(RecordTimelineMixin, OperatedAdmin):
         "repository",
         "commit",
         "kind",
-        "priority",
-        "wait_for_workers",
+        "prioritized",
+        "waits_for_workers",
         "created",
         "finished",
         "took",
@@ -179,7 +180,20 @@ class EvaluationAdmin(RecordTimelineMixin, OperatedAdmin):
 
     @admin.display(description="duration")
     def took(self, obj: Evaluation) -> str:
-        return between(obj.created_at, obj.finished_at or timezone.now())
+        end = obj.finished_at or timezone.now()
+        return between(obj.created_at, max(end, obj.created_at))
+
+    @admin.display(description="prioritized")
+    def prioritized(self, obj: Evaluation) -> str:
+        return "yes (+5000 in scoring)" if obj.priority else "no"
+
+    @admin.display(description="waits for workers")
+    def waits_for_workers(self, obj: Evaluation) -> str:
+        return (
+            "yes: never aborted for want of a worker"
+            if obj.wait_for_workers
+            else "no: aborted after the grace"
+        )
 
     @admin.display(description="progress")
     def progress(self, obj: Evaluation) -> str:
@@ -219,6 +233,9 @@ class DependencyInline(ReadOnlyInline):
     def dependency_status(self, obj: DerivationBuildDependency) -> str:
         return obj.dependency.status
 
+    def get_queryset(self, request):  # type: ignore[no-untyped-def]
+        return super().get_queryset(request).select_related("build", "dependency")
+
 
 class DependentInline(ReadOnlyInline):
     model = DerivationBuildDependency
@@ -234,6 +251,9 @@ class DependentInline(ReadOnlyInline):
     @admin.display(description="status")
     def dependent_status(self, obj: DerivationBuildDependency) -> str:
         return obj.build.status
+
+    def get_queryset(self, request):  # type: ignore[no-untyped-def]
+        return super().get_queryset(request).select_related("build", "dependency")
 
 
 class SharingInline(ReadOnlyInline):
@@ -330,7 +350,7 @@ class DerivationBuildAdmin(RecordTimelineMixin, OperatedAdmin):
         "required_features",
         "status",
         "why_it_waits",
-        "prioritized",
+        "is_prioritized",
         "attempts",
         "max_attempts",
         "failure_kind",
@@ -361,6 +381,10 @@ class DerivationBuildAdmin(RecordTimelineMixin, OperatedAdmin):
     @admin.display(description="duration")
     def took(self, obj: DerivationBuild) -> str:
         return between(obj.queued_at, obj.finished_at) if obj.finished_at else "-"
+
+    @admin.display(description="prioritized")
+    def is_prioritized(self, obj: DerivationBuild) -> str:
+        return "yes (+5000 in scoring)" if obj.prioritized else "no"
 
     @admin.display(description="why it waits")
     def why_it_waits(self, obj: DerivationBuild) -> str:

@@ -327,6 +327,7 @@ class Progress:
     total: int
     built: int
     failed: int
+    dependency_failed: int
     building: int
     queued: int
     waiting: int  # Created: waiting for dependencies
@@ -338,6 +339,7 @@ class Progress:
         parts = [f"{self.built}/{self.total} built"]
         for count, word in (
             (self.failed, "failed"),
+            (self.dependency_failed, "failed with a dependency"),
             (self.building, "building"),
             (self.queued, "queued"),
             (self.waiting, "waiting for dependencies"),
@@ -362,7 +364,8 @@ def evaluation_progress(evaluation_id: uuid.UUID) -> Progress:
     return Progress(
         total=sum(counts.values()),
         built=of(*BUILD_SUCCESS),
-        failed=of(*BUILD_LASTING_FAILURE, BuildStatus.FAILED_TRANSIENT),
+        failed=of(BuildStatus.FAILED_PERMANENT, BuildStatus.FAILED_TIMEOUT, BuildStatus.FAILED_TRANSIENT),
+        dependency_failed=of(BuildStatus.DEPENDENCY_FAILED),
         building=of(BuildStatus.BUILDING),
         queued=of(BuildStatus.QUEUED),
         waiting=of(BuildStatus.CREATED),
