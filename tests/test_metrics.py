@@ -153,3 +153,20 @@ def test_two_serve_processes_answer_the_same_totals_as_the_service_works(tmp_pat
         else:
             assert a1[key] == value == a2[key], key
     assert any(k[0] == "gradient_pass_duration_seconds_count" and v > 0 for k, v in b.items())
+
+
+def test_the_grafana_dashboard_plots_only_the_families_served() -> None:
+    import json
+    import re
+
+    from tests.support.processes import ROOT
+
+    dashboard = json.loads((ROOT / "docs" / "grafana-dashboard.json").read_text())
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+    used = {name for e in exprs for name in re.findall(r"gradient_[a-z_]+", e)}
+    served = set(FAMILIES) | {"gradient_assignments_total", "gradient_claims_lost_total"}
+    served |= {f"gradient_pass_duration_seconds_{s}" for s in ("bucket", "sum", "count")}
+    assert used and used <= served, used - served
+    assert set(FAMILIES) - {"gradient_assignments", "gradient_claims_lost"} <= {
+        u.removesuffix("_bucket").removesuffix("_count") for u in used
+    } | {"gradient_assignments", "gradient_claims_lost"}

@@ -229,6 +229,8 @@ class DerivationBuildDependency(models.Model):
 
     class Meta:
         db_table = "derivation_build_dependency"
+        verbose_name = "dependency"
+        verbose_name_plural = "dependencies"
         constraints = [
             models.UniqueConstraint(
                 fields=["build", "dependency"],
