@@ -142,6 +142,7 @@ class EvaluationAdmin(RecordTimelineMixin, OperatedAdmin):
         "status",
         "progress",
         waiting_for,
+        "next_step",
         "failed_builds",
         "repository",
         "commit",
@@ -194,6 +195,10 @@ class EvaluationAdmin(RecordTimelineMixin, OperatedAdmin):
             if obj.wait_for_workers
             else "no: aborted after the grace"
         )
+
+    @admin.display(description="what happens next")
+    def next_step(self, obj: Evaluation) -> str:
+        return selectors.evaluation_next_step(obj) or "-"
 
     @admin.display(description="progress")
     def progress(self, obj: Evaluation) -> str:

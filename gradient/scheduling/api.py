@@ -119,6 +119,13 @@ class EvaluationSerializer(serializers.Serializer[Any]):
     failed_builds = serializers.SerializerMethodField(
         help_text="The builds that failed it (or await a retry), with their errors."
     )
+    waiting_next = serializers.SerializerMethodField(
+        help_text='While it waits, what happens next in words ("aborted at 07:13:00 UTC unless a worker '
+        'for aarch64-linux connects"); empty otherwise.'
+    )
+
+    def get_waiting_next(self, obj: Evaluation) -> str:
+        return selectors.evaluation_next_step(obj)
 
     def get_waiting_reason_text(self, obj: Evaluation) -> str:
         return describe(obj.waiting_reason)

@@ -10,6 +10,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import msgspec
+from django.conf import settings
 from django.db.models import Count, Exists, OuterRef, Q, QuerySet
 from django.utils import timezone
 
@@ -27,8 +28,10 @@ from gradient.core.vocab import (
 )
 from gradient.records.errors import DecodeError, InvalidHistory, UnknownRecord
 from gradient.records.selectors import record_job
+from gradient.recovery.models import ServerBoot
 from gradient.scheduling import jobs
 from gradient.scheduling.decisions.scoring import LARGE_TRANSFER_BYTES, PoolView
+from gradient.scheduling.decisions.waiting import unbuildable_deadline, what_happens_next
 from gradient.scheduling.models import (
     CachedPath,
     DerivationBuild,
@@ -444,3 +447,20 @@ def recent_assignments(worker_id: uuid.UUID, limit: int = 20) -> list[Dispatched
     """The worker's latest closed assignments, newest first."""
     rows = DispatchedJob.objects.filter(worker_id=worker_id, finished_at__isnull=False)
     return list(rows.order_by("-finished_at")[:limit])
+
+
+def evaluation_next_step(evaluation: Evaluation, now: datetime | None = None) -> str:
+    """What happens next to a waiting evaluation, in words (decisions.waiting.what_happens_next)."""
+    if evaluation.status != EvaluationStatus.WAITING:
+        return ""
+    boot = ServerBoot.objects.filter(stopped_at__isnull=True).order_by("-started_at").first()
+    deadline = unbuildable_deadline(
+        reason=evaluation.waiting_reason,
+        waiting_since=evaluation.waiting_since,
+        wait_for_workers=evaluation.wait_for_workers,
+        pool_stable_since=boot.started_at if boot else (now or timezone.now()),
+        grace_secs=settings.GRADIENT_SCHEDULER_UNBUILDABLE_GRACE_SECS,
+    )
+    return what_happens_next(
+        reason=evaluation.waiting_reason, deadline=deadline, wait_for_workers=evaluation.wait_for_workers
+    )
