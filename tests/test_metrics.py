@@ -170,3 +170,18 @@ def test_the_grafana_dashboard_plots_only_the_families_served() -> None:
     assert set(FAMILIES) - {"gradient_assignments", "gradient_claims_lost"} <= {
         u.removesuffix("_bucket").removesuffix("_count") for u in used
     } | {"gradient_assignments", "gradient_claims_lost"}
+
+
+def test_compacting_folds_every_process_into_one_row_and_keeps_the_totals() -> None:
+    from gradient.recovery.models import MetricCount
+    from gradient.runtime import metrics as totals
+
+    totals.count(totals.CLAIMS_LOST, amount=2)
+    MetricCount.objects.create(name=totals.CLAIMS_LOST, labels="", process="gone-host:1", value=3)
+    pass_run(name="compact-test", body=lambda: None)
+    before = totals.totals()
+    assert totals.compact() >= 2
+    assert totals.totals() == before
+    assert set(MetricCount.objects.values_list("process", flat=True)) == {totals.RETIRED}
+    totals.count(totals.CLAIMS_LOST)
+    assert totals.totals()[totals.CLAIMS_LOST][""] == before[totals.CLAIMS_LOST][""] + 1

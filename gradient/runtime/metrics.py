@@ -82,3 +82,23 @@ def totals() -> dict[str, dict[str, float]]:
     for row in rows:
         result[row["name"]][row["labels"]] = float(row["total"] or 0)
     return result
+
+
+RETIRED: Final = "retired"
+_TAKE = "DELETE FROM metric_count WHERE process <> %s RETURNING name, labels, value"
+
+
+def compact() -> int:
+    """Fold every process's rows into one `retired` row per (name, labels), so rows do not pile up with
+    each restart. Safe while processes add: a row is deleted and its value moved in one statement each
+    (an addition racing it lands before the delete, and is moved, or after, in a fresh row). Totals are
+    unchanged. Returns how many rows were folded."""
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(_TAKE, [RETIRED])
+        taken = cursor.fetchall()
+        folded: dict[tuple[str, str], float] = defaultdict(float)
+        for name, labels, value in taken:
+            folded[(name, labels)] += float(value)
+        for (name, labels), value in folded.items():
+            cursor.execute(_UPSERT, [name, labels, RETIRED, value])
+    return len(taken)
