@@ -98,3 +98,13 @@ def test_a_waiting_evaluation_says_what_happens_next_and_its_progress(console: C
     WorkerSessionFactory(worker=worker)
     build_page = console.get(reverse("admin:scheduling_derivationbuild_change", args=[arm.id])).content
     assert b"1 connected worker can build it; 0 queued builds ahead of it" in build_page
+
+
+@pytest.mark.django_db
+def test_a_cluster_attempts_seats_name_their_workers(console: Client) -> None:
+    from tests.factories import ClusterAttemptFactory
+
+    worker = WorkerFactory(name="builder-9")
+    attempt = ClusterAttemptFactory(seats=[{"role": "server", "index": 0, "worker_id": str(worker.id)}])
+    page = console.get(reverse("admin:clusters_clusterjob_change", args=[attempt.cluster_job_id])).content
+    assert f"server[0] on {worker.id} (builder-9, no zone)".encode() in page

@@ -4,6 +4,8 @@ appends the abort intent to each cluster's record as the signed-in operator."""
 
 from __future__ import annotations
 
+import uuid
+
 from django.contrib import admin
 from django.utils import timezone
 from django.utils.html import format_html_join
@@ -20,9 +22,16 @@ from gradient.clusters.models import (
 )
 from gradient.clusters.services.lifecycle import cluster_request_abort
 from gradient.console import OperatedAdmin, Operation, ReadOnlyAdmin, ReadOnlyInline
+from gradient.core.ids import parse_uuid
 from gradient.core.vocab import CLUSTER_TERMINAL
 from gradient.records.admin import RecordTimelineMixin
 from gradient.records.errors import RecordError
+from gradient.workers.models import Worker
+
+
+def _worker_name(names: dict[uuid.UUID, str], worker_id: object) -> str:
+    parsed = parse_uuid(worker_id)
+    return names.get(parsed, "unknown worker") if parsed is not None else "unknown worker"
 
 
 def _duration(start, end) -> str:  # type: ignore[no-untyped-def]
@@ -62,11 +71,22 @@ class ClusterAttemptInline(ReadOnlyInline):
 
     @admin.display(description="seats")
     def seat_list(self, obj: ClusterAttempt) -> SafeString:
+        names = dict(
+            Worker.objects.filter(
+                id__in=[s.get("worker_id") for s in obj.seats if s.get("worker_id")]
+            ).values_list("id", "name")
+        )
         return format_html_join(
             "",
-            "<div>{}[{}] on {} ({})</div>",
+            "<div>{}[{}] on {} ({}, {})</div>",
             (
-                (s.get("role"), s.get("index"), s.get("worker_id"), s.get("zone") or "no zone")
+                (
+                    s.get("role"),
+                    s.get("index"),
+                    s.get("worker_id"),
+                    _worker_name(names, s.get("worker_id")),
+                    s.get("zone") or "no zone",
+                )
                 for s in obj.seats
             ),
         )
