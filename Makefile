@@ -4,6 +4,7 @@ PY      ?= python3
 VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
+RUN_STAMP := $(VENV)/.installed-run
 HOST    ?= 127.0.0.1
 PORT    ?= 8000
 EXECUTOR ?= sim
@@ -12,18 +13,24 @@ TEST_REDIS_URL    ?= redis://127.0.0.1:6379/0
 
 .PHONY: run test check lint typecheck pytest migrate demo clean
 
-$(STAMP): pyproject.toml
+# The service alone (run, migrate, demo): no test or lint tools.
+$(RUN_STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e .
+	touch $(RUN_STAMP)
+
+# With the dev extras (check, test): the tests, ruff, mypy, import-linter, Playwright.
+$(STAMP): pyproject.toml $(RUN_STAMP)
 	$(BIN)/python -m pip install -q -e '.[dev]'
 	touch $(STAMP)
 
 ## run: the service with whatever DATABASE_URL / REDIS_URL say (embedded SQLite and in-process passes by default)
-run: $(STAMP)
+run: $(RUN_STAMP)
 	$(BIN)/python manage.py migrate --noinput
 	$(BIN)/python manage.py serve --host $(HOST) --port $(PORT)
 
-migrate: $(STAMP)
+migrate: $(RUN_STAMP)
 	$(BIN)/python manage.py migrate --noinput
 
 ## test: lint (ruff, and the layer contracts of docs/architecture.md), type check, then the whole suite
@@ -47,7 +54,7 @@ clean:
 	rm -rf $(VENV) var/*.sqlite3
 
 ## demo: the service, three workers and sample evaluations (http://127.0.0.1:8000/admin/, admin/admin);
-## EXECUTOR=nix runs the local Nix on examples/flakes instead of simulated graphs
-demo: $(STAMP)
+## EXECUTOR=nix runs the local Nix on examples/flakes instead of simulated graphs; PORT=9000 listens there
+demo: $(RUN_STAMP)
 	$(BIN)/python manage.py migrate --noinput
 	$(BIN)/python manage.py demo --port $(PORT) --executor $(EXECUTOR)

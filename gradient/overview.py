@@ -17,9 +17,18 @@ from django.utils import timezone
 from gradient.clusters.decisions.matcher import IDLE_SLOT_TTL_SECS
 from gradient.clusters.decisions.waiting_text import describe_cluster_waiting
 from gradient.clusters.models import ClusterJob, ClusterReservation
-from gradient.core.vocab import BuildStatus, ClusterStatus, EvaluationStatus, JobKind
+from gradient.console import drv_name, duration, since
+from gradient.core.vocab import (
+    BUILD_LASTING_FAILURE,
+    BuildStatus,
+    ClusterStatus,
+    DispatchOutcome,
+    EvaluationStatus,
+    JobKind,
+)
+from gradient.recovery.models import PassState
 from gradient.scheduling.decisions.waiting import describe
-from gradient.scheduling.models import DerivationBuild, Evaluation
+from gradient.scheduling.models import DerivationBuild, DispatchedJob, Evaluation
 from gradient.scheduling.services.waiting import waiting_counts
 from gradient.workers.models import IdleSlot, WorkerSession
 
@@ -103,6 +112,114 @@ def _workers() -> list[dict[str, Any]]:
     ]
 
 
+RUNNING_SHOWN = 50
+FAILURES_SHOWN = 10
+CHART_BUCKETS = 12  # the last hour in 5-minute bars
+CHART_BUCKET = timedelta(minutes=5)
+
+
+def _job_link(row: DispatchedJob) -> tuple[str, str | None]:
+    """A job's name and its page: a build by its derivation's name, an evaluation by its repository."""
+    if row.derivation_build_id is not None and row.derivation_build is not None:
+        url = reverse("admin:scheduling_derivationbuild_change", args=[row.derivation_build_id])
+        return drv_name(row.derivation_build.drv_path), url
+    if row.evaluation_id is not None and row.evaluation is not None:
+        e = row.evaluation
+        url = reverse("admin:scheduling_evaluation_change", args=[row.evaluation_id])
+        return f"evaluation {e.repository}@{e.commit[:12]}", url
+    return row.job_id, None
+
+
+def _running(now: datetime) -> list[dict[str, Any]]:
+    rows = (
+        DispatchedJob.objects.filter(finished_at__isnull=True)
+        .select_related("worker", "derivation_build", "evaluation")
+        .order_by("dispatched_at")[:RUNNING_SHOWN]
+    )
+    running = []
+    for row in rows:
+        name, url = _job_link(row)
+        running.append(
+            {
+                "job": name,
+                "url": url,
+                "kind": row.kind,
+                "worker": row.worker.name,
+                "worker_url": reverse("admin:workers_worker_change", args=[row.worker_id]),
+                "since": _iso(row.dispatched_at),
+                "for": since(row.dispatched_at, now),
+                "member": row.cluster_attempt_id is not None,
+            }
+        )
+    return running
+
+
+def _oldest_wait(now: datetime) -> dict[str, str]:
+    evaluation = (
+        Evaluation.objects.filter(status=EvaluationStatus.QUEUED)
+        .order_by("created_at")
+        .values_list("created_at", flat=True)
+    ).first()
+    build = (
+        DerivationBuild.objects.filter(status=BuildStatus.QUEUED, queued_at__isnull=False)
+        .order_by("queued_at")
+        .values_list("queued_at", flat=True)
+        .first()
+    )
+    return {
+        JobKind.EVAL.value: since(evaluation, now) if evaluation else "-",
+        JobKind.BUILD.value: since(build, now) if build else "-",
+    }
+
+
+def _last_hour(now: datetime) -> dict[str, Any]:
+    """Hand-outs and failed assignments per 5 minutes over the last hour, oldest first."""
+    start = now - CHART_BUCKET * CHART_BUCKETS
+    handed = [0] * CHART_BUCKETS
+    failed = [0] * CHART_BUCKETS
+
+    def slot(at: datetime) -> int:
+        return min(CHART_BUCKETS - 1, max(0, int((at - start) / CHART_BUCKET)))
+
+    for at in DispatchedJob.objects.filter(dispatched_at__gte=start).values_list("dispatched_at", flat=True):
+        handed[slot(at)] += 1
+    ended = DispatchedJob.objects.filter(finished_at__gte=start, outcome=DispatchOutcome.FAILED)
+    for finished in ended.values_list("finished_at", flat=True):
+        if finished is not None:
+            failed[slot(finished)] += 1
+    return {"bucket_minutes": int(CHART_BUCKET.total_seconds() // 60), "handed_out": handed, "failed": failed}
+
+
+def _passes(now: datetime) -> list[dict[str, Any]]:
+    return [
+        {
+            "name": p.name,
+            "runs": p.runs,
+            "last_run": _iso(p.last_started_at),
+            "ago": f"{since(p.last_started_at, now)} ago" if p.last_started_at else "never",
+            "duration": duration(p.last_duration_ms / 1000) if p.last_duration_ms is not None else "-",
+            "error": (p.last_error.strip().splitlines() or [""])[-1][:300],
+        }
+        for p in PassState.objects.order_by("name")
+    ]
+
+
+def _recent_failures(now: datetime) -> list[dict[str, Any]]:
+    builds = DerivationBuild.objects.filter(
+        status__in=BUILD_LASTING_FAILURE, finished_at__isnull=False
+    ).order_by("-finished_at")[:FAILURES_SHOWN]
+    return [
+        {
+            "name": drv_name(b.drv_path),
+            "url": reverse("admin:scheduling_derivationbuild_change", args=[b.id]),
+            "status": b.status,
+            "error": b.last_error.strip()[-300:],
+            "ago": f"{since(b.finished_at, now)} ago",
+        }
+        for b in builds
+    ]
+
+
 def overview_snapshot(*, now: datetime) -> dict[str, Any]:
     """Everything the overview shows, as plain JSON-able data."""
     fresh = now - timedelta(seconds=IDLE_SLOT_TTL_SECS)
@@ -122,6 +239,11 @@ def overview_snapshot(*, now: datetime) -> dict[str, Any]:
         "waiting_evaluations": _waiting_evaluations(),
         "reservation": _reservation(now),
         "workers": _workers(),
+        "running": _running(now),
+        "oldest_wait": _oldest_wait(now),
+        "last_hour": _last_hour(now),
+        "passes": _passes(now),
+        "recent_failures": _recent_failures(now),
     }
 
 

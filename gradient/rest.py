@@ -18,6 +18,8 @@ from django.db import DataError
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views import defaults
 from rest_framework import exceptions, serializers
+from rest_framework.pagination import LimitOffsetPagination
+from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
@@ -43,6 +45,29 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
     return response
 
 
+class Pages(LimitOffsetPagination):
+    """`limit` (default 100, at most 1000) and `offset`; answers `{count, next, previous, results}`."""
+
+    default_limit = 100
+    max_limit = 1000
+
+
+def check_page_params(request: Request) -> None:
+    """limit and offset must be non-negative integers: a 400, not a silently ignored parameter."""
+    errors = {}
+    for name in ("limit", "offset"):
+        raw = request.query_params.get(name)
+        if raw is not None and not (raw.isascii() and raw.isdigit()):
+            errors[name] = [f"{name} must be a non-negative integer."]
+    if errors:
+        raise serializers.ValidationError(errors)
+
+
+def wants_pages(request: Request) -> bool:
+    """A list route of rest.md that answers a bare array (projects, workers) pages when asked to."""
+    return "limit" in request.query_params or "offset" in request.query_params
+
+
 def uuid_or_404(value: str) -> uuid.UUID:
     """An id from the URL path: anything that is no uuid is a 404, as no row has that id."""
     parsed = parse_uuid(value)
@@ -62,6 +87,31 @@ class ControlReceiptSerializer(serializers.Serializer[Any]):
     id = serializers.UUIDField()
     status = serializers.CharField(help_text="The job's status right after the intent was recorded.")
     message = serializers.CharField(help_text="What the intent did (or why it did nothing).")
+
+
+class OperationSerializer(serializers.Serializer[Any]):
+    """The answer to an operator's action (restart, prioritize, rebuild, drain): the intent is on the
+    records it names, and the rows changed through the services."""
+
+    id = serializers.UUIDField(help_text="The evaluation, build or worker acted on.")
+    status = serializers.CharField(help_text="Its status right after the action.")
+    message = serializers.CharField(help_text="What the action did, in words.")
+    records = serializers.ListField(
+        child=serializers.CharField(), help_text="The job records the control intent was appended to."
+    )
+    successor = serializers.UUIDField(
+        allow_null=True, help_text="For a restart: the new evaluation that supersedes this one."
+    )
+
+
+def operation_body(result: Any) -> dict[str, Any]:
+    return {
+        "id": result.id,
+        "status": result.status,
+        "message": result.message,
+        "records": list(result.records),
+        "successor": result.successor,
+    }
 
 
 def _is_api(request: HttpRequest) -> bool:

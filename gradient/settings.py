@@ -74,6 +74,7 @@ INSTALLED_APPS = [
     "rest_framework.authtoken",
     "knox",
     "drf_spectacular",
+    "drf_spectacular_sidecar",  # Swagger UI's assets, served from the package: /api/docs/ works offline
     "django_celery_beat",
     "gradient",
     "gradient.scheduling",
@@ -180,6 +181,8 @@ REST_FRAMEWORK = {
     "DEFAULT_THROTTLE_CLASSES": ["gradient.throttling.AnonThrottle", "gradient.throttling.UserThrottle"],
 }
 # Generous by default: they bound a runaway client, not normal use. "" turns a throttle off.
+# GET /metrics: unset, no token is needed; set, scrapers send `Authorization: Bearer <it>`.
+GRADIENT_METRICS_TOKEN = os.environ.get("GRADIENT_METRICS_TOKEN", "")
 GRADIENT_API_THROTTLE_USER = os.environ.get("GRADIENT_API_THROTTLE_USER", "20000/hour")
 GRADIENT_API_THROTTLE_ANON = os.environ.get("GRADIENT_API_THROTTLE_ANON", "2000/hour")
 # Failed logins (the token route and the admin's login page), per account and per client address.
@@ -198,6 +201,9 @@ SPECTACULAR_SETTINGS = {
     "DESCRIPTION": "A distributed job scheduler for Nix CI.",
     "VERSION": "1",
     "SERVE_INCLUDE_SCHEMA": False,
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",
         "gradient.rest.add_error_responses",

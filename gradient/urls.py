@@ -1,8 +1,11 @@
 from django.contrib import admin
 from django.urls import include, path
+from django.views.generic import RedirectView
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from gradient.health import healthz
+from gradient.index import ApiIndexView
+from gradient.metrics import MetricsView
 from gradient.overview import overview_json, overview_page
 from gradient.throttling import limit_admin_login
 
@@ -14,7 +17,9 @@ admin.site.index_title = "Scheduler console"
 admin.site.login = limit_admin_login(admin.site.login)  # type: ignore[method-assign]
 
 urlpatterns = [
+    path("", RedirectView.as_view(url="/admin/", permanent=False), name="root"),
     path("healthz", healthz, name="healthz"),
+    path("metrics", MetricsView.as_view(), name="metrics"),
     path("admin/overview/", admin.site.admin_view(overview_page), name="console-overview"),
     path("admin/overview.json", admin.site.admin_view(overview_json), name="console-overview-json"),
     path("admin/", admin.site.urls),
@@ -23,6 +28,7 @@ urlpatterns = [
     path(
         "api/docs/", SpectacularSwaggerView.as_view(url_name="schema", throttle_classes=[]), name="api-docs"
     ),
+    path("api/v1/", ApiIndexView.as_view(), name="api-index"),
     path("api/v1/", include("gradient.api_urls")),
 ]
 

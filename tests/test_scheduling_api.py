@@ -187,7 +187,8 @@ def test_an_operator_cancels_evaluations_from_the_admin(setup) -> None:  # type:
     browser.force_login(staff)
     response = browser.post(
         "/admin/scheduling/evaluation/",
-        {"action": "cancel_evaluations", "_selected_action": [created["id"]]},
+        # behind a confirmation page now (issue 16): this post confirms
+        {"action": "cancel_evaluations", "_selected_action": [created["id"]], "confirmed": "yes"},
         follow=True,
     )
     assert response.status_code == 200 and b"Cancelled 1 evaluations" in response.content

@@ -71,8 +71,10 @@ def test_the_deactivate_action_closes_the_open_session(operator: Client) -> None
         worker=worker, channel_name="c", server_boot=uuid.uuid4(), opened_at=now, last_seen=now
     )
 
+    # behind a confirmation page now (issue 16): the second post confirms
     operator.post(
-        "/admin/workers/worker/", {"action": "deactivate_workers", "_selected_action": [str(worker.id)]}
+        "/admin/workers/worker/",
+        {"action": "deactivate_workers", "_selected_action": [str(worker.id)], "confirmed": "yes"},
     )
 
     worker.refresh_from_db()

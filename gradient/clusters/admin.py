@@ -1,14 +1,12 @@
 """Cluster jobs in the admin: the list, each cluster with its members and attempts (seats, outcome,
-timing), and an abort action that, after a confirmation page, appends the abort intent to each selected
-cluster's record as the signed-in operator."""
+timing), read-only; abort, on a cluster's page and as an action of the list, after a confirmation page,
+appends the abort intent to each cluster's record as the signed-in operator."""
 
 from __future__ import annotations
 
-from django.contrib import admin, messages
-from django.contrib.admin import helpers
-from django.db.models import QuerySet
-from django.http import HttpRequest
-from django.template.response import TemplateResponse
+import uuid
+
+from django.contrib import admin
 from django.utils import timezone
 from django.utils.html import format_html_join
 from django.utils.safestring import SafeString
@@ -23,9 +21,17 @@ from gradient.clusters.models import (
     ClusterWorkerPenalty,
 )
 from gradient.clusters.services.lifecycle import cluster_request_abort
+from gradient.console import OperatedAdmin, Operation, ReadOnlyAdmin, ReadOnlyInline
+from gradient.core.ids import parse_uuid
 from gradient.core.vocab import CLUSTER_TERMINAL
 from gradient.records.admin import RecordTimelineMixin
 from gradient.records.errors import RecordError
+from gradient.workers.models import Worker
+
+
+def _worker_name(names: dict[uuid.UUID, str], worker_id: object) -> str:
+    parsed = parse_uuid(worker_id)
+    return names.get(parsed, "unknown worker") if parsed is not None else "unknown worker"
 
 
 def _duration(start, end) -> str:  # type: ignore[no-untyped-def]
@@ -34,17 +40,12 @@ def _duration(start, end) -> str:  # type: ignore[no-untyped-def]
     return f"{(end - start).total_seconds():.1f} s"
 
 
-class ClusterMemberInline(admin.TabularInline):
+class ClusterMemberInline(ReadOnlyInline):
     model = ClusterMember
     fields = readonly_fields = ("role", "index", "evaluation", "derivation_build", "primary", "pin")
-    extra = 0
-    can_delete = False
-
-    def has_add_permission(self, request, obj=None):  # type: ignore[no-untyped-def]
-        return False
 
 
-class ClusterAttemptInline(admin.TabularInline):
+class ClusterAttemptInline(ReadOnlyInline):
     model = ClusterAttempt
     fields = readonly_fields = (
         "number",
@@ -58,12 +59,7 @@ class ClusterAttemptInline(admin.TabularInline):
         "reason",
         "seat_list",
     )
-    extra = 0
-    can_delete = False
     show_change_link = True
-
-    def has_add_permission(self, request, obj=None):  # type: ignore[no-untyped-def]
-        return False
 
     @admin.display(description="prepare")
     def prepare_time(self, obj: ClusterAttempt) -> str:
@@ -75,47 +71,47 @@ class ClusterAttemptInline(admin.TabularInline):
 
     @admin.display(description="seats")
     def seat_list(self, obj: ClusterAttempt) -> SafeString:
+        names = dict(
+            Worker.objects.filter(
+                id__in=[s.get("worker_id") for s in obj.seats if s.get("worker_id")]
+            ).values_list("id", "name")
+        )
         return format_html_join(
             "",
-            "<div>{}[{}] on {} ({})</div>",
+            "<div>{}[{}] on {} ({}, {})</div>",
             (
-                (s.get("role"), s.get("index"), s.get("worker_id"), s.get("zone") or "no zone")
+                (
+                    s.get("role"),
+                    s.get("index"),
+                    s.get("worker_id"),
+                    _worker_name(names, s.get("worker_id")),
+                    s.get("zone") or "no zone",
+                )
                 for s in obj.seats
             ),
         )
 
 
-@admin.action(description="Abort the selected cluster jobs", permissions=["change"])
-def abort_clusters(
-    modeladmin: ClusterJobAdmin, request: HttpRequest, queryset: QuerySet[ClusterJob]
-) -> TemplateResponse | None:
-    active = queryset.exclude(status__in=CLUSTER_TERMINAL)
-    if request.POST.get("confirmed") != "yes":
-        return TemplateResponse(
-            request,
-            "admin/clusters/clusterjob/abort_confirmation.html",
-            {
-                **modeladmin.admin_site.each_context(request),
-                "title": "Abort cluster jobs",
-                "opts": modeladmin.model._meta,
-                "clusters": list(active),
-                "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
-            },
-        )
-    actor = f"admin:{request.user.get_username()}"
-    for cluster in active:
-        try:
-            receipt = cluster_request_abort(cluster_id=cluster.id, actor=actor, now=timezone.now())
-        except RecordError as exc:
-            modeladmin.message_user(request, f"{cluster.id}: {exc}", messages.ERROR)
-            continue
-        text = receipt.message if receipt is not None else "aborted"
-        modeladmin.message_user(request, f"{cluster.id}: {text}", messages.SUCCESS)
-    return None
+def _abort(cluster: ClusterJob, actor: str) -> str:
+    receipt = cluster_request_abort(cluster_id=cluster.id, actor=actor, now=timezone.now())
+    return receipt.message if receipt is not None else "aborted"
+
+
+ABORT = Operation(
+    name="abort_clusters",
+    label="Abort",
+    description="Abort the selected cluster jobs",
+    explain="Abort these cluster jobs? The abort is recorded on each cluster's record as a control intent; "
+    "then the members' running jobs get AbortJob, an open attempt closes Aborted, and the cluster and "
+    "every member job that has not ended end Aborted. This cannot be undone.",
+    applies=lambda c: c.status not in CLUSTER_TERMINAL,
+    run=_abort,
+    refused=(RecordError,),
+)
 
 
 @admin.register(ClusterJob)
-class ClusterJobAdmin(RecordTimelineMixin, admin.ModelAdmin):
+class ClusterJobAdmin(RecordTimelineMixin, OperatedAdmin):
     list_display = [
         "id",
         "status",
@@ -149,10 +145,8 @@ class ClusterJobAdmin(RecordTimelineMixin, admin.ModelAdmin):
         "record_timeline",
     )
     inlines = [ClusterMemberInline, ClusterAttemptInline]
-    actions = [abort_clusters]
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False  # created with their record through the REST API
+    operations = (ABORT,)
+    actions = [ABORT.bulk()]
 
     @admin.display(description="why it waits")
     def waiting_in_words(self, obj: ClusterJob) -> str:
@@ -164,7 +158,7 @@ class ClusterJobAdmin(RecordTimelineMixin, admin.ModelAdmin):
         return str(reason.get("code", "-"))
 
 
-class ClusterSeatInline(admin.TabularInline):
+class ClusterSeatInline(ReadOnlyInline):
     model = ClusterSeat
     fields = readonly_fields = (
         "role",
@@ -180,15 +174,10 @@ class ClusterSeatInline(admin.TabularInline):
         "settlement",
         "settled_at",
     )
-    extra = 0
-    can_delete = False
-
-    def has_add_permission(self, request, obj=None):  # type: ignore[no-untyped-def]
-        return False
 
 
 @admin.register(ClusterAttempt)
-class ClusterAttemptAdmin(admin.ModelAdmin):
+class ClusterAttemptAdmin(ReadOnlyAdmin):
     list_display = ["cluster_job", "number", "created_at", "started_at", "finished_at", "outcome", "verdict"]
     list_filter = ["outcome", "verdict"]
     raw_id_fields = ["cluster_job"]
@@ -206,17 +195,14 @@ class ClusterAttemptAdmin(admin.ModelAdmin):
     ]
     inlines = [ClusterSeatInline]
 
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
 
 @admin.register(ClusterReservation)
-class ClusterReservationAdmin(admin.ModelAdmin):
+class ClusterReservationAdmin(ReadOnlyAdmin):
     list_display = ["cluster_job", "created_at", "expires_at"]
     raw_id_fields = ["cluster_job"]
 
 
 @admin.register(ClusterWorkerPenalty)
-class ClusterWorkerPenaltyAdmin(admin.ModelAdmin):
+class ClusterWorkerPenaltyAdmin(ReadOnlyAdmin):
     list_display = ["worker", "at", "reason"]
     raw_id_fields = ["worker"]

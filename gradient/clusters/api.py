@@ -20,6 +20,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from gradient.clusters.decisions.waiting_text import describe_cluster_waiting
 from gradient.clusters.models import ClusterJob, ClusterMember
 from gradient.clusters.services.lifecycle import (
     MAX_MEMBERS,
@@ -101,6 +102,9 @@ class ClusterSerializer(serializers.Serializer[Any]):
     prepare_failures = serializers.IntegerField(help_text="Consecutive failed prepares.")
     retry_at = serializers.DateTimeField(allow_null=True)
     waiting_reason = serializers.JSONField(allow_null=True)
+    waiting_reason_text = serializers.SerializerMethodField(
+        help_text="Why it waits, in an operator's words (as the console shows it); empty when it does not."
+    )
     waiting_since = serializers.DateTimeField(allow_null=True)
     created_at = serializers.DateTimeField()
     finished_at = serializers.DateTimeField(allow_null=True)
@@ -108,6 +112,9 @@ class ClusterSerializer(serializers.Serializer[Any]):
     attempt_history = serializers.SerializerMethodField()
 
     @extend_schema_field(MemberSerializer(many=True))
+    def get_waiting_reason_text(self, obj: ClusterJob) -> str:
+        return describe_cluster_waiting(obj.waiting_reason)
+
     def get_members(self, obj: ClusterJob) -> Any:
         return MemberSerializer(obj.members.order_by("role", "index"), many=True).data
 

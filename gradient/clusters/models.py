@@ -302,6 +302,7 @@ class ClusterWorkerPenalty(models.Model):
     class Meta:
         db_table = "cluster_worker_penalty"
         ordering = ["-at"]
+        verbose_name_plural = "cluster worker penalties"
         indexes = [models.Index(fields=["at"], name="idx-cluster_worker_penalty-at")]
 
     def __str__(self) -> str:

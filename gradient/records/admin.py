@@ -52,7 +52,7 @@ def _action(name: str, intent: ControlIntent, description: str):  # type: ignore
         _commit_each(modeladmin, request, queryset, intent)
 
     action.__name__ = name
-    return admin.action(description=description, permissions=["change"])(action)
+    return admin.action(description=description, permissions=["operate"])(action)
 
 
 @admin.register(JobRecord)
@@ -89,8 +89,20 @@ class JobRecordAdmin(admin.ModelAdmin):
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
 
+    def has_change_permission(self, request: HttpRequest, obj: JobRecord | None = None) -> bool:
+        return False
+
     def has_delete_permission(self, request: HttpRequest, obj: JobRecord | None = None) -> bool:
         return False
+
+    def has_view_permission(self, request: HttpRequest, obj: JobRecord | None = None) -> bool:
+        return bool(request.user.is_active and request.user.is_staff)
+
+    def has_module_permission(self, request: HttpRequest) -> bool:
+        return bool(request.user.is_active and request.user.is_staff)
+
+    def has_operate_permission(self, request: HttpRequest) -> bool:
+        return bool(request.user.is_active and request.user.is_staff)
 
     @admin.display(description="Status (folded)")
     def status_summary(self, obj: JobRecord) -> SafeString | str:

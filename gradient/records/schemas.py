@@ -6,6 +6,9 @@ Three schema names, each a msgspec type:
 - `gradient.control.v1`: control intents (what a person wants). FROZEN: never add, rename or remove a
   field or an intent here. A new intent gets a new schema name. Because control intents live apart
   from facts, an older build that cannot decode a newer record's facts can still append a cancel.
+- `gradient.control.v2`: the operator's console actions that are no v1 intent (prioritize, rebuild,
+  drain and deactivate a worker). Control intents too, and FROZEN like v1: an older build that cannot
+  read them refuses them by their schema name, and can still append a v1 cancel.
 - `gradient.fact.v1`: facts (the scheduler's decisions, the calls it is about to make, the evidence
   it gathered). A new or changed fact gets a new schema name that older builds refuse.
 
@@ -35,10 +38,12 @@ from gradient.records.errors import SchemaError, UnknownNameError
 HEADER_SCHEMA: Final = "gradient.header.v1"
 CONTROL_SCHEMA: Final = "gradient.control.v1"
 FACT_SCHEMA: Final = "gradient.fact.v1"
+OPERATOR_SCHEMA: Final = "gradient.control.v2"
 
 
 ENTRY_SCHEMAS: Final[Mapping[str, EntryKind]] = {
     CONTROL_SCHEMA: EntryKind.CONTROL,
+    OPERATOR_SCHEMA: EntryKind.CONTROL,
     FACT_SCHEMA: EntryKind.FACT,
 }
 
@@ -212,6 +217,43 @@ CONTROL_INTENTS: Final[tuple[type[_Control], ...]] = (
 )
 
 
+# --- Operator intents: gradient.control.v2 (FROZEN) -----------------------------------------------------
+
+
+class _Operator(msgspec.Struct, tag_field="intent", forbid_unknown_fields=True, frozen=True, kw_only=True):
+    reason: str = ""
+
+
+class Prioritize(_Operator, tag="prioritize", frozen=True):
+    """Move `target` (this job, or one of its shared builds: `build:<uuid>`) ahead of the queue (Qos)."""
+
+    target: str
+
+
+class Rebuild(_Operator, tag="rebuild", frozen=True):
+    """Build `build` (`build:<uuid>`), a shared build this job needs, again: it is queued afresh."""
+
+    build: str
+
+
+class DrainWorker(_Operator, tag="drain_worker", frozen=True):
+    """`worker`, running a job of this record, is drained: it gets nothing new, its jobs finish."""
+
+    worker: str
+
+
+class DeactivateWorker(_Operator, tag="deactivate_worker", frozen=True):
+    """`worker`, running a job of this record, is deactivated: its session closes, its jobs are lost."""
+
+    worker: str
+
+
+OperatorIntent: TypeAlias = Prioritize | Rebuild | DrainWorker | DeactivateWorker
+OPERATOR_INTENTS: Final[tuple[type[_Operator], ...]] = (Prioritize, Rebuild, DrainWorker, DeactivateWorker)
+AnyControl: TypeAlias = ControlIntent | OperatorIntent
+"""Every control intent a writer may commit, of either control schema."""
+
+
 # --- Facts: gradient.fact.v1 ------------------------------------------------------------------------------
 
 
@@ -344,7 +386,7 @@ FACT_TYPES: Final[tuple[type[_Fact], ...]] = (
     Settled,
 )
 
-Body: TypeAlias = ControlIntent | Fact
+Body: TypeAlias = ControlIntent | OperatorIntent | Fact
 
 
 def tag_of(body: Body) -> str:
@@ -357,6 +399,10 @@ def intent_names() -> tuple[str, ...]:
     return tuple(str(t.__struct_config__.tag) for t in CONTROL_INTENTS)
 
 
+def operator_intent_names() -> tuple[str, ...]:
+    return tuple(str(t.__struct_config__.tag) for t in OPERATOR_INTENTS)
+
+
 def fact_names() -> tuple[str, ...]:
     return tuple(str(t.__struct_config__.tag) for t in FACT_TYPES)
 
@@ -366,6 +412,7 @@ def fact_names() -> tuple[str, ...]:
 _encoder = msgspec.json.Encoder()
 _header_decoder = msgspec.json.Decoder(Header)
 _control_decoder = msgspec.json.Decoder(ControlIntent)
+_operator_decoder = msgspec.json.Decoder(OperatorIntent)
 _fact_decoder = msgspec.json.Decoder(Fact)
 
 
@@ -403,6 +450,7 @@ def _classify(
 
 
 _INTENT_NAMES = frozenset(intent_names())
+_OPERATOR_NAMES = frozenset(operator_intent_names())
 _FACT_NAMES = frozenset(fact_names())
 
 
@@ -424,6 +472,14 @@ def decode_control(text: str | bytes) -> ControlIntent:
         raise
 
 
+def decode_operator(text: str | bytes) -> OperatorIntent:
+    try:
+        return _operator_decoder.decode(text)
+    except msgspec.MsgspecError as exc:
+        _classify(exc, text, "intent", _OPERATOR_NAMES)
+        raise
+
+
 def decode_fact(text: str | bytes) -> Fact:
     try:
         return _fact_decoder.decode(text)
@@ -438,12 +494,16 @@ def decode_body(schema: str, text: str | bytes) -> Body:
         return decode_control(text)
     if schema == FACT_SCHEMA:
         return decode_fact(text)
+    if schema == OPERATOR_SCHEMA:
+        return decode_operator(text)
     raise SchemaError(f"unknown entry schema {schema!r}")
 
 
 def schema_for(body: Body) -> tuple[EntryKind, str]:
     if isinstance(body, _Control):
         return EntryKind.CONTROL, CONTROL_SCHEMA
+    if isinstance(body, _Operator):
+        return EntryKind.CONTROL, OPERATOR_SCHEMA
     return EntryKind.FACT, FACT_SCHEMA
 
 

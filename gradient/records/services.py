@@ -42,8 +42,9 @@ from gradient.records.schemas import (
     CONTROL_INTENTS,
     FACT_TYPES,
     HEADER_SCHEMA,
+    OPERATOR_INTENTS,
+    AnyControl,
     Body,
-    ControlIntent,
     Desired,
     Fact,
     Header,
@@ -178,7 +179,7 @@ def _entry_rows(
 ) -> list[RecordEntry]:
     rows = []
     for offset, body in enumerate(bodies):
-        if not isinstance(body, CONTROL_INTENTS + FACT_TYPES):
+        if not isinstance(body, CONTROL_INTENTS + OPERATOR_INTENTS + FACT_TYPES):
             raise TypeError(f"not a record entry: {body!r}")
         kind, schema = schema_for(body)
         rows.append(
@@ -317,19 +318,24 @@ def _receipt_message(intent: str, effect: Effect | None, job: Job | None, proble
         Effect.RESUBMIT_IGNORED: "already resubmitted or pending",
         Effect.ABANDONED: "abandoned: the outcome is cancelled and leftovers no longer hold settling back",
         Effect.ABANDON_AFTER_OUTCOME: f"leftovers abandoned: the outcome stays {outcome}",
+        Effect.PRIORITIZED: "prioritized: it moves ahead of the queue",
+        Effect.PRIORITIZE_IGNORED: f"nothing to prioritize: the job ended {outcome}",
+        Effect.REBUILD_REQUESTED: "rebuild requested: the shared build is queued afresh",
+        Effect.WORKER_DRAINED: "worker drained: it gets nothing new, its jobs finish",
+        Effect.WORKER_DEACTIVATED: "worker deactivated: its session closes, its jobs go back to the pool",
     }
     return messages[effect]
 
 
 def commit_control(
-    *, job_key: str, intent: ControlIntent, actor: str, now: datetime, deadline_secs: float = 5.0
+    *, job_key: str, intent: AnyControl, actor: str, now: datetime, deadline_secs: float = 5.0
 ) -> Receipt:
     """Append a control intent, re-reading and retrying on a revision conflict until `deadline_secs`.
 
     A record whose facts this build cannot decode (newer schemas) or fold still takes the intent: the
     receipt then says it was not folded. Raises ControlDeadlineExceeded, UnknownRecord, RecordTombstoned.
     """
-    if not isinstance(intent, CONTROL_INTENTS):
+    if not isinstance(intent, CONTROL_INTENTS + OPERATOR_INTENTS):
         raise TypeError(f"not a control intent: {intent!r}")
     started = time.monotonic()
     tries = 0

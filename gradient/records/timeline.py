@@ -20,11 +20,15 @@ from gradient.records.schemas import (
     ClusterAttemptClosed,
     ClusterAttemptOpened,
     ClusterAttemptStarted,
+    DeactivateWorker,
+    DrainWorker,
     Escalated,
     GiveUp,
     Hold,
     OutcomeCommitted,
+    Prioritize,
     RawEntry,
+    Rebuild,
     Release,
     Requeue,
     Resubmit,
@@ -58,6 +62,14 @@ def describe(body: Body) -> str:
     """One line saying what the entry records."""
     if isinstance(body, (Cancel, Hold, Release, Requeue, GiveUp, Resubmit, Abandon)):
         return f"{tag_of(body).replace('_', ' ')} requested{_reason(body.reason)}"
+    if isinstance(body, Prioritize):
+        return f"prioritize requested for {body.target}{_reason(body.reason)}"
+    if isinstance(body, Rebuild):
+        return f"rebuild requested for {body.build}{_reason(body.reason)}"
+    if isinstance(body, DrainWorker):
+        return f"drain requested for worker {body.worker}{_reason(body.reason)}"
+    if isinstance(body, DeactivateWorker):
+        return f"deactivation requested for worker {body.worker}{_reason(body.reason)}"
     if isinstance(body, AssignmentClaimed):
         member = (
             f" as a member of attempt {_short(body.cluster_attempt_id)}" if body.cluster_attempt_id else ""

@@ -51,3 +51,27 @@ class PassState(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+
+class MetricCount(models.Model):
+    """A running total behind a Prometheus counter or histogram of GET /metrics, one row per (name,
+    labels, process): each process adds to its own row (no two processes wait on one row), and
+    /metrics sums the rows, so every process answers the service's totals (gradient.runtime.metrics)."""
+
+    name = models.CharField(max_length=100)
+    labels = models.CharField(max_length=200, blank=True, default="", help_text="k=v,k=v, sorted.")
+    process = models.CharField(max_length=200, help_text="hostname:pid of the process adding to it.")
+    value = models.FloatField(default=0)
+
+    class Meta:
+        db_table = "metric_count"
+        constraints = [
+            models.UniqueConstraint(
+                fields=["name", "labels", "process"],
+                name="metric_count-unique",
+                violation_error_message="One row per metric, labels and process.",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name}{{{self.labels}}} {self.value} ({self.process})"

@@ -25,6 +25,7 @@ from django.utils import timezone
 
 from gradient.clusters.services import recover_clusters_at_startup
 from gradient.recovery.models import ServerBoot
+from gradient.runtime import metrics
 from gradient.runtime.instances import DEAD_BOOT_SECS
 from gradient.runtime.passes import pass_leases_release_held_by
 from gradient.scheduling.models import (
@@ -172,5 +173,6 @@ def run_startup_recovery(*, boot_id: uuid.UUID) -> RecoveryReport:
     report = recover_interrupted_work(boot_id=boot_id, now=now)
     ServerBoot.objects.filter(id=boot_id).update(recovered_at=timezone.now())
     report.draining_unparked = unpark_draining_evals(now=timezone.now())
-    log.info("startup recovery for boot %s: %s", boot_id, asdict(report))
+    folded = metrics.compact()  # the /metrics totals of earlier processes, one row each
+    log.info("startup recovery for boot %s: %s; %d metric rows folded", boot_id, asdict(report), folded)
     return report

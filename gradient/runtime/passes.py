@@ -18,6 +18,7 @@ from django.db.models import F, Q
 from django.utils import timezone
 
 from gradient.recovery.models import PassState, ServerBoot
+from gradient.runtime import metrics
 
 log = logging.getLogger("gradient.passes")
 
@@ -45,6 +46,7 @@ def pass_lease_release(
     *, name: str, holder: str, started: float, result: Any, error: str, now: datetime
 ) -> None:
     duration_ms = (time.monotonic() - started) * 1000
+    metrics.observe(metrics.PASS_DURATION, duration_ms / 1000, {"pass": name}, metrics.PASS_BUCKETS)
     PassState.objects.filter(name=name, lease_holder=holder).update(
         lease_holder="",
         lease_expires_at=None,

@@ -1,12 +1,20 @@
-from django.contrib import admin
-from django.core.exceptions import PermissionDenied
-from django.db.models import QuerySet
-from django.http import HttpRequest
-from django.utils import timezone
+"""The scheduling app in the console: projects are edited here; evaluations, shared builds and their
+rows are views, and change only through the operator's actions (gradient.scheduling.services.operations
+and evaluations), each behind a confirmation page and signed on the record."""
 
-from gradient.core.vocab import EVALUATION_ACTIVE
+from __future__ import annotations
+
+from django.contrib import admin
+from django.urls import reverse
+from django.utils import timezone
+from django.utils.html import format_html, format_html_join
+from django.utils.safestring import SafeString
+
+from gradient.console import OperatedAdmin, Operation, ReadOnlyAdmin, ReadOnlyInline, ago, between, drv_name
+from gradient.core.vocab import BUILD_PENDING, EVALUATION_ACTIVE, EVALUATION_TERMINAL, EvaluationKind
 from gradient.names import NameCheckedForm
 from gradient.records.admin import RecordTimelineMixin
+from gradient.scheduling import selectors
 from gradient.scheduling.admin_waiting import WaitingReasonFilter, waiting_for
 from gradient.scheduling.models import (
     BuildAttempt,
@@ -20,6 +28,7 @@ from gradient.scheduling.models import (
     Project,
     SentCandidate,
 )
+from gradient.scheduling.services import lifecycle, operations
 from gradient.scheduling.services.evaluations import evaluation_request_cancel
 
 
@@ -31,86 +40,403 @@ class ProjectAdmin(admin.ModelAdmin):
     filter_horizontal = ["members"]
 
 
-class EvaluationBuildInline(admin.TabularInline):
+def _link(obj: object, label: str) -> SafeString:
+    meta = obj._meta  # type: ignore[attr-defined]
+    url = reverse(f"admin:{meta.app_label}_{meta.model_name}_change", args=[obj.pk])  # type: ignore[attr-defined]
+    return format_html('<a href="{}">{}</a>', url, label)
+
+
+def _cancel(evaluation: Evaluation, actor: str) -> str:
+    # An evaluation's cancel from the console has always been signed with the bare username.
+    receipt = evaluation_request_cancel(
+        evaluation_id=evaluation.id, actor=actor.removeprefix("admin:"), now=timezone.now()
+    )
+    return receipt.message if receipt is not None else "cancelled"
+
+
+def _restart(evaluation: Evaluation, actor: str) -> str:
+    return operations.evaluation_restart(evaluation_id=evaluation.id, actor=actor, now=timezone.now()).message
+
+
+def _prioritize_evaluation(evaluation: Evaluation, actor: str) -> str:
+    result = operations.evaluation_prioritize(evaluation_id=evaluation.id, actor=actor, now=timezone.now())
+    return result.message
+
+
+EVALUATION_OPERATIONS = (
+    Operation(
+        name="cancel_evaluations",
+        label="Cancel",
+        description="Cancel the selected evaluations (a cancel intent on each record)",
+        explain="Cancel: the evaluation ends Aborted, its running jobs get AbortJob, and its shared builds "
+        "that no other active evaluation needs are aborted.",
+        applies=lambda e: e.status in EVALUATION_ACTIVE,
+        run=_cancel,
+        summary=lambda n: f"Cancelled {n} evaluations; finished ones were left as they are.",
+    ),
+    Operation(
+        name="restart_evaluations",
+        label="Restart",
+        description="Restart the selected finished evaluations (a new evaluation supersedes each)",
+        explain="Restart: a new evaluation of the same repository and commit supersedes the finished one "
+        "(its record's header names the old one, one generation later); shared builds that succeeded "
+        "are reused.",
+        applies=lambda e: e.status in EVALUATION_TERMINAL and e.kind == EvaluationKind.NORMAL,
+        run=_restart,
+        refused=(operations.ActionRefused,),
+    ),
+    Operation(
+        name="prioritize_evaluations",
+        label="Prioritize",
+        description="Prioritize the selected active evaluations (Qos: ahead of the queue)",
+        explain="Prioritize: the evaluation's job and its pending shared builds go ahead of every "
+        "unprioritized job (+5000 in scoring).",
+        applies=lambda e: e.status in EVALUATION_ACTIVE and not e.priority,
+        run=_prioritize_evaluation,
+        refused=(operations.ActionRefused,),
+    ),
+)
+
+
+class EvaluationBuildInline(ReadOnlyInline):
     model = EvaluationBuild
-    fields = ["build", "attr", "named", "blocks_evaluation"]
-    raw_id_fields = ["build"]
-    extra = 0
+    fields = readonly_fields = ("build_name", "build_status", "attr", "named", "blocks_evaluation")
+    verbose_name = "shared build it needs"
+    verbose_name_plural = "shared builds it needs"
+
+    @admin.display(description="build")
+    def build_name(self, obj: EvaluationBuild) -> SafeString:
+        return _link(obj.build, drv_name(obj.build.drv_path))
+
+    @admin.display(description="status")
+    def build_status(self, obj: EvaluationBuild) -> str:
+        return obj.build.status
+
+    def get_queryset(self, request):  # type: ignore[no-untyped-def]
+        return super().get_queryset(request).select_related("build")
 
 
 @admin.register(Evaluation)
-class EvaluationAdmin(RecordTimelineMixin, admin.ModelAdmin):
-    list_display = ["id", "project", "status", waiting_for, "kind", "repository", "commit", "created_at"]
+class EvaluationAdmin(RecordTimelineMixin, OperatedAdmin):
+    list_display = [
+        "short_id",
+        "project_name",
+        "status",
+        waiting_for,
+        "progress",
+        "kind",
+        "repository",
+        "short_commit",
+        "created",
+        "took",
+    ]
     list_filter = ["status", WaitingReasonFilter, "kind", "project"]
     search_fields = ["id", "repository", "commit"]
     date_hierarchy = "created_at"
-    raw_id_fields = ["recovery_of", "created_by"]
+    list_select_related = ["project"]
+    list_per_page = 50
     inlines = [EvaluationBuildInline]
-    actions = ["cancel_evaluations"]
-    readonly_fields = [waiting_for, "record_timeline"]  # type: ignore[list-item]  # Django takes a callable
+    operations = EVALUATION_OPERATIONS
+    actions = [op.bulk() for op in EVALUATION_OPERATIONS]
+    fields = readonly_fields = (  # type: ignore[assignment]
+        "id",
+        "project",
+        "status",
+        "progress",
+        waiting_for,
+        "next_step",
+        "failed_builds",
+        "repository",
+        "commit",
+        "kind",
+        "prioritized",
+        "waits_for_workers",
+        "created",
+        "finished",
+        "took",
+        "created_by",
+        "warnings",
+        "errors",
+        "lineage",
+        "record_timeline",
+    )
 
-    @admin.action(description="Cancel the selected evaluations (a cancel intent on each record)")
-    def cancel_evaluations(self, request: HttpRequest, queryset: QuerySet[Evaluation]) -> None:
-        if not request.user.is_staff:
-            raise PermissionDenied
-        cancelled = 0
-        for evaluation in queryset.filter(status__in=EVALUATION_ACTIVE):
-            evaluation_request_cancel(
-                evaluation_id=evaluation.id, actor=request.user.get_username(), now=timezone.now()
-            )
-            cancelled += 1
-        self.message_user(request, f"Cancelled {cancelled} evaluations; finished ones were left as they are.")
+    @admin.display(description="id", ordering="id")
+    def short_id(self, obj: Evaluation) -> str:
+        return str(obj.id)
+
+    @admin.display(description="project", ordering="project__name")
+    def project_name(self, obj: Evaluation) -> str:
+        return obj.project.name
+
+    @admin.display(description="commit")
+    def short_commit(self, obj: Evaluation) -> str:
+        return obj.commit[:12]
+
+    @admin.display(description="created", ordering="created_at")
+    def created(self, obj: Evaluation) -> SafeString | str:
+        return ago(obj.created_at)
+
+    @admin.display(description="finished", ordering="finished_at")
+    def finished(self, obj: Evaluation) -> SafeString | str:
+        return ago(obj.finished_at)
+
+    @admin.display(description="duration")
+    def took(self, obj: Evaluation) -> str:
+        end = obj.finished_at or timezone.now()
+        return between(obj.created_at, max(end, obj.created_at))
+
+    @admin.display(description="prioritized")
+    def prioritized(self, obj: Evaluation) -> str:
+        return "yes (+5000 in scoring)" if obj.priority else "no"
+
+    @admin.display(description="waits for workers")
+    def waits_for_workers(self, obj: Evaluation) -> str:
+        return (
+            "yes: never aborted for want of a worker"
+            if obj.wait_for_workers
+            else "no: aborted after the grace"
+        )
+
+    @admin.display(description="what happens next")
+    def next_step(self, obj: Evaluation) -> str:
+        return selectors.evaluation_next_step(obj) or "-"
+
+    @admin.display(description="progress")
+    def progress(self, obj: Evaluation) -> str:
+        return str(selectors.evaluation_progress(obj.id))
+
+    @admin.display(description="failed builds")
+    def failed_builds(self, obj: Evaluation) -> SafeString | str:
+        failed = selectors.evaluation_failed_builds(obj.id)
+        if not failed:
+            return "none"
+        return format_html(
+            "<table>{}</table>",
+            format_html_join(
+                "",
+                "<tr><td>{}</td><td>{}</td><td><pre>{}</pre></td></tr>",
+                ((_link(b, drv_name(b.drv_path)), b.status, b.last_error[-2000:] or "-") for b in failed),
+            ),
+        )
+
+    @admin.display(description="lineage")
+    def lineage(self, obj: Evaluation) -> str:
+        return selectors.evaluation_lineage_text(obj.id)
 
 
-class DependencyInline(admin.TabularInline):
+class DependencyInline(ReadOnlyInline):
     model = DerivationBuildDependency
     fk_name = "build"
-    raw_id_fields = ["dependency"]
-    extra = 0
+    fields = readonly_fields = ("dependency_name", "dependency_status")
     verbose_name = "dependency"
+    verbose_name_plural = "dependencies"
+
+    @admin.display(description="dependency")
+    def dependency_name(self, obj: DerivationBuildDependency) -> SafeString:
+        return _link(obj.dependency, drv_name(obj.dependency.drv_path))
+
+    @admin.display(description="status")
+    def dependency_status(self, obj: DerivationBuildDependency) -> str:
+        return obj.dependency.status
+
+    def get_queryset(self, request):  # type: ignore[no-untyped-def]
+        return super().get_queryset(request).select_related("build", "dependency")
+
+
+class DependentInline(ReadOnlyInline):
+    model = DerivationBuildDependency
+    fk_name = "dependency"
+    fields = readonly_fields = ("dependent_name", "dependent_status")
+    verbose_name = "dependent"
+    verbose_name_plural = "dependents"
+
+    @admin.display(description="dependent")
+    def dependent_name(self, obj: DerivationBuildDependency) -> SafeString:
+        return _link(obj.build, drv_name(obj.build.drv_path))
+
+    @admin.display(description="status")
+    def dependent_status(self, obj: DerivationBuildDependency) -> str:
+        return obj.build.status
+
+    def get_queryset(self, request):  # type: ignore[no-untyped-def]
+        return super().get_queryset(request).select_related("build", "dependency")
+
+
+class SharingInline(ReadOnlyInline):
+    model = EvaluationBuild
+    fields = readonly_fields = ("evaluation_link", "evaluation_status", "attr")
+    verbose_name = "evaluation that shares it"
+    verbose_name_plural = "evaluations that share it"
+
+    @admin.display(description="evaluation")
+    def evaluation_link(self, obj: EvaluationBuild) -> SafeString:
+        e = obj.evaluation
+        return _link(e, f"{e.project.name}: {e.repository}@{e.commit[:12]}")
+
+    @admin.display(description="status")
+    def evaluation_status(self, obj: EvaluationBuild) -> str:
+        return obj.evaluation.status
+
+    def get_queryset(self, request):  # type: ignore[no-untyped-def]
+        return super().get_queryset(request).select_related("evaluation__project")
+
+
+class AttemptInline(ReadOnlyInline):
+    model = BuildAttempt
+    fields = readonly_fields = (
+        "number",
+        "worker",
+        "started",
+        "took",
+        "outcome",
+        "failure_kind",
+        "error_tail",
+    )
+    verbose_name = "attempt"
+    verbose_name_plural = "attempts"
+
+    @admin.display(description="started")
+    def started(self, obj: BuildAttempt) -> SafeString | str:
+        return ago(obj.started_at)
+
+    @admin.display(description="duration")
+    def took(self, obj: BuildAttempt) -> str:
+        return between(obj.started_at, obj.finished_at or timezone.now())
+
+    @admin.display(description="error")
+    def error_tail(self, obj: BuildAttempt) -> str:
+        return obj.error[-500:] or "-"
+
+
+def _rebuild(build: DerivationBuild, actor: str) -> str:
+    return operations.build_rebuild(build_id=build.id, actor=actor, now=timezone.now()).message
+
+
+def _prioritize_build(build: DerivationBuild, actor: str) -> str:
+    return operations.build_prioritize(build_id=build.id, actor=actor, now=timezone.now()).message
+
+
+BUILD_OPERATIONS = (
+    Operation(
+        name="rebuild_builds",
+        label="Rebuild",
+        description="Rebuild the selected finished or failed shared builds",
+        explain="Rebuild: the shared build is queued afresh (its attempts and error cleared), and its "
+        "dependents that failed only because of it wait for it again. Evaluations that ended keep their "
+        "verdict; restart them for a new one.",
+        applies=lambda b: b.status in lifecycle.BUILD_REBUILDABLE,
+        run=_rebuild,
+        refused=(operations.ActionRefused,),
+    ),
+    Operation(
+        name="prioritize_builds",
+        label="Prioritize",
+        description="Prioritize the selected pending shared builds (Qos: ahead of the queue)",
+        explain="Prioritize: the shared build goes ahead of every unprioritized build (+5000 in scoring).",
+        applies=lambda b: b.status in BUILD_PENDING and not b.prioritized,
+        run=_prioritize_build,
+        refused=(operations.ActionRefused,),
+    ),
+)
 
 
 @admin.register(DerivationBuild)
-class DerivationBuildAdmin(RecordTimelineMixin, admin.ModelAdmin):
-    list_display = ["drv_path", "system", "status", "drv_lost", "attempts", "queued_at", "finished_at"]
+class DerivationBuildAdmin(RecordTimelineMixin, OperatedAdmin):
+    list_display = ["name", "system", "status", "drv_lost", "attempts", "queued", "took"]
     list_filter = ["status", "system", ("drv_lost_at", admin.EmptyFieldListFilter)]
     search_fields = ["id", "drv_path"]
-    inlines = [DependencyInline]
-    readonly_fields = ["record_timeline"]
+    inlines = [SharingInline, DependencyInline, DependentInline, AttemptInline]
+    operations = BUILD_OPERATIONS
+    actions = [op.bulk() for op in BUILD_OPERATIONS]
+    fields = readonly_fields = (
+        "name",
+        "drv_path",
+        "id",
+        "system",
+        "required_features",
+        "status",
+        "why_it_waits",
+        "is_prioritized",
+        "attempts",
+        "max_attempts",
+        "failure_kind",
+        "last_error",
+        "outputs",
+        "queued",
+        "finished",
+        "took",
+        "record_timeline",
+    )
+
+    @admin.display(description="name", ordering="drv_path")
+    def name(self, obj: DerivationBuild) -> str:
+        return drv_name(obj.drv_path)
 
     @admin.display(boolean=True, description=".drv lost", ordering="drv_lost_at")
     def drv_lost(self, obj: DerivationBuild) -> bool:
         return obj.drv_lost_at is not None
 
+    @admin.display(description="queued", ordering="queued_at")
+    def queued(self, obj: DerivationBuild) -> SafeString | str:
+        return ago(obj.queued_at)
+
+    @admin.display(description="finished", ordering="finished_at")
+    def finished(self, obj: DerivationBuild) -> SafeString | str:
+        return ago(obj.finished_at)
+
+    @admin.display(description="duration")
+    def took(self, obj: DerivationBuild) -> str:
+        return between(obj.queued_at, obj.finished_at) if obj.finished_at else "-"
+
+    @admin.display(description="prioritized")
+    def is_prioritized(self, obj: DerivationBuild) -> str:
+        return "yes (+5000 in scoring)" if obj.prioritized else "no"
+
+    @admin.display(description="why it waits")
+    def why_it_waits(self, obj: DerivationBuild) -> str:
+        return selectors.build_waiting_text(obj)
+
 
 @admin.register(DispatchedJob)
-class DispatchedJobAdmin(admin.ModelAdmin):
-    list_display = ["id", "job_id", "kind", "worker", "score", "dispatched_at", "finished_at", "outcome"]
+class DispatchedJobAdmin(ReadOnlyAdmin):
+    list_display = ["id", "job_id", "kind", "worker", "rounded_score", "dispatched", "took", "outcome"]
     list_filter = ["kind", "outcome"]
     search_fields = ["id", "job_id"]
-    raw_id_fields = ["evaluation", "derivation_build", "worker", "cluster_attempt"]
+    list_select_related = ["worker"]
+
+    @admin.display(description="score", ordering="score")
+    def rounded_score(self, obj: DispatchedJob) -> str:
+        return f"{obj.score:.1f}"
+
+    @admin.display(description="dispatched", ordering="dispatched_at")
+    def dispatched(self, obj: DispatchedJob) -> SafeString | str:
+        return ago(obj.dispatched_at)
+
+    @admin.display(description="duration")
+    def took(self, obj: DispatchedJob) -> str:
+        return between(obj.dispatched_at, obj.finished_at or timezone.now())
 
 
 @admin.register(BuildAttempt)
-class BuildAttemptAdmin(admin.ModelAdmin):
+class BuildAttemptAdmin(ReadOnlyAdmin):
     list_display = ["build", "number", "worker", "outcome", "failure_kind", "started_at", "finished_at"]
     list_filter = ["outcome", "failure_kind"]
-    raw_id_fields = ["build", "dispatched_job", "worker"]
 
 
 @admin.register(CachedPath)
-class CachedPathAdmin(admin.ModelAdmin):
+class CachedPathAdmin(ReadOnlyAdmin):
     list_display = ["path", "nar_size", "created_at"]
     search_fields = ["path"]
 
 
 @admin.register(SentCandidate)
-class SentCandidateAdmin(admin.ModelAdmin):
+class SentCandidateAdmin(ReadOnlyAdmin):
     list_display = ["worker", "job_id"]
     search_fields = ["job_id"]
 
 
 @admin.register(CandidateScore)
-class CandidateScoreAdmin(admin.ModelAdmin):
+class CandidateScoreAdmin(ReadOnlyAdmin):
     list_display = ["worker", "job_id", "missing_count", "missing_nar_size", "outputs_present", "updated_at"]
     search_fields = ["job_id"]

@@ -16,7 +16,7 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, extend_schema_field
 from rest_framework import serializers, status
 from rest_framework.exceptions import NotFound, PermissionDenied
-from rest_framework.pagination import LimitOffsetPagination
+from rest_framework.permissions import IsAdminUser
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -24,10 +24,18 @@ from rest_framework.views import APIView
 from gradient.core.vocab import EvaluationStatus, member_of
 from gradient.idempotency import scoped_key
 from gradient.records.errors import IdempotencyConflict
-from gradient.rest import ControlReceiptSerializer, uuid_or_404
+from gradient.rest import (
+    ControlReceiptSerializer,
+    OperationSerializer,
+    Pages,
+    check_page_params,
+    operation_body,
+    uuid_or_404,
+)
 from gradient.scheduling import selectors
 from gradient.scheduling.decisions.waiting import describe
 from gradient.scheduling.models import DerivationBuild, Evaluation, Project
+from gradient.scheduling.services import operations
 from gradient.scheduling.services.evaluations import (
     SubmissionGone,
     evaluation_create,
@@ -35,22 +43,6 @@ from gradient.scheduling.services.evaluations import (
 )
 
 IDEMPOTENCY_HEADER = "Idempotency-Key"
-
-
-class Pages(LimitOffsetPagination):
-    default_limit = 100
-    max_limit = 1000
-
-
-def _check_page_params(request: Request) -> None:
-    """limit and offset must be non-negative integers: a 400, not a silently ignored parameter."""
-    errors = {}
-    for name in ("limit", "offset"):
-        raw = request.query_params.get(name)
-        if raw is not None and not (raw.isascii() and raw.isdigit()):
-            errors[name] = [f"{name} must be a non-negative integer."]
-    if errors:
-        raise serializers.ValidationError(errors)
 
 
 def visible_projects(user: Any) -> QuerySet[Project]:
@@ -97,6 +89,13 @@ class BuildRefSerializer(serializers.Serializer[Any]):
     status = serializers.CharField()
 
 
+class FailedBuildSerializer(serializers.Serializer[Any]):
+    id = serializers.UUIDField()
+    drv_path = serializers.CharField()
+    status = serializers.CharField()
+    last_error = serializers.CharField()
+
+
 class EvaluationSerializer(serializers.Serializer[Any]):
     id = serializers.UUIDField()
     project = serializers.CharField(source="project.name")
@@ -115,9 +114,34 @@ class EvaluationSerializer(serializers.Serializer[Any]):
     created_at = serializers.DateTimeField()
     finished_at = serializers.DateTimeField(allow_null=True)
     builds = serializers.SerializerMethodField()
+    progress = serializers.SerializerMethodField(
+        help_text='Its builds by where they are, in words: "412/1030 built, 3 failed, 615 queued".'
+    )
+    failed_builds = serializers.SerializerMethodField(
+        help_text="The builds that failed it (or await a retry), with their errors."
+    )
+    waiting_next = serializers.SerializerMethodField(
+        help_text='While it waits, what happens next in words ("aborted at 07:13:00 UTC unless a worker '
+        'for aarch64-linux connects"); empty otherwise.'
+    )
+
+    def get_waiting_next(self, obj: Evaluation) -> str:
+        return selectors.evaluation_next_step(obj)
 
     def get_waiting_reason_text(self, obj: Evaluation) -> str:
         return describe(obj.waiting_reason)
+
+    def get_progress(self, obj: Evaluation) -> str:
+        return str(selectors.evaluation_progress(obj.id))
+
+    @extend_schema_field(FailedBuildSerializer(many=True))
+    def get_failed_builds(self, obj: Evaluation) -> list[dict[str, Any]]:
+        if not self.context.get("with_builds", True):
+            return []
+        return [
+            {"id": b.id, "drv_path": b.drv_path, "status": b.status, "last_error": b.last_error}
+            for b in selectors.evaluation_failed_builds(obj.id)
+        ]
 
     @extend_schema_field(BuildRefSerializer(many=True))
     def get_builds(self, obj: Evaluation) -> list[dict[str, Any]]:
@@ -173,7 +197,7 @@ class EvaluationsView(APIView):
         operation_id="v1_evaluations_list",
     )
     def get(self, request: Request) -> Response:
-        _check_page_params(request)
+        check_page_params(request)
         qs = Evaluation.objects.filter(project__in=visible_projects(request.user)).select_related("project")
         wanted_status = request.query_params.get("status")
         if wanted_status:
@@ -289,3 +313,83 @@ class BuildDetailView(APIView):
         if not request.user.is_staff and not selectors.build_visible_to(build.id, request.user):
             raise PermissionDenied("No evaluation of your projects needs this build.")
         return Response(BuildSerializer(build).data)
+
+
+# --- The operator's actions (beside the routes of rest.md) ------------------------------------------------
+
+
+def _operate(action: Any, **kwargs: Any) -> Response:
+    """Run an operator action; one that does not apply now is a 400 that changed nothing."""
+    try:
+        result = action(now=timezone.now(), **kwargs)
+    except operations.ActionRefused as exc:
+        raise serializers.ValidationError({"non_field_errors": [str(exc)]}) from None
+    return Response(operation_body(result), status=status.HTTP_202_ACCEPTED)
+
+
+def _build_or_404(build_id: str) -> DerivationBuild:
+    build = DerivationBuild.objects.filter(id=uuid_or_404(build_id)).first()
+    if build is None:
+        raise NotFound("No build with this id.")
+    return build
+
+
+_ACCEPTED = {202: OperationSerializer}
+
+
+class EvaluationRestartView(APIView):
+    @extend_schema(
+        request=None,
+        responses=_ACCEPTED,
+        summary="Restart a finished evaluation: a new evaluation of the same commit supersedes it",
+        description="A `resubmit` intent on its record; the new evaluation's record header names the old "
+        "one and is one generation later. 400 when the evaluation has not finished.",
+    )
+    def post(self, request: Request, evaluation_id: str) -> Response:
+        evaluation = evaluation_for(request.user, evaluation_id)
+        return _operate(
+            operations.evaluation_restart, evaluation_id=evaluation.id, actor=request.user.get_username()
+        )
+
+
+class EvaluationPrioritizeView(APIView):
+    permission_classes = [IsAdminUser]
+
+    @extend_schema(
+        request=None,
+        responses=_ACCEPTED,
+        summary="Prioritize an active evaluation and its pending builds (Qos: ahead of the queue); staff",
+    )
+    def post(self, request: Request, evaluation_id: str) -> Response:
+        evaluation = evaluation_for(request.user, evaluation_id)
+        return _operate(
+            operations.evaluation_prioritize, evaluation_id=evaluation.id, actor=request.user.get_username()
+        )
+
+
+class BuildRebuildView(APIView):
+    permission_classes = [IsAdminUser]
+
+    @extend_schema(
+        request=None,
+        responses=_ACCEPTED,
+        summary="Rebuild a finished or failed shared build: it is queued afresh; staff",
+        description="A `rebuild` intent on the record of every evaluation that needs it. 400 when the "
+        "build has not finished.",
+    )
+    def post(self, request: Request, build_id: str) -> Response:
+        build = _build_or_404(build_id)
+        return _operate(operations.build_rebuild, build_id=build.id, actor=request.user.get_username())
+
+
+class BuildPrioritizeView(APIView):
+    permission_classes = [IsAdminUser]
+
+    @extend_schema(
+        request=None,
+        responses=_ACCEPTED,
+        summary="Prioritize a pending shared build (Qos: ahead of the queue); staff",
+    )
+    def post(self, request: Request, build_id: str) -> Response:
+        build = _build_or_404(build_id)
+        return _operate(operations.build_prioritize, build_id=build.id, actor=request.user.get_username())

@@ -14,10 +14,13 @@ class SchedulingConfig(AppConfig):
         from gradient.records.selectors import register_discovery_provider, register_read_access
         from gradient.records.services import register_control_hook
         from gradient.scheduling.record_providers import evaluation_discovery, evaluation_read_access
+        from gradient.scheduling.services import operations
         from gradient.scheduling.services.evaluations import on_control
 
         # Operators' intents (admin, REST) land on the record; this carries them out on the rows.
         register_control_hook(kind=JobKind.EVALUATION, hook=on_control)
+        # A resubmit (the console's restart, or the records page's action) makes the next generation.
+        register_control_hook(kind=JobKind.EVALUATION, hook=operations.on_control)
         # What the rows show about an evaluation, and who may read its record: records reads no
         # scheduling table itself.
         register_discovery_provider(kind=JobKind.EVALUATION, provider=evaluation_discovery)

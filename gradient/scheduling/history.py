@@ -65,16 +65,23 @@ def job_for_record(job_key: str) -> Evaluation | None:
 
 
 def evaluation_record_create(
-    *, evaluation: Evaluation, created_by: User | None, idempotency_key: str | None, now: datetime
+    *,
+    evaluation: Evaluation,
+    created_by: User | None,
+    idempotency_key: str | None,
+    now: datetime,
+    supersedes: str | None = None,
 ) -> tuple[str, bool]:
     """Write the evaluation's record header in the caller's transaction. Returns (job key of the record,
-    created): with an Idempotency-Key that already names a submission, that submission's key."""
+    created): with an Idempotency-Key that already names a submission, that submission's key. With
+    `supersedes` (a restart), the header names the job it supersedes and is one generation later."""
     record, created = record_create(
         job_key=eval_key(evaluation.id),
         spec=evaluation_spec(evaluation),
         plan=plan_default(kind=RecordKind.EVALUATION),
         created_by=created_by,
         idempotency_key=idempotency_key,
+        supersedes=supersedes,
         now=now,
     )
     return record.job_key, created

@@ -43,6 +43,13 @@ def build_key(build_id: uuid.UUID | str) -> str:
     return jobkey.build_key(build_id)
 
 
+def _name(drv_path: str) -> str:
+    """A derivation's name without its store hash (as the console shows it)."""
+    base = drv_path.rsplit("/", 1)[-1].removesuffix(".drv")
+    head, sep, rest = base.partition("-")
+    return rest if sep and len(head) == 32 else base
+
+
 class Project(models.Model):
     """A namespace of evaluations. Workers are authorized per project; so are REST submitters."""
 
@@ -139,7 +146,7 @@ class Evaluation(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"{self.project_id}:{self.repository}@{self.commit[:12]} ({self.status})"
+        return f"{self.project.name}: {self.repository}@{self.commit[:12]} ({self.status})"
 
     @property
     def job_key(self) -> str:
@@ -197,6 +204,7 @@ class DerivationBuild(models.Model):
     class Meta:
         db_table = "derivation_build"
         ordering = ["created_at"]
+        verbose_name = "shared build"  # the README's name, in the console too
         indexes = [
             # (queued_at, id): RequestJob's preselect walks Queued builds in (queued_at, id) order, and
             # builds queued together share one queued_at; on queued_at alone PostgreSQL top-N sorts
@@ -246,6 +254,8 @@ class DerivationBuildDependency(models.Model):
 
     class Meta:
         db_table = "derivation_build_dependency"
+        verbose_name = "dependency"
+        verbose_name_plural = "dependencies"
         constraints = [
             models.UniqueConstraint(
                 fields=["build", "dependency"],
@@ -261,7 +271,7 @@ class DerivationBuildDependency(models.Model):
         indexes = [models.Index(fields=["dependency"], name="idx-derivation_build_dep-dep")]
 
     def __str__(self) -> str:
-        return f"{self.build_id} needs {self.dependency_id}"
+        return f"needs {_name(self.dependency.drv_path)}"
 
 
 class EvaluationBuild(models.Model):
@@ -292,7 +302,7 @@ class EvaluationBuild(models.Model):
         indexes = [models.Index(fields=["build"], name="idx-evaluation_build-build")]
 
     def __str__(self) -> str:
-        return f"{self.evaluation_id} needs {self.build_id}"
+        return f"needs {_name(self.build.drv_path)}"
 
 
 class CachedPath(models.Model):

@@ -10,11 +10,15 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import msgspec
-from django.db.models import Exists, OuterRef, Q, QuerySet
+from django.conf import settings
+from django.db.models import Count, Exists, OuterRef, Q, QuerySet
+from django.utils import timezone
 
 from gradient.core.jobkey import JobKey, build_key
 from gradient.core.protocol import AssignJob, FlakeStep, Job
 from gradient.core.vocab import (
+    BUILD_LASTING_FAILURE,
+    BUILD_SUCCESS,
     BUILTIN_SYSTEM,
     EVALUATION_ACTIVE,
     BuildStatus,
@@ -22,8 +26,12 @@ from gradient.core.vocab import (
     JobKeyKind,
     JobKind,
 )
+from gradient.records.errors import DecodeError, InvalidHistory, UnknownRecord
+from gradient.records.selectors import record_job
+from gradient.recovery.models import ServerBoot
 from gradient.scheduling import jobs
 from gradient.scheduling.decisions.scoring import LARGE_TRANSFER_BYTES, PoolView
+from gradient.scheduling.decisions.waiting import unbuildable_deadline, what_happens_next
 from gradient.scheduling.models import (
     CachedPath,
     DerivationBuild,
@@ -310,3 +318,149 @@ def input_paths(build_ids: list[uuid.UUID]) -> dict[uuid.UUID, list[str]]:
 def build_visible_to(build_id: uuid.UUID, user: Any) -> bool:
     """A submitter may read a shared build that an evaluation of one of its projects needs."""
     return EvaluationBuild.objects.filter(build_id=build_id, evaluation__project__members=user).exists()
+
+
+# --- What the console's pages read -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Progress:
+    """An evaluation's builds by where they are: "412/1030 built, 3 failed, 615 queued"."""
+
+    total: int
+    built: int
+    failed: int
+    dependency_failed: int
+    building: int
+    queued: int
+    waiting: int  # Created: waiting for dependencies
+    aborted: int
+
+    def __str__(self) -> str:
+        if not self.total:
+            return "no builds yet"
+        parts = [f"{self.built}/{self.total} built"]
+        for count, word in (
+            (self.failed, "failed"),
+            (self.dependency_failed, "failed with a dependency"),
+            (self.building, "building"),
+            (self.queued, "queued"),
+            (self.waiting, "waiting for dependencies"),
+            (self.aborted, "aborted"),
+        ):
+            if count:
+                parts.append(f"{count} {word}")
+        return ", ".join(parts)
+
+
+def evaluation_progress(evaluation_id: uuid.UUID) -> Progress:
+    counts: dict[str, int] = dict(
+        DerivationBuild.objects.filter(evaluation_links__evaluation_id=evaluation_id)
+        .values_list("status")
+        .annotate(n=Count("id"))
+        .values_list("status", "n")
+    )
+
+    def of(*statuses: str) -> int:
+        return sum(counts.get(s, 0) for s in statuses)
+
+    return Progress(
+        total=sum(counts.values()),
+        built=of(*BUILD_SUCCESS),
+        failed=of(BuildStatus.FAILED_PERMANENT, BuildStatus.FAILED_TIMEOUT, BuildStatus.FAILED_TRANSIENT),
+        dependency_failed=of(BuildStatus.DEPENDENCY_FAILED),
+        building=of(BuildStatus.BUILDING),
+        queued=of(BuildStatus.QUEUED),
+        waiting=of(BuildStatus.CREATED),
+        aborted=of(BuildStatus.ABORTED),
+    )
+
+
+def evaluation_failed_builds(evaluation_id: uuid.UUID, limit: int = 50) -> list[DerivationBuild]:
+    """The evaluation's builds that failed (lastingly, or awaiting a retry), with their errors."""
+    return list(
+        DerivationBuild.objects.filter(
+            evaluation_links__evaluation_id=evaluation_id,
+            status__in=[*BUILD_LASTING_FAILURE, BuildStatus.FAILED_TRANSIENT],
+        ).order_by("finished_at", "drv_path")[:limit]
+    )
+
+
+def build_queue_position(build: DerivationBuild) -> int:
+    """How many queued builds are ahead of this one (prioritized first, then the oldest)."""
+    if build.status != BuildStatus.QUEUED or build.queued_at is None:
+        return 0
+    ahead = DerivationBuild.objects.filter(status=BuildStatus.QUEUED)
+    if build.prioritized:
+        return ahead.filter(prioritized=True, queued_at__lt=build.queued_at).count()
+    return ahead.filter(Q(prioritized=True) | Q(queued_at__lt=build.queued_at)).count()
+
+
+def build_capable_workers(build: DerivationBuild) -> int:
+    """Active workers with an open session that could build it (architecture and features)."""
+    workers = Worker.objects.filter(active=True, can_build=True, sessions__closed_at__isnull=True).distinct()
+    return sum(1 for w in workers if worker_can_build(w, build.system, list(build.required_features)))
+
+
+def build_waiting_text(build: DerivationBuild) -> str:
+    """Why a pending build is not running, in words ("" once it runs or ended)."""
+    if build.drv_lost_at is not None:
+        return "its .drv is lost: it waits for a DrvRecovery evaluation to restore it"
+    if build.status == BuildStatus.CREATED:
+        pending = build.dependency_edges.exclude(dependency__status__in=BUILD_SUCCESS).count()
+        return f"waiting for {pending} dependenc{'y' if pending == 1 else 'ies'} to be built"
+    if build.status == BuildStatus.FAILED_TRANSIENT:
+        return (
+            f"failed; retried after {build.retry_at:%H:%M:%S}" if build.retry_at else "failed; retried soon"
+        )
+    if build.status != BuildStatus.QUEUED:
+        return ""
+    capable = build_capable_workers(build)
+    if not capable:
+        features = f" with {', '.join(build.required_features)}" if build.required_features else ""
+        return f"no connected worker can build {build.system}{features}"
+    ahead = build_queue_position(build)
+    return (
+        f"{capable} connected worker{'s' if capable != 1 else ''} can build it; "
+        f"{ahead} queued build{'s' if ahead != 1 else ''} ahead of it"
+        + (" (prioritized)" if build.prioritized else "")
+    )
+
+
+def evaluation_lineage_text(evaluation_id: uuid.UUID) -> str:
+    """Which evaluation this one restarted and which restarted it, from its record (header and facts)."""
+    try:
+        job = record_job(job_key=str(JobKey.of(JobKeyKind.EVAL, evaluation_id)), now=timezone.now())
+    except (UnknownRecord, DecodeError, InvalidHistory):
+        return "no readable record"
+    parts = [f"generation {job.generation}"]
+    if job.supersedes:
+        parts.append(f"restarts {job.supersedes}")
+    if job.successor:
+        parts.append(f"restarted as {job.successor}")
+    elif job.pending_resubmit:
+        parts.append("restart pending")
+    return ", ".join(parts)
+
+
+def recent_assignments(worker_id: uuid.UUID, limit: int = 20) -> list[DispatchedJob]:
+    """The worker's latest closed assignments, newest first."""
+    rows = DispatchedJob.objects.filter(worker_id=worker_id, finished_at__isnull=False)
+    return list(rows.order_by("-finished_at")[:limit])
+
+
+def evaluation_next_step(evaluation: Evaluation, now: datetime | None = None) -> str:
+    """What happens next to a waiting evaluation, in words (decisions.waiting.what_happens_next)."""
+    if evaluation.status != EvaluationStatus.WAITING:
+        return ""
+    boot = ServerBoot.objects.filter(stopped_at__isnull=True).order_by("-started_at").first()
+    deadline = unbuildable_deadline(
+        reason=evaluation.waiting_reason,
+        waiting_since=evaluation.waiting_since,
+        wait_for_workers=evaluation.wait_for_workers,
+        pool_stable_since=boot.started_at if boot else (now or timezone.now()),
+        grace_secs=settings.GRADIENT_SCHEDULER_UNBUILDABLE_GRACE_SECS,
+    )
+    return what_happens_next(
+        reason=evaluation.waiting_reason, deadline=deadline, wait_for_workers=evaluation.wait_for_workers
+    )

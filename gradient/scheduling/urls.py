@@ -12,5 +12,17 @@ urlpatterns = [
     path(
         "evaluations/<str:evaluation_id>/cancel", api.EvaluationCancelView.as_view(), name="evaluation-cancel"
     ),
+    path(
+        "evaluations/<str:evaluation_id>/restart",
+        api.EvaluationRestartView.as_view(),
+        name="evaluation-restart",
+    ),
+    path(
+        "evaluations/<str:evaluation_id>/prioritize",
+        api.EvaluationPrioritizeView.as_view(),
+        name="evaluation-prioritize",
+    ),
     path("builds/<str:build_id>", api.BuildDetailView.as_view(), name="build-detail"),
+    path("builds/<str:build_id>/rebuild", api.BuildRebuildView.as_view(), name="build-rebuild"),
+    path("builds/<str:build_id>/prioritize", api.BuildPrioritizeView.as_view(), name="build-prioritize"),
 ]

@@ -1,11 +1,25 @@
+"""Workers in the console: a worker's name and projects are edited here (and a new one registered,
+its token shown once); everything it reports is a view, and drain, deactivate, activate and new tokens
+are actions, behind a confirmation page, signed on the records of the jobs it runs."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
 from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
+from django.utils.html import format_html, format_html_join
+from django.utils.safestring import SafeString
 
+from gradient.console import OperatedAdmin, Operation, ReadOnlyAdmin, ReadOnlyInline, actor_of, ago
 from gradient.names import NameCheckedForm
+from gradient.scheduling import selectors as scheduling
+from gradient.scheduling.services import operations
 from gradient.workers.models import IdleSlot, Worker, WorkerSession
-from gradient.workers.services import worker_activate, worker_deactivate, worker_token_reset
+from gradient.workers.services import worker_activate, worker_token_reset
 from gradient.workers.tokens import token_new
 
 
@@ -17,34 +31,206 @@ def _show_token_once(request: HttpRequest, worker: Worker, token: str) -> None:
     )
 
 
-class WorkerSessionInline(admin.TabularInline):
+class WorkerSessionInline(ReadOnlyInline):
     model = WorkerSession
-    fields = readonly_fields = (
-        "opened_at",
-        "last_seen",
-        "closed_at",
-        "close_reason",
-        "draining",
-        "server_boot",
-    )
-    extra = 0
-    can_delete = False
+    fields = readonly_fields = ("opened", "seen", "closed", "close_reason", "draining", "server_boot")
     show_change_link = True
+    verbose_name = "session"
+    verbose_name_plural = "sessions (latest first)"
 
-    def has_add_permission(self, request, obj=None):  # type: ignore[no-untyped-def]
-        return False
+    @admin.display(description="opened")
+    def opened(self, obj: WorkerSession) -> SafeString | str:
+        return ago(obj.opened_at)
+
+    @admin.display(description="last seen")
+    def seen(self, obj: WorkerSession) -> SafeString | str:
+        return ago(obj.last_seen)
+
+    @admin.display(description="closed")
+    def closed(self, obj: WorkerSession) -> SafeString | str:
+        return ago(obj.closed_at) if obj.closed_at else "open"
+
+    def get_queryset(self, request):  # type: ignore[no-untyped-def]
+        return super().get_queryset(request).order_by("-opened_at")
+
+
+def _open_session(worker: Worker) -> WorkerSession | None:
+    return worker.sessions.filter(closed_at__isnull=True).first()
+
+
+def _drain(worker: Worker, actor: str) -> str:
+    return operations.worker_request_drain(worker_id=worker.id, actor=actor, now=timezone.now()).message
+
+
+def _deactivate(worker: Worker, actor: str) -> str:
+    return operations.worker_request_deactivate(worker_id=worker.id, actor=actor, now=timezone.now()).message
+
+
+WORKER_OPERATIONS = (
+    Operation(
+        name="drain_workers",
+        label="Drain",
+        description="Drain the selected connected workers (nothing new; running jobs finish)",
+        explain="Drain: the worker gets no new job from any server; what it runs finishes. The mark lasts "
+        "until it reconnects.",
+        applies=lambda w: w.active and (s := _open_session(w)) is not None and not s.draining,
+        run=_drain,
+        refused=(operations.ActionRefused,),
+    ),
+    Operation(
+        name="deactivate_workers",
+        label="Deactivate",
+        description="Deactivate the selected workers (closes their sessions)",
+        explain="Deactivate: the worker is refused from now on (403), its open session closes and its "
+        "running jobs go back to the pool.",
+        applies=lambda w: w.active,
+        run=_deactivate,
+        refused=(operations.ActionRefused,),
+        summary=lambda n: f"Deactivated {n} worker(s).",
+    ),
+)
 
 
 @admin.register(Worker)
-class WorkerAdmin(admin.ModelAdmin):
+class WorkerAdmin(OperatedAdmin):
+    """Name and projects are the operator's; the rest is what the worker reported, as a view."""
+
     form = NameCheckedForm
-    list_display = ["name", "active", "zone", "architectures", "max_concurrent_builds", "last_seen"]
+
+    list_display = [
+        "name",
+        "connected",
+        "draining",
+        "active",
+        "zone",
+        "architectures_text",
+        "max_concurrent_builds",
+        "running",
+        "seen",
+    ]
     list_filter = ["active", "zone", "can_build", "can_eval", "can_fetch"]
     search_fields = ["name", "id"]
     filter_horizontal = ["projects"]
-    readonly_fields = ["id", "token_hash", "last_seen", "capabilities_at", "metrics_at", "deactivated_at"]
+    fields = ["name", "projects"]
+    readonly_fields = [
+        "id",
+        "active",
+        "connection",
+        "current_jobs",
+        "recent_jobs",
+        "capabilities",
+        "metrics",
+        "seen",
+        "deactivated_at",
+    ]
     inlines = [WorkerSessionInline]
-    actions = ["deactivate_workers", "activate_workers", "issue_new_tokens"]
+    operations = WORKER_OPERATIONS
+    actions = [*(op.bulk() for op in WORKER_OPERATIONS), "activate_workers", "issue_new_tokens"]
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return bool(request.user.is_active and request.user.is_staff)  # registering a worker
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return bool(request.user.is_active and request.user.is_staff)  # its name and projects
+
+    def get_fields(self, request, obj=None):  # type: ignore[no-untyped-def]
+        return ["name", "projects"] if obj is None else ["name", "projects", *self.readonly_fields]
+
+    def get_readonly_fields(self, request, obj=None):  # type: ignore[no-untyped-def]
+        return [] if obj is None else self.readonly_fields
+
+    def get_inlines(self, request, obj):  # type: ignore[no-untyped-def]
+        return [] if obj is None else self.inlines
+
+    @admin.display(boolean=True, description="connected")
+    def connected(self, obj: Worker) -> bool:
+        return _open_session(obj) is not None
+
+    @admin.display(boolean=True, description="draining")
+    def draining(self, obj: Worker) -> bool:
+        session = _open_session(obj)
+        return bool(session and session.draining)
+
+    @admin.display(description="architectures")
+    def architectures_text(self, obj: Worker) -> str:
+        return ", ".join(obj.architectures) or "-"
+
+    @admin.display(description="running")
+    def running(self, obj: Worker) -> int:
+        return scheduling.open_assignments(obj.id).count()
+
+    @admin.display(description="last seen", ordering="last_seen")
+    def seen(self, obj: Worker) -> SafeString | str:
+        return ago(obj.last_seen)
+
+    @admin.display(description="connection")
+    def connection(self, obj: Worker) -> str:
+        session = _open_session(obj)
+        if session is None:
+            return "not connected" + ("" if obj.active else " (deactivated)")
+        return (
+            "connected" + (", draining" if session.draining else "") + f" since {session.opened_at:%H:%M:%S}"
+        )
+
+    def _jobs_table(self, rows: Iterable[Any]) -> SafeString | str:
+        rows = list(rows)
+        if not rows:
+            return "none"
+        return format_html(
+            "<table><tr><th>job</th><th>dispatched</th><th>outcome</th><th>reason</th></tr>{}</table>",
+            format_html_join(
+                "",
+                "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+                ((r.job_id, ago(r.dispatched_at), r.outcome or "running", r.reason or "-") for r in rows),
+            ),
+        )
+
+    @admin.display(description="current jobs")
+    def current_jobs(self, obj: Worker) -> SafeString | str:
+        return self._jobs_table(scheduling.open_assignments(obj.id))
+
+    @admin.display(description="recent jobs")
+    def recent_jobs(self, obj: Worker) -> SafeString | str:
+        return self._jobs_table(scheduling.recent_assignments(obj.id))
+
+    @admin.display(description="capabilities")
+    def capabilities(self, obj: Worker) -> SafeString:
+        steps = [
+            name
+            for name, on in (("fetch", obj.can_fetch), ("eval", obj.can_eval), ("build", obj.can_build))
+            if on
+        ]
+        lines = [
+            ("runs", ", ".join(steps) or "nothing yet"),
+            ("architectures", ", ".join(obj.architectures) or "-"),
+            ("system features", ", ".join(obj.system_features) or "-"),
+            ("concurrent builds", obj.max_concurrent_builds),
+            ("CPUs", obj.cpu_count if obj.cpu_count is not None else "unknown"),
+            ("RAM", f"{obj.ram_total_mb} MB" if obj.ram_total_mb is not None else "unknown"),
+            ("zone", obj.zone or "-"),
+            ("reported", ago(obj.capabilities_at)),
+        ]
+        return format_html(
+            "<table>{}</table>", format_html_join("", "<tr><th>{}</th><td>{}</td></tr>", lines)
+        )
+
+    @admin.display(description="metrics (latest heartbeat)")
+    def metrics(self, obj: Worker) -> SafeString:
+        def value(v: float | int | None, unit: str) -> str:
+            return "unknown" if v is None else f"{round(v, 1)} {unit}"
+
+        lines = [
+            ("CPU in use", value(obj.cpu_usage_pct, "%")),
+            ("RAM free", value(obj.ram_free_mb, "MB")),
+            ("disk", value(obj.disk_speed_mbps, "MB/s")),
+            ("upload", value(obj.upload_speed_mbps, "MB/s")),
+            ("download", value(obj.download_speed_mbps, "MB/s")),
+            ("peak build RAM", value(obj.build_peak_ram_mb, "MB")),
+            ("reported", ago(obj.metrics_at)),
+        ]
+        return format_html(
+            "<table>{}</table>", format_html_join("", "<tr><th>{}</th><td>{}</td></tr>", lines)
+        )
 
     def save_model(self, request, obj, form, change):  # type: ignore[no-untyped-def]
         # A new worker gets its token here; the add page's answer shows it once (response_add).
@@ -59,37 +245,34 @@ class WorkerAdmin(admin.ModelAdmin):
             _show_token_once(request, obj, token)
         return super().response_add(request, obj, post_url_continue)
 
-    @admin.action(description="Deactivate the selected workers (closes their sessions)")
-    def deactivate_workers(self, request: HttpRequest, queryset: QuerySet[Worker]) -> HttpResponse | None:
-        for worker in queryset:
-            worker_deactivate(worker_id=worker.id, now=timezone.now())
-        self.message_user(request, f"Deactivated {queryset.count()} worker(s).")
-        return None
-
-    @admin.action(description="Activate the selected workers")
+    @admin.action(description="Activate the selected workers", permissions=["operate"])
     def activate_workers(self, request: HttpRequest, queryset: QuerySet[Worker]) -> HttpResponse | None:
         for worker in queryset:
             worker_activate(worker_id=worker.id)
+            self.log_change(request, worker, f"activated by {actor_of(request)}")
         self.message_user(request, f"Activated {queryset.count()} worker(s).")
         return None
 
-    @admin.action(description="Issue new tokens for the selected workers (shown once)")
+    @admin.action(
+        description="Issue new tokens for the selected workers (shown once)", permissions=["operate"]
+    )
     def issue_new_tokens(self, request: HttpRequest, queryset: QuerySet[Worker]) -> HttpResponse | None:
         for worker in queryset:
             token = worker_token_reset(worker_id=worker.id)
             if token is not None:
                 _show_token_once(request, worker, token)
+                self.log_change(request, worker, f"new token issued by {actor_of(request)}")
         return None
 
 
 @admin.register(WorkerSession)
-class WorkerSessionAdmin(admin.ModelAdmin):
+class WorkerSessionAdmin(ReadOnlyAdmin):
     list_display = ["worker", "opened_at", "last_seen", "closed_at", "draining", "close_reason"]
     list_filter = ["draining"]
-    raw_id_fields = ["worker"]
+    list_select_related = ["worker"]
 
 
 @admin.register(IdleSlot)
-class IdleSlotAdmin(admin.ModelAdmin):
+class IdleSlotAdmin(ReadOnlyAdmin):
     list_display = ["worker", "kind", "recorded_at"]
     list_filter = ["kind"]

@@ -13,7 +13,13 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.validators import UnicodeUsernameValidator
 from django.db import IntegrityError
 from django.utils import timezone
-from drf_spectacular.utils import OpenApiResponse, extend_schema
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import (
+    OpenApiParameter,
+    OpenApiResponse,
+    PolymorphicProxySerializer,
+    extend_schema,
+)
 from rest_framework import serializers, status
 from rest_framework.authtoken.views import ObtainAuthToken
 from rest_framework.exceptions import NotFound, Throttled, ValidationError
@@ -27,8 +33,9 @@ from gradient.auth import issue_token
 from gradient.core.ids import parse_uuid
 from gradient.names import refuse_invisible_characters
 from gradient.parsers import JSONParser
+from gradient.rest import OperationSerializer, Pages, check_page_params, operation_body, wants_pages
 from gradient.scheduling.models import Project
-from gradient.scheduling.services import projects
+from gradient.scheduling.services import operations, projects
 from gradient.throttling import AnonThrottle, UserThrottle, login_failed, login_refused_for
 from gradient.workers import services
 from gradient.workers.models import Worker
@@ -145,6 +152,34 @@ class WorkerSerializer(serializers.Serializer[Any]):
         }
 
 
+PAGE_PARAMETERS = [
+    OpenApiParameter(
+        "limit",
+        OpenApiTypes.INT,
+        description="Page size (default 100, at most 1000): the answer is then "
+        "`{count, next, previous, results}` instead of an array.",
+    ),
+    OpenApiParameter("offset", OpenApiTypes.INT, description="Rows to skip (the answer is then a page)."),
+]
+
+
+def _array_or_page(name: str, item: type[serializers.Serializer[Any]]) -> PolymorphicProxySerializer:
+    """An array of `item` (rest.md's answer), or with limit/offset a page of them."""
+    page = type(
+        f"{name}Page",
+        (serializers.Serializer,),
+        {
+            "count": serializers.IntegerField(),
+            "next": serializers.URLField(allow_null=True),
+            "previous": serializers.URLField(allow_null=True),
+            "results": item(many=True),
+        },
+    )
+    return PolymorphicProxySerializer(
+        component_name=name, serializers=[item(many=True), page], resource_type_field_name=None, many=False
+    )
+
+
 # --- Views -----------------------------------------------------------------------------------------
 
 
@@ -210,9 +245,20 @@ class UsersView(APIView):
 class ProjectsView(APIView):
     permission_classes = [IsAdminUser]
 
-    @extend_schema(responses={200: ProjectSerializer(many=True)}, summary="List projects")
+    @extend_schema(
+        parameters=PAGE_PARAMETERS,
+        responses={200: _array_or_page("ProjectList", ProjectSerializer)},
+        summary="List projects (an array; with limit or offset, a page)",
+        operation_id="api_v1_projects_list",
+    )
     def get(self, request: Request) -> Response:
-        return Response([{"id": p.id, "name": p.name} for p in Project.objects.order_by("name")])
+        rows = Project.objects.order_by("name")
+        if wants_pages(request):
+            check_page_params(request)
+            paginator = Pages()
+            page = paginator.paginate_queryset(rows, request, view=self) or []
+            return paginator.get_paginated_response([{"id": p.id, "name": p.name} for p in page])
+        return Response([{"id": p.id, "name": p.name} for p in rows])
 
     @extend_schema(
         request=ProjectCreateSerializer, responses={201: ProjectSerializer}, summary="Create a project"
@@ -240,9 +286,20 @@ def _worker_or_404(worker_id: str) -> Worker:
 class WorkersView(APIView):
     permission_classes = [IsAdminUser]
 
-    @extend_schema(responses={200: WorkerSerializer(many=True)}, summary="List workers")
+    @extend_schema(
+        parameters=PAGE_PARAMETERS,
+        responses={200: _array_or_page("WorkerList", WorkerSerializer)},
+        summary="List workers (an array; with limit or offset, a page)",
+        operation_id="api_v1_workers_list",
+    )
     def get(self, request: Request) -> Response:
-        return Response(WorkerSerializer(workers_with_session_state().order_by("name"), many=True).data)
+        rows = workers_with_session_state().order_by("name")
+        if wants_pages(request):
+            check_page_params(request)
+            paginator = Pages()
+            page = paginator.paginate_queryset(rows, request, view=self) or []
+            return paginator.get_paginated_response(WorkerSerializer(page, many=True).data)
+        return Response(WorkerSerializer(rows, many=True).data)
 
     @extend_schema(
         request=WorkerCreateSerializer,
@@ -279,8 +336,29 @@ class WorkerDeactivateView(APIView):
     )
     def post(self, request: Request, worker_id: str) -> Response:
         worker = _worker_or_404(worker_id)
-        services.worker_deactivate(worker_id=worker.id, now=timezone.now())
+        # signed on the records of the jobs it runs, as every operator action (issue 16)
+        operations.worker_request_deactivate(
+            worker_id=worker.id, actor=request.user.get_username(), now=timezone.now()
+        )
         return Response(WorkerSerializer(_worker_or_404(str(worker.id))).data)
+
+
+class WorkerDrainView(APIView):
+    permission_classes = [IsAdminUser]
+
+    @extend_schema(
+        request=None,
+        responses={202: OperationSerializer},
+        summary="Drain a connected worker: it gets nothing new from any server, its running jobs finish",
+        description="A `drain_worker` intent on the records of the evaluations it runs. The mark is its "
+        "open session's: a worker that reconnects is not draining.",
+    )
+    def post(self, request: Request, worker_id: str) -> Response:
+        worker = _worker_or_404(worker_id)
+        result = operations.worker_request_drain(
+            worker_id=worker.id, actor=request.user.get_username(), now=timezone.now()
+        )
+        return Response(operation_body(result), status=status.HTTP_202_ACCEPTED)
 
 
 class WorkerActivateView(APIView):

@@ -310,6 +310,18 @@ def worker_session_drain(*, session: SessionRef, now: datetime) -> bool:
     return bool(changed)
 
 
+def worker_drain(*, worker_id: uuid.UUID, now: datetime) -> bool:
+    """An operator drains a worker: its open session gets no new assignment from any instance (its idle
+    slots go) while its running jobs finish. False when it has no open session or drains already. The
+    mark lives on the session: a worker that reconnects is not draining."""
+    with transaction.atomic():
+        changed = WorkerSession.objects.filter(
+            worker_id=worker_id, closed_at__isnull=True, draining=False
+        ).update(draining=True)
+        IdleSlot.objects.filter(worker_id=worker_id).delete()
+    return bool(changed)
+
+
 def sessions_of_boot_mark_draining(*, server_boot: uuid.UUID) -> int:
     """The server is draining: no session it holds gets a new assignment from any instance."""
     return WorkerSession.objects.filter(server_boot=server_boot, closed_at__isnull=True).update(draining=True)

@@ -13,5 +13,6 @@ urlpatterns = [
     path("workers", api.WorkersView.as_view(), name="workers"),
     path("workers/<str:worker_id>", api.WorkerDetailView.as_view(), name="worker-detail"),
     path("workers/<str:worker_id>/deactivate", api.WorkerDeactivateView.as_view(), name="worker-deactivate"),
+    path("workers/<str:worker_id>/drain", api.WorkerDrainView.as_view(), name="worker-drain"),
     path("workers/<str:worker_id>/activate", api.WorkerActivateView.as_view(), name="worker-activate"),
 ]

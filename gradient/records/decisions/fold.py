@@ -22,6 +22,7 @@ from gradient.records.schemas import (
     ENTRY_SCHEMAS,
     TERMINAL_OUTCOMES,
     Abandon,
+    AnyControl,
     AssignmentClaimed,
     AssignmentClosed,
     Body,
@@ -31,8 +32,9 @@ from gradient.records.schemas import (
     ClusterAttemptClosed,
     ClusterAttemptOpened,
     ClusterAttemptStarted,
-    ControlIntent,
+    DeactivateWorker,
     Desired,
+    DrainWorker,
     Escalated,
     GiveUp,
     Header,
@@ -42,7 +44,9 @@ from gradient.records.schemas import (
     Outcome,
     OutcomeCommitted,
     Plan,
+    Prioritize,
     RawEntry,
+    Rebuild,
     Release,
     ReportKind,
     Requeue,
@@ -76,6 +80,12 @@ class Effect(enum.StrEnum):
     RESUBMIT_IGNORED = "resubmit_ignored"  # already resubmitted, or already pending
     ABANDONED = "abandoned"
     ABANDON_AFTER_OUTCOME = "abandon_after_outcome"  # leftovers waived, the outcome stays
+    # gradient.control.v2: the operator's console actions; none changes the desired state or outcome
+    PRIORITIZED = "prioritized"
+    PRIORITIZE_IGNORED = "prioritize_ignored"  # the job has an outcome
+    REBUILD_REQUESTED = "rebuild_requested"
+    WORKER_DRAINED = "worker_drained"
+    WORKER_DEACTIVATED = "worker_deactivated"
 
 
 APPLIED_EFFECTS = frozenset(
@@ -88,6 +98,10 @@ APPLIED_EFFECTS = frozenset(
         Effect.RESUBMIT_PENDING,
         Effect.ABANDONED,
         Effect.ABANDON_AFTER_OUTCOME,
+        Effect.PRIORITIZED,
+        Effect.REBUILD_REQUESTED,
+        Effect.WORKER_DRAINED,
+        Effect.WORKER_DEACTIVATED,
     }
 )
 
@@ -367,7 +381,11 @@ def fold(header: Header, entries: Sequence[RawEntry], now: datetime) -> Job:
         if entry.revision != position:
             raise InvalidHistory(entry.revision, f"expected revision {position}: revisions are 1, 2, 3, ...")
         body = decode_entry(entry)
-        if isinstance(body, (Cancel, Hold, Release, Requeue, GiveUp, Resubmit, Abandon)):
+        if isinstance(
+            body,
+            (Cancel, Hold, Release, Requeue, GiveUp, Resubmit, Abandon)
+            + (Prioritize, Rebuild, DrainWorker, DeactivateWorker),
+        ):
             _apply_control(state, body, entry)
         else:
             _apply_fact(state, body, entry)
@@ -382,7 +400,7 @@ def fold_prefix(header: Header, entries: Sequence[RawEntry], revision: int, now:
 # --- Control intents --------------------------------------------------------------------------------------
 
 
-def _apply_control(state: _State, intent: ControlIntent, entry: RawEntry) -> None:
+def _apply_control(state: _State, intent: AnyControl, entry: RawEntry) -> None:
     effect = _control_effect(state, intent, entry)
     state.controls.append(
         ControlRecord(
@@ -400,8 +418,16 @@ def _mark_cleanup(state: _State) -> None:
     state.cleanup_pending = any(not s.waived for s in state.open_subs())
 
 
-def _control_effect(state: _State, intent: ControlIntent, entry: RawEntry) -> Effect:
+def _control_effect(state: _State, intent: AnyControl, entry: RawEntry) -> Effect:
     by = entry.actor or "an operator"
+    if isinstance(intent, Prioritize):
+        return Effect.PRIORITIZE_IGNORED if state.outcome is not Outcome.NONE else Effect.PRIORITIZED
+    if isinstance(intent, Rebuild):
+        return Effect.REBUILD_REQUESTED  # a shared build's own state: this job's outcome stays
+    if isinstance(intent, DrainWorker):
+        return Effect.WORKER_DRAINED
+    if isinstance(intent, DeactivateWorker):
+        return Effect.WORKER_DEACTIVATED
     if isinstance(intent, Cancel):
         state.desired = Desired.CANCEL
         state.holds.clear()

@@ -362,3 +362,52 @@ class AssessmentMemo:
 
     def put(self, key: str, fingerprint: tuple[Any, ...], verdict: Verdict, now: datetime) -> None:
         self.entries[key] = (now, fingerprint, verdict)
+
+
+def unbuildable_deadline(
+    *,
+    reason: dict[str, Any] | None,
+    waiting_since: datetime | None,
+    wait_for_workers: bool,
+    pool_stable_since: datetime,
+    grace_secs: int = UNBUILDABLE_GRACE_SECS,
+) -> datetime | None:
+    """When the waiting pass aborts a `workers` park (unbuildable_due turns true), or None when it never
+    will (wait_for_workers, another reason, nothing unmet)."""
+    if wait_for_workers or reason is None or reason.get("reason") != "workers" or not reason.get("unmet"):
+        return None
+    if waiting_since is None:
+        return None
+    grace = timedelta(seconds=grace_secs)
+    return max(waiting_since + grace, pool_stable_since + grace)
+
+
+def what_happens_next(
+    *,
+    reason: dict[str, Any] | None,
+    deadline: datetime | None,
+    wait_for_workers: bool,
+) -> str:
+    """A waiting evaluation's next step in words: "aborted at 07:13 unless a worker for aarch64-linux
+    (kvm) connects". Empty when it is not waiting."""
+    if not reason:
+        return ""
+    name = reason.get("reason")
+    if name == "workers":
+        wanted = "; ".join(
+            u["architecture"]
+            + (f" ({', '.join(u['required_features'])})" if u.get("required_features") else "")
+            for u in reason.get("unmet", [])
+        )
+        if deadline is not None:
+            return f"aborted at {deadline:%H:%M:%S} UTC unless a worker for {wanted} connects"
+        if wait_for_workers:
+            return f"waits until a worker for {wanted or 'it'} connects (wait_for_workers: never aborted)"
+        return f"builds once a worker for {wanted or 'it'} connects"
+    if name == "eval_workers":
+        return f"runs once a worker that can {reason.get('capability', 'evaluate')} connects"
+    if name == "draining":
+        return "resumes once a server that is not draining serves"
+    if name == "graph_stuck":
+        return "the waiting pass repairs its graph (a DrvRecovery evaluation if a .drv is lost)"
+    return "runs once what it waits for is there"

@@ -54,6 +54,7 @@ def evaluation_create(
     idempotency_key: str | None = None,
     kind: str = EvaluationKind.NORMAL,
     recovery_of_id: uuid.UUID | None = None,
+    supersedes: str | None = None,
     now: datetime,
 ) -> tuple[Evaluation, bool]:
     """A new Queued evaluation and its record, in one transaction. With an Idempotency-Key that already
@@ -84,7 +85,11 @@ def evaluation_create(
         with transaction.atomic():
             evaluation.save()
             job_key, created = history.evaluation_record_create(
-                evaluation=evaluation, created_by=created_by, idempotency_key=idempotency_key, now=now
+                evaluation=evaluation,
+                created_by=created_by,
+                idempotency_key=idempotency_key,
+                now=now,
+                supersedes=supersedes,
             )
             if not created:
                 raise _Duplicate(job_key)

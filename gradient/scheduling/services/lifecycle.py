@@ -47,6 +47,7 @@ from gradient.core.vocab import (
     JobKind,
 )
 from gradient.records.schemas import ReportKind
+from gradient.runtime import metrics
 from gradient.scheduling import history, jobs
 from gradient.scheduling.decisions.failures import (
     BuildVerdict,
@@ -183,11 +184,13 @@ def _claim_and_start(
         with transaction.atomic():
             assignment_id = claim_assignment(request=request, now=now)
             if assignment_id is None:
+                metrics.count(metrics.CLAIMS_LOST)
                 return None
             start(assignment_id)
             forget_sent(request.job_key)
             return Claimed(assignment_id, job)
     except _StartRefused:
+        metrics.count(metrics.CLAIMS_LOST)
         return None
 
 
@@ -684,3 +687,53 @@ def note_phase(row: DispatchedJob, phase: str) -> None:
 def record_report(row: DispatchedJob, *, worker: str, kind: ReportKind, summary: str, now: datetime) -> None:
     """What the worker showed, as a fact on the evaluation's record (nothing for a build's assignment)."""
     history.reported(row=row, worker=worker, kind=kind, summary=summary, now=now)
+
+
+# --- An operator's rebuild ------------------------------------------------------------------------------
+
+BUILD_REBUILDABLE = (
+    BuildStatus.COMPLETED,
+    BuildStatus.SUBSTITUTED,
+    BuildStatus.FAILED_PERMANENT,
+    BuildStatus.FAILED_TIMEOUT,
+    BuildStatus.FAILED_TRANSIENT,
+    BuildStatus.ABORTED,
+    BuildStatus.DEPENDENCY_FAILED,
+)
+
+
+def rebuild_build(*, build_id: uuid.UUID, now: datetime) -> bool:
+    """A finished or failed shared build starts afresh: its attempts and error cleared, Created again
+    (Queued at once when every dependency succeeded), and the dependents that failed only because of
+    it back to Created, transitively. Evaluations that ended keep their outcome (restart them for a new
+    verdict); active ones wait for it again. False, changing nothing, when the build is not finished."""
+    with transaction.atomic():
+        changed = DerivationBuild.objects.filter(id=build_id, status__in=BUILD_REBUILDABLE).update(
+            status=BuildStatus.CREATED,
+            attempts=0,
+            retry_at=None,
+            failure_kind=None,
+            last_error="",
+            finished_at=None,
+            queued_at=None,
+            updated_at=now,
+        )
+        if not changed:
+            return False
+        forget_scores(build_key(build_id))
+        forget_sent(build_key(build_id))
+        reopened = [build_id]
+        frontier = [build_id]
+        while frontier:
+            dependents = list(
+                DerivationBuild.objects.filter(
+                    dependency_edges__dependency_id__in=frontier, status=BuildStatus.DEPENDENCY_FAILED
+                ).values_list("id", flat=True)
+            )
+            DerivationBuild.objects.filter(id__in=dependents, status=BuildStatus.DEPENDENCY_FAILED).update(
+                status=BuildStatus.CREATED, last_error="", finished_at=None, updated_at=now
+            )
+            reopened += dependents
+            frontier = dependents
+        graph.queue_ready_builds(build_ids=reopened, now=now)
+    return True

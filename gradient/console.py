@@ -1,0 +1,265 @@
+"""What every page of the operator's console shares: scheduler-owned rows shown read-only (for
+superusers too), operator actions behind a confirmation page, and readable values (relative times with
+the exact time on hover, durations, names before UUIDs).
+
+A scheduler-owned row changes only through the services, which append the change to the job's record;
+so its admin has no add, no change form, no delete and no bulk delete, whoever signs in (the add URL
+answers 403, the change URL is a view). What an operator may do is an action: `operator_action` wraps
+a service call in a confirmation page and runs it as `admin:<username>`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.contrib import admin, messages
+from django.contrib.admin import helpers
+from django.core.exceptions import PermissionDenied
+from django.db.models import Model, QuerySet
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
+from django.template.response import TemplateResponse
+from django.urls import path, reverse
+from django.utils import timezone
+from django.utils.html import format_html
+from django.utils.safestring import SafeString
+
+
+def _staff(request: HttpRequest) -> bool:
+    user = request.user
+    return bool(user.is_active and user.is_staff)
+
+
+class ReadOnlyAdmin(admin.ModelAdmin):
+    """A scheduler-owned model: its pages are views; what an operator may change is an action."""
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return _staff(request)
+
+    def has_module_permission(self, request: HttpRequest) -> bool:
+        return _staff(request)
+
+    def has_operate_permission(self, request: HttpRequest) -> bool:
+        """Who may run the operator actions (`permissions=["operate"]`): staff."""
+        return _staff(request)
+
+
+class ReadOnlyInline(admin.TabularInline):
+    """An inline of a scheduler-owned model: rows shown, none added, changed or deleted."""
+
+    extra = 0
+    can_delete = False
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return _staff(request)
+
+
+def actor_of(request: HttpRequest) -> str:
+    """How the record names an operator acting from the console."""
+    return f"admin:{request.user.get_username()}"
+
+
+@dataclass(frozen=True)
+class Operation:
+    """An operator action on one row: `applies(row)` says whether it can be taken now, `run(row, actor)`
+    calls the service and says what it did (an exception of `refused` is shown and changed nothing).
+
+    It is offered twice, both behind a confirmation page: as a button on the row's page
+    (`<id>/operate/<name>/`) and as an action of the list (`bulk()`)."""
+
+    name: str
+    label: str  # "Restart", the button
+    description: str  # "Restart the selected evaluations", the list's action
+    explain: str  # what happens, on the confirmation page
+    applies: Callable[[Any], bool]
+    run: Callable[[Any, str], str]
+    refused: tuple[type[Exception], ...] = ()
+    summary: Callable[[int], str] | None = None  # the list action's closing message, from how many it did
+
+    def confirmation(
+        self, modeladmin: admin.ModelAdmin, request: HttpRequest, rows: list[Any], skipped: int, single: bool
+    ) -> TemplateResponse:
+        return TemplateResponse(
+            request,
+            "admin/console/confirm_action.html",
+            {
+                **modeladmin.admin_site.each_context(request),
+                "title": f"{self.label}: are you sure?",
+                "opts": modeladmin.model._meta,
+                "rows": rows,
+                "skipped": skipped,
+                "operation": self,
+                "single": single,
+                "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
+            },
+        )
+
+    def carry_out(self, modeladmin: admin.ModelAdmin, request: HttpRequest, rows: Iterable[Any]) -> int:
+        actor = actor_of(request)
+        done = 0
+        for row in rows:
+            try:
+                text = self.run(row, actor)
+            except self.refused as exc:
+                modeladmin.message_user(request, f"{row}: {exc}", messages.WARNING)
+                continue
+            done += 1
+            modeladmin.message_user(request, f"{row}: {text}", messages.SUCCESS)
+        return done
+
+    def bulk(self) -> Callable[..., Any]:
+        def action(modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: QuerySet[Any]) -> Any:
+            selected = list(queryset)
+            rows = [row for row in selected if self.applies(row)]
+            if request.POST.get("confirmed") != "yes":
+                return self.confirmation(modeladmin, request, rows, len(selected) - len(rows), single=False)
+            if not rows:
+                modeladmin.message_user(
+                    request, "None of the selected rows can take this now.", messages.WARNING
+                )
+            done = self.carry_out(modeladmin, request, rows)
+            if self.summary is not None:
+                modeladmin.message_user(request, self.summary(done), messages.INFO)
+            return None
+
+        action.__name__ = self.name
+        return admin.action(description=self.description, permissions=["operate"])(action)
+
+
+class OperatedAdmin(ReadOnlyAdmin):
+    """A read-only admin whose rows take `operations`: a button for each on the row's page, each behind a
+    confirmation page, and the same as actions of the list (list them in `actions` with `.bulk()`)."""
+
+    operations: tuple[Operation, ...] = ()
+    change_form_template = "admin/console/change_form.html"
+
+    def get_urls(self) -> list[Any]:
+        info = self.model._meta.app_label, self.model._meta.model_name
+        extra = [
+            path(
+                "<path:object_id>/operate/<str:name>/",
+                self.admin_site.admin_view(self.operate_view),
+                name=f"{info[0]}_{info[1]}_operate",
+            )
+        ]
+        return extra + super().get_urls()
+
+    def operate_view(self, request: HttpRequest, object_id: str, name: str) -> HttpResponse:
+        if not self.has_operate_permission(request):
+            raise PermissionDenied
+        operation = next((op for op in self.operations if op.name == name), None)
+        obj = self.get_object(request, object_id)
+        if operation is None or obj is None:
+            raise Http404("No such row or action.")
+        change_url = reverse(
+            f"admin:{self.model._meta.app_label}_{self.model._meta.model_name}_change", args=[obj.pk]
+        )
+        if request.method != "POST" or request.POST.get("confirmed") != "yes":
+            applies = operation.applies(obj)
+            return operation.confirmation(
+                self, request, [obj] if applies else [], int(not applies), single=True
+            )
+        if not operation.applies(obj):
+            self.message_user(
+                request, f"{obj}: {operation.label.lower()} does not apply now.", messages.WARNING
+            )
+        else:
+            operation.carry_out(self, request, [obj])
+        return HttpResponseRedirect(change_url)
+
+    def change_view(
+        self,
+        request: HttpRequest,
+        object_id: str,
+        form_url: str = "",
+        extra_context: dict[str, Any] | None = None,
+    ) -> HttpResponse:
+        obj = self.get_object(request, object_id)
+        buttons = []
+        if obj is not None and self.has_operate_permission(request):
+            info = self.model._meta.app_label, self.model._meta.model_name
+            buttons = [
+                (op.label, reverse(f"admin:{info[0]}_{info[1]}_operate", args=[obj.pk, op.name]))
+                for op in self.operations
+                if op.applies(obj)
+            ]
+        context = {**(extra_context or {}), "operation_buttons": buttons}
+        return super().change_view(request, object_id, form_url, extra_context=context)
+
+
+# --- Readable values -----------------------------------------------------------------------------------
+
+
+def duration(seconds: float | None) -> str:
+    """`850 ms`, `12.4 s`, `3 min 5 s`, `2 h 10 min`, `3 d 4 h`; `-` for None."""
+    if seconds is None:
+        return "-"
+    if seconds < 1:
+        return f"{seconds * 1000:.0f} ms"
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    minutes, secs = divmod(int(seconds), 60)
+    if minutes < 60:
+        return f"{minutes} min {secs} s"
+    hours, minutes = divmod(minutes, 60)
+    if hours < 24:
+        return f"{hours} h {minutes} min"
+    days, hours = divmod(hours, 24)
+    return f"{days} d {hours} h"
+
+
+def between(start: datetime | None, end: datetime | None) -> str:
+    if start is None or end is None:
+        return "-"
+    return duration((end - start).total_seconds())
+
+
+def ago(at: datetime | None, now: datetime | None = None) -> SafeString | str:
+    """`3 min ago` (or `in 2 min`), the exact time on hover."""
+    if at is None:
+        return "-"
+    now = now or timezone.now()
+    delta = (now - at).total_seconds()
+    words = f"{duration(abs(delta))} ago" if delta >= 0 else f"in {duration(-delta)}"
+    exact = timezone.localtime(at).strftime("%Y-%m-%d %H:%M:%S %Z")
+    return format_html('<time datetime="{}" title="{}">{}</time>', at.isoformat(), exact, words)
+
+
+def since(at: datetime | None, now: datetime | None = None) -> str:
+    """How long since `at`, in words, for "running for ..." columns."""
+    if at is None:
+        return "-"
+    return duration(max(timedelta(0), (now or timezone.now()) - at).total_seconds())
+
+
+def drv_name(drv_path: str) -> str:
+    """A derivation's name without its store hash: /nix/store/<hash>-hello-2.12.drv -> hello-2.12."""
+    base = drv_path.rsplit("/", 1)[-1]
+    if base.endswith(".drv"):
+        base = base[: -len(".drv")]
+    head, sep, rest = base.partition("-")
+    return rest if sep and len(head) == 32 else base
+
+
+def names(objects: Iterable[Model]) -> str:
+    return ", ".join(str(o) for o in objects) or "-"
