@@ -13,4 +13,5 @@ urlpatterns = [
         "evaluations/<str:evaluation_id>/cancel", api.EvaluationCancelView.as_view(), name="evaluation-cancel"
     ),
     path("builds/<str:build_id>", api.BuildDetailView.as_view(), name="build-detail"),
+    path("builds/<str:build_id>/log", api.BuildLogView.as_view(), name="build-log"),
 ]

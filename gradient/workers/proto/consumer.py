@@ -36,6 +36,7 @@ from gradient.core.protocol import (
     CLOSE_PROTOCOL_ERROR,
     PROTOCOL_VERSION,
     AssignJobResponse,
+    BuildLog,
     BuildProgress,
     ClusterSignal,
     Draining,
@@ -85,6 +86,7 @@ JOB_LOOP: dict[type[Message], Handler] = {
     BuildProgress: jobloop.build_progress,
     EvalProgress: jobloop.eval_progress,
     ClusterSignal: jobloop.cluster_signal,
+    BuildLog: jobloop.build_log,
     Draining: jobloop.draining,
 }
 
