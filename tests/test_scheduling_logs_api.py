@@ -85,6 +85,7 @@ def test_a_failed_builds_log_and_error_are_on_the_build_and_earlier_tries_stay_r
     assert latest["Content-Type"] == "text/plain; charset=utf-8"
     assert latest.content.decode() == "checking for gcc... yes\n"
     assert (latest["X-Log-Offset"], latest["X-Log-Complete"]) == ("0", "false")
+    assert latest["X-Log-Assignment"] == str(second.assignment_id)
     earlier = client(member).get(f"{body['log_url']}?assignment={first.assignment_id}")
     assert earlier.content.decode() == "checking for gcc... no\n"
     assert earlier["X-Log-Complete"] == "true"

@@ -6,6 +6,7 @@ from django.utils import timezone
 
 from gradient.core.vocab import EVALUATION_ACTIVE
 from gradient.records.admin import RecordTimelineMixin
+from gradient.scheduling.admin_logs import BuildLogMixin, FailedBuildLogsMixin
 from gradient.scheduling.admin_waiting import WaitingReasonFilter, waiting_for
 from gradient.scheduling.models import (
     BuildAttempt,
@@ -37,7 +38,7 @@ class EvaluationBuildInline(admin.TabularInline):
 
 
 @admin.register(Evaluation)
-class EvaluationAdmin(RecordTimelineMixin, admin.ModelAdmin):
+class EvaluationAdmin(FailedBuildLogsMixin, RecordTimelineMixin, admin.ModelAdmin):
     list_display = ["id", "project", "status", waiting_for, "kind", "repository", "commit", "created_at"]
     list_filter = ["status", WaitingReasonFilter, "kind", "project"]
     search_fields = ["id", "repository", "commit"]
@@ -45,7 +46,7 @@ class EvaluationAdmin(RecordTimelineMixin, admin.ModelAdmin):
     raw_id_fields = ["recovery_of", "created_by"]
     inlines = [EvaluationBuildInline]
     actions = ["cancel_evaluations"]
-    readonly_fields = [waiting_for, "record_timeline"]  # type: ignore[list-item]  # Django takes a callable
+    readonly_fields = [waiting_for, "failed_build_logs", "record_timeline"]  # type: ignore[list-item]  # Django takes a callable
 
     @admin.action(description="Cancel the selected evaluations (a cancel intent on each record)")
     def cancel_evaluations(self, request: HttpRequest, queryset: QuerySet[Evaluation]) -> None:
@@ -69,12 +70,12 @@ class DependencyInline(admin.TabularInline):
 
 
 @admin.register(DerivationBuild)
-class DerivationBuildAdmin(RecordTimelineMixin, admin.ModelAdmin):
+class DerivationBuildAdmin(BuildLogMixin, RecordTimelineMixin, admin.ModelAdmin):
     list_display = ["drv_path", "system", "status", "drv_lost", "attempts", "queued_at", "finished_at"]
     list_filter = ["status", "system", ("drv_lost_at", admin.EmptyFieldListFilter)]
     search_fields = ["id", "drv_path"]
     inlines = [DependencyInline]
-    readonly_fields = ["record_timeline"]
+    readonly_fields = ["build_log", "record_timeline"]
 
     @admin.display(boolean=True, description=".drv lost", ordering="drv_lost_at")
     def drv_lost(self, obj: DerivationBuild) -> bool:

@@ -322,6 +322,7 @@ class LogNegotiation(BaseContentNegotiation):
 
 LOG_OFFSET_HEADER = "X-Log-Offset"
 LOG_COMPLETE_HEADER = "X-Log-Complete"
+LOG_ASSIGNMENT_HEADER = "X-Log-Assignment"
 
 
 class BuildLogView(APIView):
@@ -353,6 +354,13 @@ class BuildLogView(APIView):
                 description="`true` once the assignment is closed, `false` while it is open.",
                 response=[200],
                 enum=["true", "false"],
+            ),
+            OpenApiParameter(
+                LOG_ASSIGNMENT_HEADER,
+                OpenApiTypes.UUID,
+                OpenApiParameter.HEADER,
+                description="The assignment whose log this is (a retried build has one per try).",
+                response=[200],
             ),
         ],
         responses={
@@ -392,5 +400,6 @@ class BuildLogView(APIView):
         response = HttpResponse(found.text, content_type="text/plain; charset=utf-8")
         response[LOG_OFFSET_HEADER] = str(found.offset)
         response[LOG_COMPLETE_HEADER] = "true" if found.complete else "false"
+        response[LOG_ASSIGNMENT_HEADER] = str(found.assignment_id)
         response["Cache-Control"] = "no-store"
         return response

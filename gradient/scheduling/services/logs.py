@@ -220,3 +220,26 @@ def build_log_tail(*, build: DerivationBuild, lines: int = 25) -> str:
         if text.count("\n") > lines:
             break
     return tail_lines(text, lines)
+
+
+def build_log_window(*, build: DerivationBuild, max_chars: int = 64 * 1024) -> LogText | None:
+    """The end of the build's latest log, at most `max_chars` characters from a line's start: what the
+    console shows first (the whole log is a click away, and it follows from `offset + len(text)`)."""
+    log = latest_log(build)
+    if log is None:
+        return None
+    start = max(0, log.length - max_chars)
+    found = build_log_read(build=build, assignment_id=log.assignment_id, offset=start)
+    if found is None or start == 0:
+        return found
+    cut = found.text.find("\n")
+    if cut < 0 or cut + 1 >= len(found.text):
+        return found
+    return LogText(
+        log_id=found.log_id,
+        assignment_id=found.assignment_id,
+        offset=start + cut + 1,
+        text=found.text[cut + 1 :],
+        complete=found.complete,
+        cut=found.cut,
+    )
