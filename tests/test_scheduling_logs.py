@@ -70,6 +70,14 @@ def test_the_cap_counts_bytes_and_never_splits_a_character() -> None:
     assert step.state.size_bytes == 4
 
 
+def test_a_gap_to_the_last_position_a_column_holds_is_marked_and_ends_the_log() -> None:
+    state = append_piece(LogState(), offset=0, data="a\n", max_bytes=100).state
+    step = append_piece(state, offset=2**63 - 2, data="xyz", max_bytes=100)
+    assert step.text == missing_line(2**63 - 4) + "xyz"
+    assert step.state.received == 2**63 - 1
+    assert append_piece(step.state, offset=2**63 - 1, data="more", max_bytes=100).text == ""
+
+
 @settings(max_examples=200, deadline=None)
 @given(
     text=st.text(alphabet="ab\né", min_size=0, max_size=60),
@@ -183,6 +191,13 @@ def test_a_small_cap_holds(running: Any) -> None:
     log = BuildLog.objects.get()
     assert log.cut and log.size_bytes == 1000
     assert BuildLogChunk.objects.count() == 11  # ten pieces and the one that was cut; the rest dropped
+
+
+def test_a_piece_at_the_largest_offset_is_stored_after_its_gap_line(running: Any) -> None:
+    worker, a = running
+    piece(worker.id, a, 0, "a\n")
+    assert piece(worker.id, a, 2**63 - 1, "z").accepted
+    assert text_of(a) == "a\n" + missing_line(2**63 - 3) + "z"
 
 
 def test_a_nul_character_is_stored_as_a_replacement_character_in_its_place(running: Any) -> None:

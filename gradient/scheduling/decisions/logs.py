@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+MAX_POSITION = 2**63 - 1  # a position is stored in a 64-bit column
+
 
 @dataclass(frozen=True, slots=True)
 class LogState:
@@ -56,7 +58,7 @@ def _prefix_within(text: str, budget: int) -> str:
 
 def append_piece(state: LogState, *, offset: int, data: str, max_bytes: int) -> Append:
     """The piece at `offset` with `data`, applied to `state`."""
-    if state.cut:
+    if state.cut or state.received >= MAX_POSITION:
         return Append("", state)
     end = offset + len(data)
     if end <= state.received:
@@ -78,7 +80,7 @@ def append_piece(state: LogState, *, offset: int, data: str, max_bytes: int) -> 
     return Append(
         text,
         LogState(
-            received=end,
+            received=min(end, MAX_POSITION),
             length=state.length + len(text),
             size_bytes=state.size_bytes + kept_bytes,
             at_line_start=at_line_start,
