@@ -5,11 +5,26 @@ dropped with a marker line; and the sim executor writing a few lines per build."
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
-from gradient.core.protocol import MAX_LOG_PIECE_BYTES, BuildLog, BuildSpec, OutputPath
+from gradient.core.protocol import (
+    MAX_LOG_PIECE_BYTES,
+    AbortJob,
+    AssignJob,
+    AssignJobResponse,
+    BuildLog,
+    BuildOutput,
+    BuildSpec,
+    JobCompleted,
+    JobFailed,
+    JobUpdate,
+    OutputPath,
+)
 from gradient.workers.client.logs import PIECE_CHARS, LogStream, dropped_line
+from gradient.workers.client.worker import EXIT_OK
 from gradient.workers.executors.base import ExecutorFailure
 from gradient.workers.executors.sim import SimExecutor
+from tests.test_workers_client import NOISE, _build_job, _started, _stop, _worker, server  # noqa: F401
 from tests.test_workers_executors_sim import Ctx
 
 
@@ -116,3 +131,50 @@ async def test_the_sim_executor_writes_a_few_lines_per_build_and_says_why_it_fai
     except ExecutorFailure:
         pass
     assert "error: oops: the simulated builder failed" in "".join(t for b, t in written if b == "b2")
+
+
+# --- The worker over a real loopback WebSocket (the scripted server of test_workers_client) ----------
+
+
+async def _frames_until(peer: Any, last: type[Any]) -> list[Any]:
+    frames = []
+    while True:
+        message = await peer.recv()
+        frames.append(message)
+        if isinstance(message, last):
+            return frames
+
+
+async def test_the_whole_log_arrives_before_the_build_output_and_before_a_job_failed(
+    server: Any,  # noqa: F811 (the fixture)
+) -> None:
+    worker = _worker(server)
+    task, peer = await _started(server, worker)
+    url = "sim:chain?n=2&fail=chain-1"
+    await peer.send(AssignJob(job_id="build:0", assignment_id="a0", job=_build_job(url, "chain-0")))
+    frames = await _frames_until(peer, JobCompleted)
+    logs = [f for f in frames if isinstance(f, BuildLog)]
+    output_at = next(
+        i for i, f in enumerate(frames) if isinstance(f, JobUpdate) and isinstance(f.update, BuildOutput)
+    )
+    assert logs and all(frames.index(piece) < output_at for piece in logs)
+    text = _joined(logs)
+    assert text.startswith("building '") and "installing chain-0" in text
+    assert {(p.job_id, p.assignment_id, p.build_id) for p in logs} == {("build:0", "a0", "b-chain-0")}
+
+    await peer.send(AssignJob(job_id="build:1", assignment_id="a1", job=_build_job(url, "chain-1")))
+    frames = await _frames_until(peer, JobFailed)
+    failed_log = _joined([f for f in frames if isinstance(f, BuildLog)])
+    assert "error: chain-1: the simulated builder failed (permanent)" in failed_log
+    assert await _stop(worker, task) == EXIT_OK
+
+
+async def test_an_aborted_builds_log_so_far_arrives_before_its_job_failed(server: Any) -> None:  # noqa: F811
+    worker = _worker(server, SimExecutor(build_ms=60_000))
+    task, peer = await _started(server, worker)
+    await peer.send(AssignJob(job_id="build:0", assignment_id="a0", job=_build_job("sim:wide?n=1", "wide-0")))
+    await peer.expect(BuildLog, skip=(*NOISE, AssignJobResponse, JobUpdate))
+    await peer.send(AbortJob(job_id="build:0", assignment_id="a0", reason="operator"))
+    frames = await _frames_until(peer, JobFailed)
+    assert isinstance(frames[-1], JobFailed) and frames[-1].kind == "aborted"
+    assert await _stop(worker, task) == EXIT_OK
