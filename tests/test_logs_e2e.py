@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import urllib.error
 import urllib.request
+import uuid
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
@@ -161,10 +162,9 @@ BROKEN = """
 @requires_nix
 def test_with_the_real_nix_a_builds_log_holds_what_its_builder_printed(tmp_path: Path) -> None:
     env = database_env()
+    salt = uuid.uuid4().hex  # fresh derivations: nothing of an earlier run is valid in the store already
     flakes = {
-        name: write_flake(
-            tmp_path / name, LOUD_FLAKE % {"salt": tmp_path.name, "name": name, "script": script}
-        )
+        name: write_flake(tmp_path / name, LOUD_FLAKE % {"salt": salt, "name": name, "script": script})
         for name, script in (("loud", LOUD), ("broken", BROKEN))
     }
     with ExitStack() as stack:

@@ -89,7 +89,7 @@ async def _settle(comm: WebsocketCommunicator) -> None:
 @database_sync_to_async
 def _get_log(token: str, build_id: str, query: str = "") -> tuple[int, str, dict[str, str]]:
     response = Client().get(f"/api/v1/builds/{build_id}/log{query}", HTTP_AUTHORIZATION=f"Token {token}")
-    headers = {k: v for k, v in response.items() if k.startswith("X-Log")}
+    headers = {k: v for k, v in response.items() if k in ("X-Log-Offset", "X-Log-Complete")}
     return response.status_code, response.content.decode(), headers
 
 
