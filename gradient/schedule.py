@@ -44,6 +44,7 @@ PASSES: tuple[PassSpec, ...] = (
     PassSpec("records-check", "gradient.records.tasks.check_pass", lambda: 300.0),
     PassSpec("worker-liveness", "gradient.workers.tasks.worker_liveness_pass", _worker_liveness_interval),
     PassSpec("cluster-dispatch", "gradient.clusters.tasks.dispatch_pass", _pass_interval),
+    PassSpec("build-log-seal", "gradient.scheduling.tasks.build_log_seal_pass", _pass_interval),
 )
 
 

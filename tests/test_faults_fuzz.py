@@ -50,6 +50,7 @@ REPORT_TYPES = (
     "JobFailed",
     "BuildProgress",
     "EvalProgress",
+    "BuildLog",
 )
 WORKER_TYPES = (
     "InitConnection",
@@ -172,6 +173,7 @@ def foreign_reports(foreign: dict[str, str]) -> st.SearchStrategy[tuple[str, Any
             "JobFailed": {"error": "x", "kind": "permanent", "missing_paths": None, "elapsed_ms": n},
             "BuildProgress": {"build_id": "b", "phase": "download", "bytes_done": n, "bytes_total": None},
             "EvalProgress": {"phase": "fetching", "done": n, "total": None},
+            "BuildLog": {"build_id": job_id.removeprefix("build:"), "offset": n, "data": "fuzz\n"},
         }
         return ("text", _frame({"type": kind, **base, **bodies[kind]}))
 

@@ -71,6 +71,7 @@ def test_the_document_has_every_route_of_the_contract() -> None:
         "POST /api/v1/evaluations/{evaluation_id}/cancel",
         "GET /api/v1/evaluations/{evaluation_id}/history",
         "GET /api/v1/builds/{build_id}",
+        "GET /api/v1/builds/{build_id}/log",
         "POST /api/v1/clusters",
         "GET /api/v1/clusters/{cluster_id}",
         "POST /api/v1/clusters/{cluster_id}/abort",

@@ -18,6 +18,7 @@ from gradient.core.protocol import (
     AssignJobResponse,
     Building,
     BuildJob,
+    BuildLog,
     BuildOutput,
     BuildRequirement,
     BuildSpec,
@@ -59,7 +60,7 @@ from gradient.workers.client.worker import EXIT_OK, EXIT_REJECTED, Worker
 from gradient.workers.executors.sim import SimExecutor, graph_from_url, source_store_path
 
 TIMEOUT = 10.0
-NOISE = (WorkerMetrics, RequestJob)
+NOISE = (WorkerMetrics, RequestJob, BuildLog)  # BuildLog: the sim builds print a few lines
 
 
 @dataclass

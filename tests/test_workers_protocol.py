@@ -79,6 +79,7 @@ SAMPLES_FROM_WORKER: list[p.Message] = [
     p.BuildProgress(job_id="j", assignment_id="a", build_id="b", phase="upload", bytes_done=1, bytes_total=2),
     p.EvalProgress(job_id="j", assignment_id="a", phase="evaluating", done=3),
     p.ClusterSignal(attempt="t", payload="hi", to=p.ClusterAddress(role="server", index=0)),
+    p.BuildLog(job_id="j", assignment_id="a", build_id="b", offset=0, data="hello\n"),
     p.Draining(),
 ]
 
@@ -150,6 +151,7 @@ def test_every_message_of_the_spec_has_a_struct_in_its_direction() -> None:
         "BuildProgress",
         "EvalProgress",
         "ClusterSignal",
+        "BuildLog",
         "Draining",
     }
     assert {p.tag_of(t) for t in p.SERVER_MESSAGE_TYPES} == {

@@ -33,6 +33,7 @@ PROTOCOL_VERSION: Final = 1
 MAX_FRAME_BYTES: Final = 1024 * 1024  # 1 MiB: anything larger is a protocol violation
 MAX_CANDIDATES_PER_FRAME: Final = 1000  # JobListChunk and JobOffer pages
 MAX_SIGNAL_PAYLOAD_BYTES: Final = 64 * 1024  # ClusterSignal.payload
+MAX_LOG_PIECE_BYTES: Final = 64 * 1024  # BuildLog.data
 
 # Close codes: a Reject closes with 4000 + its code; every protocol violation with 4400.
 CLOSE_PROTOCOL_ERROR: Final = 4400
@@ -342,6 +343,22 @@ class ClusterSignal(Message):
             raise ValueError(f"payload is larger than {MAX_SIGNAL_PAYLOAD_BYTES} bytes")
 
 
+class BuildLog(Message):
+    """The next piece of one build's log (its builder's stdout and stderr, as text): `offset` is the
+    position, in characters of this assignment's log of that build, of the first character of `data`."""
+
+    job_id: str
+    assignment_id: str
+    build_id: str
+    offset: NonNegInt64
+    data: str
+
+    def __post_init__(self) -> None:
+        # Checked in bytes, as the wire carries it; raising here makes it a ValidationError.
+        if len(self.data) * 4 > MAX_LOG_PIECE_BYTES and len(self.data.encode()) > MAX_LOG_PIECE_BYTES:
+            raise ValueError(f"data is larger than {MAX_LOG_PIECE_BYTES} bytes")
+
+
 class Draining(Message):
     """Worker -> server: assign me nothing more. Server -> worker: the server is draining."""
 
@@ -419,6 +436,7 @@ WorkerMessage: TypeAlias = (
     | BuildProgress
     | EvalProgress
     | ClusterSignal
+    | BuildLog
     | Draining
 )
 """Every message a worker may send."""
@@ -438,7 +456,7 @@ ServerMessage: TypeAlias = (
 )
 """Every message the server may send."""
 
-ReportMessage: TypeAlias = JobUpdate | JobCompleted | JobFailed | BuildProgress | EvalProgress
+ReportMessage: TypeAlias = JobUpdate | JobCompleted | JobFailed | BuildProgress | EvalProgress | BuildLog
 """Reports echo an assignment_id; one that is not the job's open assignment on this worker is dropped."""
 
 WORKER_MESSAGE_TYPES: Final[tuple[type[Message], ...]] = (
@@ -455,6 +473,7 @@ WORKER_MESSAGE_TYPES: Final[tuple[type[Message], ...]] = (
     BuildProgress,
     EvalProgress,
     ClusterSignal,
+    BuildLog,
     Draining,
 )
 SERVER_MESSAGE_TYPES: Final[tuple[type[Message], ...]] = (

@@ -15,6 +15,7 @@ from gradient.core.vocab import BUILD_PENDING, EVALUATION_ACTIVE, EVALUATION_TER
 from gradient.names import NameCheckedForm
 from gradient.records.admin import RecordTimelineMixin
 from gradient.scheduling import selectors
+from gradient.scheduling.admin_logs import BuildLogMixin, FailedBuildLogsMixin
 from gradient.scheduling.admin_waiting import WaitingReasonFilter, waiting_for
 from gradient.scheduling.models import (
     BuildAttempt,
@@ -117,7 +118,7 @@ class EvaluationBuildInline(ReadOnlyInline):
 
 
 @admin.register(Evaluation)
-class EvaluationAdmin(RecordTimelineMixin, OperatedAdmin):
+class EvaluationAdmin(FailedBuildLogsMixin, RecordTimelineMixin, OperatedAdmin):
     list_display = [
         "short_id",
         "project_name",
@@ -146,6 +147,7 @@ class EvaluationAdmin(RecordTimelineMixin, OperatedAdmin):
         waiting_for,
         "next_step",
         "failed_builds",
+        "failed_build_logs",
         "repository",
         "commit",
         "kind",
@@ -342,7 +344,7 @@ BUILD_OPERATIONS = (
 
 
 @admin.register(DerivationBuild)
-class DerivationBuildAdmin(RecordTimelineMixin, OperatedAdmin):
+class DerivationBuildAdmin(BuildLogMixin, RecordTimelineMixin, OperatedAdmin):
     list_display = ["name", "system", "status", "drv_lost", "attempts", "queued", "took"]
     list_filter = ["status", "system", ("drv_lost_at", admin.EmptyFieldListFilter)]
     search_fields = ["id", "drv_path"]
@@ -366,6 +368,7 @@ class DerivationBuildAdmin(RecordTimelineMixin, OperatedAdmin):
         "queued",
         "finished",
         "took",
+        "build_log",
         "record_timeline",
     )
 

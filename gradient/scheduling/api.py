@@ -11,12 +11,16 @@ from typing import Any
 
 from django.db import transaction
 from django.db.models import QuerySet
+from django.http import HttpResponse
+from django.urls import reverse
 from django.utils import timezone
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, extend_schema_field
 from rest_framework import serializers, status
 from rest_framework.exceptions import NotFound, PermissionDenied
+from rest_framework.negotiation import BaseContentNegotiation
 from rest_framework.permissions import IsAdminUser
+from rest_framework.renderers import JSONRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -34,13 +38,14 @@ from gradient.rest import (
 )
 from gradient.scheduling import selectors
 from gradient.scheduling.decisions.waiting import describe
-from gradient.scheduling.models import DerivationBuild, Evaluation, Project
+from gradient.scheduling.models import BuildLog, DerivationBuild, Evaluation, Project
 from gradient.scheduling.services import operations
 from gradient.scheduling.services.evaluations import (
     SubmissionGone,
     evaluation_create,
     evaluation_request_cancel,
 )
+from gradient.scheduling.services.logs import build_log_read
 
 IDEMPOTENCY_HEADER = "Idempotency-Key"
 
@@ -163,10 +168,19 @@ class BuildSerializer(serializers.Serializer[Any]):
     outputs = serializers.JSONField()
     attempts = serializers.IntegerField()
     failure_kind = serializers.CharField(allow_null=True)
-    last_error = serializers.CharField()
+    last_error = serializers.CharField(help_text='The failure\'s text ("" when none).')
+    log_url = serializers.SerializerMethodField(
+        help_text="The path of this build's log (`GET /api/v1/builds/{id}/log`), or null without one yet."
+    )
     dependencies = serializers.SerializerMethodField()
     created_at = serializers.DateTimeField()
     finished_at = serializers.DateTimeField(allow_null=True)
+
+    @extend_schema_field(serializers.CharField(allow_null=True))
+    def get_log_url(self, obj: DerivationBuild) -> str | None:
+        if not BuildLog.objects.filter(build=obj).exists():
+            return None
+        return reverse("build-log", kwargs={"build_id": str(obj.id)})
 
     def get_dependencies(self, obj: DerivationBuild) -> list[uuid.UUID]:
         return list(
@@ -304,15 +318,20 @@ class EvaluationCancelView(APIView):
         )
 
 
+def build_for(user: Any, build_id: str) -> DerivationBuild:
+    """The build, 404 when unknown, 403 when no evaluation of the user's projects needs it."""
+    build = DerivationBuild.objects.filter(id=uuid_or_404(build_id)).first()
+    if build is None:
+        raise NotFound("No build with this id.")
+    if not user.is_staff and not selectors.build_visible_to(build.id, user):
+        raise PermissionDenied("No evaluation of your projects needs this build.")
+    return build
+
+
 class BuildDetailView(APIView):
     @extend_schema(responses={200: BuildSerializer}, summary="One shared build, with its dependencies")
     def get(self, request: Request, build_id: str) -> Response:
-        build = DerivationBuild.objects.filter(id=uuid_or_404(build_id)).first()
-        if build is None:
-            raise NotFound("No build with this id.")
-        if not request.user.is_staff and not selectors.build_visible_to(build.id, request.user):
-            raise PermissionDenied("No evaluation of your projects needs this build.")
-        return Response(BuildSerializer(build).data)
+        return Response(BuildSerializer(build_for(request.user, build_id)).data)
 
 
 # --- The operator's actions (beside the routes of rest.md) ------------------------------------------------
@@ -393,3 +412,99 @@ class BuildPrioritizeView(APIView):
     def post(self, request: Request, build_id: str) -> Response:
         build = _build_or_404(build_id)
         return _operate(operations.build_prioritize, build_id=build.id, actor=request.user.get_username())
+
+
+class LogNegotiation(BaseContentNegotiation):
+    """The log is text/plain whatever the client accepts, and an error is the usual JSON object: no
+    406 for a client that asks for text/plain only."""
+
+    def select_parser(self, request: Request, parsers: Any) -> Any:
+        return parsers[0] if parsers else None
+
+    def select_renderer(self, request: Request, renderers: Any, format_suffix: Any = None) -> Any:
+        return renderers[0], renderers[0].media_type
+
+
+LOG_OFFSET_HEADER = "X-Log-Offset"
+LOG_COMPLETE_HEADER = "X-Log-Complete"
+LOG_ASSIGNMENT_HEADER = "X-Log-Assignment"
+
+
+class BuildLogView(APIView):
+    renderer_classes = [JSONRenderer]
+    content_negotiation_class = LogNegotiation
+
+    @extend_schema(
+        parameters=[
+            OpenApiParameter(
+                "assignment",
+                OpenApiTypes.UUID,
+                description="An earlier assignment of the build (its `dispatched_job` id); default: the "
+                "latest assignment that sent a log.",
+            ),
+            OpenApiParameter(
+                "offset", OpenApiTypes.INT, description="The text from this character on (default 0)."
+            ),
+            OpenApiParameter(
+                LOG_OFFSET_HEADER,
+                OpenApiTypes.INT,
+                OpenApiParameter.HEADER,
+                description="The character the text starts at (`offset`).",
+                response=[200],
+            ),
+            OpenApiParameter(
+                LOG_COMPLETE_HEADER,
+                OpenApiTypes.STR,
+                OpenApiParameter.HEADER,
+                description="`true` once the assignment is closed, `false` while it is open.",
+                response=[200],
+                enum=["true", "false"],
+            ),
+            OpenApiParameter(
+                LOG_ASSIGNMENT_HEADER,
+                OpenApiTypes.UUID,
+                OpenApiParameter.HEADER,
+                description="The assignment whose log this is (a retried build has one per try).",
+                response=[200],
+            ),
+        ],
+        responses={
+            (200, "text/plain"): OpenApiResponse(
+                OpenApiTypes.STR,
+                description="The log as far as it has arrived (live while the build runs).",
+            ),
+            404: OpenApiResponse(description="No such build, or the build has no log (of that assignment)."),
+        },
+        summary="A build's log, as text; follow it with ?offset=",
+        operation_id="v1_builds_log_retrieve",
+    )
+    def get(self, request: Request, build_id: str) -> HttpResponse:
+        build = build_for(request.user, build_id)
+        errors: dict[str, list[str]] = {}
+        raw_offset = request.query_params.get("offset")
+        offset = 0
+        if raw_offset is not None:
+            if raw_offset.isascii() and raw_offset.isdigit() and len(raw_offset) <= 18:
+                offset = int(raw_offset)
+            else:
+                errors["offset"] = ["offset must be a non-negative integer."]
+        raw_assignment = request.query_params.get("assignment")
+        assignment_id: uuid.UUID | None = None
+        if raw_assignment is not None:
+            try:
+                assignment_id = uuid.UUID(raw_assignment)
+            except ValueError:
+                errors["assignment"] = ["assignment must be an assignment id (a UUID)."]
+        if errors:
+            raise serializers.ValidationError(errors)
+        found = build_log_read(build=build, assignment_id=assignment_id, offset=offset)
+        if found is None:
+            raise NotFound(
+                "This build has no log." if assignment_id is None else "No log of this assignment."
+            )
+        response = HttpResponse(found.text, content_type="text/plain; charset=utf-8")
+        response[LOG_OFFSET_HEADER] = str(found.offset)
+        response[LOG_COMPLETE_HEADER] = "true" if found.complete else "false"
+        response[LOG_ASSIGNMENT_HEADER] = str(found.assignment_id)
+        response["Cache-Control"] = "no-store"
+        return response

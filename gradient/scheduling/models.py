@@ -537,3 +537,67 @@ class EvalIngestInput(models.Model):
 
     def __str__(self) -> str:
         return f"{self.build_id} awaits {self.input_drv_path}"
+
+
+# --- Build logs: what a build printed, per assignment (docs/logs.md) -------------------------------------
+
+
+class BuildLog(models.Model):
+    """One assignment's log of one build, as its worker streamed it (BuildLog pieces). While the
+    assignment is open the text is in BuildLogChunk rows, one per stored piece; once it is closed the
+    log-seal pass joins them into `blob` (zstandard) and deletes the chunks. The counters are
+    gradient.scheduling.decisions.logs.LogState's."""
+
+    build = models.ForeignKey(DerivationBuild, on_delete=models.CASCADE, related_name="logs")
+    assignment = models.ForeignKey(DispatchedJob, on_delete=models.CASCADE, related_name="logs")
+    received = models.BigIntegerField(
+        default=0, help_text="The worker's position: where its next piece starts."
+    )
+    length = models.BigIntegerField(default=0, help_text="Characters stored, marker lines included.")
+    size_bytes = models.BigIntegerField(default=0, help_text="UTF-8 bytes of the worker's text stored.")
+    at_line_start = models.BooleanField(default=True)
+    cut = models.BooleanField(default=False, help_text="GRADIENT_BUILD_LOG_MAX_BYTES was reached.")
+    blob = models.BinaryField(null=True, blank=True, help_text="The whole text, zstandard, once sealed.")
+    sealed_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        db_table = "build_log"
+        constraints = [
+            models.UniqueConstraint(
+                fields=["assignment", "build"],
+                name="build_log-one-per-assignment-build",
+                violation_error_message="This assignment already has a log of this build.",
+            ),
+        ]
+        indexes = [
+            models.Index(fields=["build", "-created_at"], name="idx-build_log-build"),
+            models.Index(
+                fields=["created_at"], name="idx-build_log-unsealed", condition=Q(sealed_at__isnull=True)
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"log of {self.build_id} on {self.assignment_id}"
+
+
+class BuildLogChunk(models.Model):
+    """A stored piece of an open assignment's log: `data` starts at character `start` of the text."""
+
+    log = models.ForeignKey(BuildLog, on_delete=models.CASCADE, related_name="chunks")
+    start = models.BigIntegerField()
+    data = models.TextField()
+
+    class Meta:
+        db_table = "build_log_chunk"
+        constraints = [
+            models.UniqueConstraint(
+                fields=["log", "start"],
+                name="build_log_chunk-unique-start",
+                violation_error_message="A piece of this log is stored at this position already.",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.log_id}@{self.start}"

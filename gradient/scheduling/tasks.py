@@ -9,6 +9,7 @@ from celery import shared_task
 from django.utils import timezone
 
 from gradient.runtime.passes import pass_run
+from gradient.scheduling.services.logs import build_log_seal_pass as run_build_log_seal
 from gradient.scheduling.services.passes import assignment_pass as run_assignment_pass
 from gradient.scheduling.services.passes import build_resync_pass as run_build_resync
 from gradient.scheduling.services.waiting import reheal_pass
@@ -30,3 +31,11 @@ def build_resync_pass() -> int | None:
 def graph_reheal_pass() -> int | None:
     """Every 300 s (graphConsistencyIntervalSecs): the heal again for each graph_stuck evaluation."""
     return pass_run(name="graph-reheal", body=lambda: reheal_pass(now=timezone.now()), lease_secs=600)
+
+
+@shared_task(name="gradient.scheduling.tasks.build_log_seal_pass")
+def build_log_seal_pass() -> int | None:
+    """Every pass interval: the logs of closed assignments stored as one compressed blob each."""
+    return pass_run(
+        name="build-log-seal", body=lambda: run_build_log_seal(now=timezone.now()), lease_secs=300
+    )

@@ -25,4 +25,5 @@ urlpatterns = [
     path("builds/<str:build_id>", api.BuildDetailView.as_view(), name="build-detail"),
     path("builds/<str:build_id>/rebuild", api.BuildRebuildView.as_view(), name="build-rebuild"),
     path("builds/<str:build_id>/prioritize", api.BuildPrioritizeView.as_view(), name="build-prioritize"),
+    path("builds/<str:build_id>/log", api.BuildLogView.as_view(), name="build-log"),
 ]

@@ -74,6 +74,7 @@ from gradient.core.protocol import (
     tag_of,
 )
 from gradient.workers.client.config import WorkerConfig
+from gradient.workers.client.logs import LogStream
 from gradient.workers.client.metrics import collect_metrics, cpu_core_benchmark, hardware, prime_cpu_usage
 from gradient.workers.client.parts import DerivationTooLarge, eval_result_parts
 from gradient.workers.client.scoring import paths_to_check, score_candidates
@@ -108,6 +109,7 @@ class Job:
     cancel_kind: BuildFailureKind | None = None
     cancel_reason: str = ""
     started: float = field(default_factory=time.monotonic)
+    logs: dict[str, LogStream] = field(default_factory=dict)  # by build_id, while each build runs
 
     @property
     def held(self) -> bool:
@@ -128,6 +130,18 @@ class Context(JobContext):
 
     async def progress(self, message: BuildProgress | EvalProgress) -> None:
         await self._connection.send(message)
+
+    def open_log(self, build_id: str) -> LogStream:
+        stream = LogStream(
+            self._connection.send, job_id=self.job_id, assignment_id=self.assignment_id, build_id=build_id
+        )
+        self._job.logs[build_id] = stream
+        return stream
+
+    def build_log(self, build_id: str, text: str) -> None:
+        stream = self._job.logs.get(build_id)
+        if stream is not None:
+            stream.write(text)
 
     async def send_signal(self, payload: str, to: ClusterAddress | None = None) -> None:
         if self.cluster is None:
@@ -618,12 +632,25 @@ class Connection:
             await self._update(job, Building(build_id=spec.build_id))
             # The executor enforces timeout_secs itself (with its own error text); this is the backstop.
             backstop = spec.timeout_secs + BUILD_TIMEOUT_BACKSTOP_SECS if spec.timeout_secs else None
-            async with asyncio.timeout(backstop):
-                result = await self.executor.build(spec, ctx)
+            stream = ctx.open_log(spec.build_id)
+            try:
+                async with asyncio.timeout(backstop):
+                    result = await self.executor.build(spec, ctx)
+            finally:
+                # The log's last piece goes before the build_output or the JobFailed.
+                job.logs.pop(spec.build_id, None)
+                if self._torn_down(job):
+                    stream.abandon()
+                else:
+                    await stream.close()
             await self._update(
                 job,
                 BuildOutput(build_id=spec.build_id, outputs=result.outputs, substituted=result.substituted),
             )
+
+    def _torn_down(self, job: Job) -> bool:
+        """The session is over for this job (it is no longer held): its log has nobody to go to."""
+        return self.jobs.get(job.assign.assignment_id) is not job
 
     # --- stopping -------------------------------------------------------------------------------------
 

@@ -77,6 +77,10 @@ class JobContext(ABC):
     @abstractmethod
     async def progress(self, message: BuildProgress | EvalProgress) -> None: ...
 
+    def build_log(self, build_id: str, text: str) -> None:  # noqa: B027 (a no-op is a valid default)
+        """What the builder of `build_id` printed (stdout and stderr, as text), as it prints it: the
+        worker streams it to the server as BuildLog pieces. Never blocks."""
+
     @abstractmethod
     async def send_signal(self, payload: str, to: ClusterAddress | None = None) -> None:
         """A ClusterSignal to one member (`to`) or to every other member of the attempt."""

@@ -486,6 +486,13 @@ class NixExecutor(Executor):
                     log.info("nix: substituting %s", event.drv_path)
                 elif event.kind == "log":
                     log.info("%s> %s", _short(event.drv_path), event.text)
+                    # The builder's own lines go to the build's log; those of an input Nix had to build
+                    # too are marked with its name.
+                    own = event.drv_path in (None, drv)
+                    ctx.build_log(
+                        spec.build_id,
+                        f"{event.text}\n" if own else f"{_short(event.drv_path)}> {event.text}\n",
+                    )
                 elif event.kind == "message":
                     log.debug("nix: %s", event.text)
                 elif event.kind == "download" and time.monotonic() - last_progress >= PROGRESS_EVERY_SECS:

@@ -450,19 +450,28 @@ class SimExecutor(Executor):
 
     async def build(self, spec: BuildSpec, ctx: JobContext) -> BuildResult:
         await self._cluster_handshake(ctx)
-        _, duration, fail = parse_store_name(spec.drv_path)
+        name, duration, fail = parse_store_name(spec.drv_path)
         ms = self.build_ms if duration is None else duration
         if spec.timeout_secs and ms > spec.timeout_secs * 1000:
             await self._sleep_ms(spec.timeout_secs * 1000)
             raise ExecutorFailure(BuildFailureKind.TIMEOUT, f"sim: {spec.drv_path} timed out")
-        await self._sleep_ms(ms)
+        ctx.build_log(
+            spec.build_id, f"building '{spec.drv_path}'...\nunpacking sources\nconfiguring {name}\n"
+        )
+        await self._sleep_ms(ms // 2)
+        ctx.build_log(spec.build_id, f"compiling {name} ({ms} ms of simulated work)\n")
+        await self._sleep_ms(ms - ms // 2)
         if fail is not None:
             kind = (
                 BuildFailureKind(fail)
                 if fail in {k.value for k in BuildFailureKind}
                 else BuildFailureKind.PERMANENT
             )
+            ctx.build_log(spec.build_id, f"error: {name}: the simulated builder failed ({kind.value})\n")
             raise ExecutorFailure(kind, f"sim: builder for '{spec.drv_path}' failed")
+        ctx.build_log(
+            spec.build_id, f"installing {name} to {spec.outputs[0].path if spec.outputs else '$out'}\n"
+        )
         outputs = [BuiltOutput(name=o.name, path=o.path, nar_size=nar_size_of(o.path)) for o in spec.outputs]
         self.store.update(o.path for o in spec.outputs)
         self.store.add(spec.drv_path)

@@ -43,6 +43,7 @@ from gradient.core.protocol import (
     PROTOCOL_VERSION,
     AssignJobResponse,
     BuildFailureKind,
+    BuildLog,
     BuildProgress,
     ClusterSignal,
     Draining,
@@ -92,6 +93,7 @@ JOB_LOOP: dict[type[Message], Handler] = {
     BuildProgress: jobloop.build_progress,
     EvalProgress: jobloop.eval_progress,
     ClusterSignal: jobloop.cluster_signal,
+    BuildLog: jobloop.build_log,
     Draining: jobloop.draining,
 }
 

@@ -22,6 +22,7 @@ from django.utils import timezone
 from gradient.clusters.services import cluster_signal_forward
 from gradient.core.protocol import (
     AssignJobResponse,
+    BuildLog,
     BuildProgress,
     ClusterSignal,
     Draining,
@@ -36,7 +37,7 @@ from gradient.core.protocol import (
     WorkerCapabilities,
     WorkerMetrics,
 )
-from gradient.scheduling.services import assignment, offers, reports
+from gradient.scheduling.services import assignment, logs, offers, reports
 from gradient.workers import services
 from gradient.workers.services import SessionRef
 
@@ -124,6 +125,13 @@ def build_progress(*, session: SessionRef, message: BuildProgress) -> list[Serve
 
 def eval_progress(*, session: SessionRef, message: EvalProgress) -> list[ServerMessage]:
     return _report(session, message)
+
+
+def build_log(*, session: SessionRef, message: BuildLog) -> list[ServerMessage]:
+    """The next piece of a build's log: stored (a repeat's new tail only, a gap marked), fenced like
+    every report, cluster members' included; never answered."""
+    logs.build_log_append(worker_id=session.worker_id, message=message, now=timezone.now())
+    return []
 
 
 def cluster_signal(*, session: SessionRef, message: ClusterSignal) -> list[ServerMessage]:

@@ -1,0 +1,95 @@
+"""What one BuildLog piece adds to the stored log (../shared/spec/protocol.md, "Build logs").
+
+Two positions are kept apart: the worker's (`received`, in characters of the stream the worker sent:
+the piece's `offset` counts in it) and the stored text's (`length`, what a reader's `?offset=` counts
+in, which holds the marker lines too). A piece below `received` is a repeat: only its new tail is
+stored. A piece beyond it is a gap: a `[... N characters missing ...]` line comes first. The stored
+text holds at most `max_bytes` bytes (UTF-8) of the worker's text; then one line says it was cut, and
+every later piece is dropped.
+
+Pure: plain values in, plain values out, no I/O.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+MAX_POSITION = 2**63 - 1  # a position is stored in a 64-bit column
+
+
+@dataclass(frozen=True, slots=True)
+class LogState:
+    """What is stored of one assignment's log of one build."""
+
+    received: int = 0  # the worker's position: the next piece should start here
+    length: int = 0  # characters stored (the worker's text and the marker lines)
+    size_bytes: int = 0  # UTF-8 bytes of the worker's text stored (what the cap counts)
+    at_line_start: bool = True  # the stored text is empty or ends with a newline
+    cut: bool = False  # the cap was reached: everything later is dropped
+
+
+@dataclass(frozen=True, slots=True)
+class Append:
+    """The text to store after what is stored (empty: nothing to store) and the state after it."""
+
+    text: str
+    state: LogState
+
+
+def missing_line(count: int) -> str:
+    return f"[... {count} characters missing ...]\n"
+
+
+def cut_line(max_bytes: int) -> str:
+    return f"[... the log was cut here: it reached {max_bytes} bytes (GRADIENT_BUILD_LOG_MAX_BYTES) ...]\n"
+
+
+def _prefix_within(text: str, budget: int) -> str:
+    """The longest prefix of `text` whose UTF-8 encoding fits in `budget` bytes."""
+    if budget <= 0:
+        return ""
+    if len(text) * 4 <= budget:
+        return text
+    encoded = text.encode()
+    if len(encoded) <= budget:
+        return text
+    return encoded[:budget].decode(errors="ignore")  # a character cut in two is left out
+
+
+def append_piece(state: LogState, *, offset: int, data: str, max_bytes: int) -> Append:
+    """The piece at `offset` with `data`, applied to `state`."""
+    if state.cut or state.received >= MAX_POSITION:
+        return Append("", state)
+    end = offset + len(data)
+    if end <= state.received:
+        return Append("", state)  # a repeat of what is held: nothing new
+    marker = ""
+    if offset > state.received:
+        marker = ("" if state.at_line_start else "\n") + missing_line(offset - state.received)
+    else:
+        data = data[state.received - offset :]
+    budget = max_bytes - state.size_bytes
+    kept = _prefix_within(data, budget)
+    cut = len(kept) < len(data)
+    text = marker + kept
+    if cut:
+        ends_line = text.endswith("\n") or (not text and state.at_line_start)
+        text += ("" if ends_line else "\n") + cut_line(max_bytes)
+    kept_bytes = len(kept.encode()) if kept else 0
+    at_line_start = text.endswith("\n") if text else state.at_line_start
+    return Append(
+        text,
+        LogState(
+            received=min(end, MAX_POSITION),
+            length=state.length + len(text),
+            size_bytes=state.size_bytes + kept_bytes,
+            at_line_start=at_line_start,
+            cut=cut,
+        ),
+    )
+
+
+def tail_lines(text: str, count: int) -> str:
+    """The last `count` lines of `text` (a trailing newline ends the last line, it opens none)."""
+    lines = text.splitlines()
+    return "\n".join(lines[-count:]) if count > 0 else ""
