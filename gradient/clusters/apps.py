@@ -21,7 +21,8 @@ class ClustersConfig(AppConfig):
         from gradient.clusters.selectors import worker_reserved_for
         from gradient.clusters.services.dispatch import cluster_idle_kick
         from gradient.clusters.services.members import cluster_member_message, cluster_worker_lost
-        from gradient.scheduling.services.assignment import register_idle_listener, register_seat_hold
+        from gradient.scheduling.selectors import register_seat_hold
+        from gradient.scheduling.services.assignment import register_idle_listener
         from gradient.scheduling.services.reports import register_member_handler
         from gradient.workers.services import register_session_hooks
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -396,10 +396,30 @@ def build_queue_position(build: DerivationBuild) -> int:
     return ahead.filter(Q(prioritized=True) | Q(queued_at__lt=build.queued_at)).count()
 
 
-def build_capable_workers(build: DerivationBuild) -> int:
+SeatHold = Callable[[uuid.UUID, JobKind], bool]
+_seat_holds: list[SeatHold] = []
+
+
+def register_seat_hold(hold: SeatHold) -> None:
+    """A rule that keeps single assignment from giving a worker a new job of a kind (the cluster code's
+    reserved seats, registered from its AppConfig.ready): such a request stays an idle slot."""
+    if hold not in _seat_holds:
+        _seat_holds.append(hold)
+
+
+def worker_held(worker_id: uuid.UUID, kind: JobKind) -> bool:
+    """Whether a registered rule holds this worker's slots of this kind (a cluster's reserved seat)."""
+    return any(hold(worker_id, kind) for hold in _seat_holds)
+
+
+def build_capable_worker_ids(build: DerivationBuild) -> list[uuid.UUID]:
     """Active workers with an open session that could build it (architecture and features)."""
     workers = Worker.objects.filter(active=True, can_build=True, sessions__closed_at__isnull=True).distinct()
-    return sum(1 for w in workers if worker_can_build(w, build.system, list(build.required_features)))
+    return [w.id for w in workers if worker_can_build(w, build.system, list(build.required_features))]
+
+
+def build_capable_workers(build: DerivationBuild) -> int:
+    return len(build_capable_worker_ids(build))
 
 
 def build_waiting_text(build: DerivationBuild) -> str:
@@ -415,13 +435,21 @@ def build_waiting_text(build: DerivationBuild) -> str:
         )
     if build.status != BuildStatus.QUEUED:
         return ""
-    capable = build_capable_workers(build)
+    capable_ids = build_capable_worker_ids(build)
+    capable = len(capable_ids)
     if not capable:
         features = f" with {', '.join(build.required_features)}" if build.required_features else ""
         return f"no connected worker can build {build.system}{features}"
+    held = sum(1 for w in capable_ids if worker_held(w, JobKind.BUILD))
+    if held == capable:
+        return (
+            f"every connected worker that can build it ({capable}) holds a seat reserved for a waiting "
+            "cluster: it gets no single build until the reservation ends"
+        )
     ahead = build_queue_position(build)
+    reserved = f" ({held} of them reserved for a waiting cluster)" if held else ""
     return (
-        f"{capable} connected worker{'s' if capable != 1 else ''} can build it; "
+        f"{capable} connected worker{'s' if capable != 1 else ''} can build it{reserved}; "
         f"{ahead} queued build{'s' if ahead != 1 else ''} ahead of it"
         + (" (prioritized)" if build.prioritized else "")
     )

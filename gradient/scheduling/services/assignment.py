@@ -47,21 +47,6 @@ class Assignment:
         )
 
 
-SeatHold = Callable[[uuid.UUID, JobKind], bool]
-_seat_holds: list[SeatHold] = []
-
-
-def register_seat_hold(hold: SeatHold) -> None:
-    """A rule that keeps single assignment from giving a worker a new job of a kind (the cluster code's
-    reserved seats, registered from its AppConfig.ready): such a request stays an idle slot."""
-    if hold not in _seat_holds:
-        _seat_holds.append(hold)
-
-
-def _held(worker_id: uuid.UUID, kind: JobKind) -> bool:
-    return any(hold(worker_id, kind) for hold in _seat_holds)
-
-
 def _worker_view(state: selectors.WorkerState) -> WorkerView:
     w = state.worker
     return WorkerView(
@@ -122,7 +107,7 @@ def request_job(*, worker_id: uuid.UUID, protocol_kind: JobKindName, now: dateti
         if _is_full(state, kind):
             _clear_idle_slot(worker_id, kind)
             return None
-        if _held(worker_id, kind):
+        if selectors.worker_held(worker_id, kind):
             _record_idle_slot(worker_id, kind, now)  # a reserved seat: it waits, idle, for its cluster
             return None
         assignment = _assign_build(state, now) if kind == JobKind.BUILD else _assign_eval(state, now)
