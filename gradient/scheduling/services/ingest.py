@@ -100,16 +100,24 @@ _FIELD_DEFAULTS = {f.name: f.default for f in DerivationBuild._meta.concrete_fie
 # The part's rows go into temporary tables by COPY (psycopg's copy, formatted in C), and every write is
 # one INSERT ... SELECT from them. Created in the transaction that uses them, so they exist whatever
 # connection (or pooler) runs it; emptied at commit, and here (a part before in the same transaction).
+#
+# JIT off for the transaction: the lookups' estimated costs (large tables, stale statistics) pass
+# jit_above_cost, and compiling a plan took 100-150 ms a statement, more than running it.
 _TEMP_TABLES = "; ".join(
-    f"CREATE TEMP TABLE IF NOT EXISTS {table} ({columns}) ON COMMIT DELETE ROWS; DELETE FROM {table}"  # noqa: S608 (constants)
-    for table, columns in (
-        ("gradient_ingest_drv", "i uuid, p text, s text, f jsonb, o jsonb"),
-        ("gradient_ingest_link", "b uuid, a text"),
-        ("gradient_ingest_input", "i text"),
-        ("gradient_ingest_edge", "b uuid, d uuid"),
-        ("gradient_ingest_pending", "b uuid, i text"),
-        ("gradient_ingest_cached", "p text, n bigint"),
-    )
+    [
+        "SET LOCAL jit = off",
+        *(
+            f"CREATE TEMP TABLE IF NOT EXISTS {table} ({columns}) ON COMMIT DELETE ROWS; DELETE FROM {table}"  # noqa: S608 (constants)
+            for table, columns in (
+                ("gradient_ingest_drv", "p text, s text, f jsonb, o jsonb"),
+                ("gradient_ingest_link", "b uuid, a text"),
+                ("gradient_ingest_input", "i text"),
+                ("gradient_ingest_edge", "b uuid, d uuid"),
+                ("gradient_ingest_pending", "b uuid, i text"),
+                ("gradient_ingest_cached", "p text, n bigint"),
+            )
+        ),
+    ]
 )
 # Looking rows up by a unique key, one at a time, the way the planner cannot get wrong: a correlated
 # subquery in the select list (or a LATERAL one behind OFFSET 0) runs as an index lookup per row. As a
@@ -149,10 +157,9 @@ def _store_postgres(
         _copy(
             cur,
             "gradient_ingest_drv",
-            "i, p, s, f, o",
+            "p, s, f, o",
             (
                 (
-                    uuid.uuid4(),
                     p,
                     by_path[p]["system"],
                     _json.encode(sorted(set(by_path[p].get("required_features") or []))).decode(),
@@ -167,8 +174,9 @@ def _store_postgres(
             "INSERT INTO derivation_build (id, drv_path, system, required_features, outputs, status, "
             "prioritized, attempts, max_attempts, timeout_secs, max_silent_secs, last_error, "
             "ingest_id, created_at, updated_at) "
-            "SELECT t.i, t.p, t.s, t.f, t.o, %s, %s, 0, %s, %s, %s, '', %s, %s, %s "
-            "FROM gradient_ingest_drv t ORDER BY t.p ON CONFLICT (drv_path) DO NOTHING RETURNING drv_path",
+            "SELECT gen_random_uuid(), t.p, t.s, t.f, t.o, %s, %s, 0, %s, %s, %s, '', %s, %s, %s "
+            "FROM gradient_ingest_drv t ORDER BY t.p ON CONFLICT (drv_path) DO NOTHING "
+            "RETURNING drv_path, id::text",
             [
                 BuildStatus.CREATED.value,
                 priority,
@@ -180,22 +188,26 @@ def _store_postgres(
                 now,
             ],
         )
-        created = {p for (p,) in cur.fetchall()}
-        stored.created = len(created)
-        cur.execute(
-            "SELECT t.p, b.id::text, b.status, "
-            "EXISTS (SELECT 1 FROM eval_ingest_input u WHERE u.build_id = b.id) "
-            "FROM gradient_ingest_drv t CROSS JOIN LATERAL "
-            "(SELECT id, status FROM derivation_build WHERE drv_path = t.p OFFSET 0) b"
-        )
+        stored.ids.update(cur.fetchall())  # the builds this part created: new, no input known yet
+        stored.created = len(stored.ids)
+        todo = set(stored.ids)
         aborted: list[str] = []
-        todo = set(created)
-        for p, build_id, status, waiting in cur.fetchall():
-            stored.ids[p] = build_id
-            if status == BuildStatus.ABORTED:
-                aborted.append(build_id)
-            if waiting:  # some ingest still waits for one of its inputs: look at them again
-                todo.add(p)
+        if stored.created < len(paths):
+            # The builds that existed: their ids, and whether each is wanted again or still waits.
+            cur.execute(
+                "SELECT t.p, b.id::text, b.status, "
+                "EXISTS (SELECT 1 FROM eval_ingest_input u WHERE u.build_id = b.id) "
+                "FROM gradient_ingest_drv t CROSS JOIN LATERAL "
+                "(SELECT id, status FROM derivation_build WHERE drv_path = t.p OFFSET 0) b"
+            )
+            for p, build_id, status, waiting in cur.fetchall():
+                if p in todo:
+                    continue
+                stored.ids[p] = build_id
+                if status == BuildStatus.ABORTED:
+                    aborted.append(build_id)
+                if waiting:  # some ingest still waits for one of its inputs: look at them again
+                    todo.add(p)
         if aborted:
             # A build aborted for an earlier evaluation nobody wanted any more is wanted again now.
             cur.execute(
@@ -215,8 +227,9 @@ def _store_postgres(
         outside: list[tuple[str, str]] = []
         for p in todo:
             for i in _inputs(p, by_path[p]):
-                if i in stored.ids:
-                    edges.add((stored.ids[p], stored.ids[i]))
+                target = stored.ids.get(i)
+                if target is not None:
+                    edges.add((stored.ids[p], target))
                 else:
                     outside.append((stored.ids[p], i))
         pending: list[tuple[str, str]] = []
