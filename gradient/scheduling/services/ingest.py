@@ -24,8 +24,10 @@ Call inside the report's transaction. Nothing here decides the graph (graph.deci
 
 from __future__ import annotations
 
+import threading
 import uuid
-from collections.abc import Iterable, Sequence
+from collections import OrderedDict
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -52,6 +54,43 @@ class StoredPart:
     created: int = 0
     edges: int = 0
     pending: int = 0
+
+
+class _Hints:
+    """Per ingest (an assignment's result in parts), in this process: every derivation path its committed
+    parts stored, to its build's id. Only a way to skip a lookup: an input of a later part found here is
+    a derivation of this evaluation (linked by that committed part) and needs no query; one not found
+    is looked up in the database as before (a miss costs a lookup, never a wrong edge). Filled when a
+    part commits, dropped at the final part; bounded (the oldest ingests go first), so an ingest whose
+    worker vanished costs memory only until others push it out. About 250 bytes a path."""
+
+    MAX_PATHS = 1_000_000
+    MAX_INGESTS = 8
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._by_ingest: OrderedDict[uuid.UUID, dict[str, str]] = OrderedDict()
+
+    def get(self, ingest_id: uuid.UUID) -> Mapping[str, str]:
+        with self._lock:
+            return self._by_ingest.get(ingest_id) or {}
+
+    def add(self, ingest_id: uuid.UUID, ids: Mapping[str, Any]) -> None:
+        with self._lock:
+            known = self._by_ingest.setdefault(ingest_id, {})
+            known.update((p, str(i)) for p, i in ids.items())
+            self._by_ingest.move_to_end(ingest_id)
+            total = sum(len(k) for k in self._by_ingest.values())
+            while total > self.MAX_PATHS or len(self._by_ingest) > self.MAX_INGESTS:
+                _, dropped = self._by_ingest.popitem(last=False)
+                total -= len(dropped)
+
+    def drop(self, ingest_id: uuid.UUID) -> None:
+        with self._lock:
+            self._by_ingest.pop(ingest_id, None)
+
+
+_hints = _Hints()
 
 
 def _unique(derivations: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -225,9 +264,10 @@ def _store_postgres(
         # Ids as text from here on: hashing and comparing uuid.UUID objects costs more than the rest.
         edges: set[tuple[str, str]] = set()
         outside: list[tuple[str, str]] = []
+        earlier = _hints.get(ingest_id) if ingest_id is not None else {}
         for p in todo:
             for i in _inputs(p, by_path[p]):
-                target = stored.ids.get(i)
+                target = stored.ids.get(i) or earlier.get(i)
                 if target is not None:
                     edges.add((stored.ids[p], target))
                 else:
@@ -278,6 +318,12 @@ def _store_postgres(
                 [ingest_id],
             )
             stored.pending = cur.rowcount
+    if ingest_id is not None:
+        if final:
+            _hints.drop(ingest_id)
+        else:
+            ids, key = stored.ids, ingest_id
+            transaction.on_commit(lambda: _hints.add(key, ids))
     return stored
 
 
