@@ -402,3 +402,30 @@ def test_two_evaluations_remembering_their_parts_at_once_make_one_graph(
     assert _edges() == edges and _status(BuildStatus.QUEUED) == leaves
     for e in (e1, e2):
         assert EvaluationBuild.objects.filter(evaluation=e).count() == 200
+
+
+def test_a_re_evaluation_remembering_its_parts_reads_first_and_still_adds_what_is_new(
+    django_capture_on_commit_callbacks: Any,
+) -> None:
+    """After a part that found its builds existing, the next reads them before inserting the missing:
+    a re-evaluation that brings a few new derivations among the old still gets all of them."""
+    derivations = nixpkgs_like(400, seed=21)
+    old = derivations[:300]
+    first, worker, a = _evaluating()
+    _send_committing(worker, a, old, 50, django_capture_on_commit_callbacks)
+    report(worker.id, a, "JobCompleted", elapsed_ms=1)
+    second = EvaluationFactory(project=first.project)
+    b = ask(worker.id, "flake")
+    assert b is not None and b.job_key == second.job_key
+    # The old ones first (parts that create nothing), then parts mixing old and new.
+    again = old[:150] + sorted(derivations[300:] + old[150:], key=lambda d: d["drv_path"])
+    _send_committing(worker, b, again, 50, django_capture_on_commit_callbacks)
+    # The old builds keep the inputs the first evaluation knew (a build that existed with its inputs
+    # known is only linked); the new ones get every input of the result.
+    old_paths = {d["drv_path"] for d in old}
+    edges = {(d["drv_path"], i) for d in old for i in d["input_drvs"] if i in old_paths}
+    edges |= {(d["drv_path"], i) for d in derivations[300:] for i in d["input_drvs"]}
+    assert DerivationBuild.objects.count() == 400
+    assert EvaluationBuild.objects.filter(evaluation=second).count() == 400
+    assert _edges() == edges
+    assert not EvalIngestInput.objects.exists()
