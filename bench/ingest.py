@@ -140,6 +140,7 @@ class Statements:
         self.seconds: dict[str, float] = {}
         self.longest_transaction = 0.0
         self.transactions = 0
+        self.commit_seconds = 0.0
         self._began: float | None = None
 
     def __call__(self, execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
@@ -165,9 +166,11 @@ class Statements:
 
         def ended(original: Any) -> Any:
             def call() -> Any:
+                t0 = time.perf_counter()
                 try:
                     return original()
                 finally:
+                    self.commit_seconds += time.perf_counter() - t0
                     if self._began is not None:
                         self._ended(self._began, time.perf_counter())
                         self._began = None
@@ -191,7 +194,9 @@ class Statements:
 
 def claim(project: Any, worker: Any, session: Any, commit: str) -> Any:
     from django.utils import timezone
+    from msgspec.json import encode as encode_json
 
+    from gradient.core.protocol import decode_worker_message
     from gradient.scheduling.models import Evaluation
     from gradient.scheduling.services.assignment import request_job
     from gradient.scheduling.services.reports import handle_report
@@ -205,7 +210,9 @@ def claim(project: Any, worker: Any, session: Any, commit: str) -> Any:
         "assignment_id": str(handed.assignment_id),
         "update": {"kind": "evaluating_derivations"},
     }
-    handle_report(worker_id=worker.id, message=message, now=timezone.now())
+    handle_report(
+        worker_id=worker.id, message=decode_worker_message(encode_json(message)), now=timezone.now()
+    )
     return handed, evaluation.id
 
 
@@ -250,6 +257,8 @@ def send_result(session: Any, handed: Any, derivations: list[Any]) -> dict[str, 
         "worker_side": worker_side,
         "frame_kb": frame_bytes / 1024,
         "top": counter.top(),
+        "commits": counter.commit_seconds,
+        "in_statements": sum(counter.seconds.values()),
     }
 
 
@@ -283,8 +292,9 @@ def run(n: int, profile: bool, verbose: bool) -> str:
     from django.utils import timezone
 
     from gradient.runtime.passes import server_boot_start
+    from gradient.scheduling.services.projects import project_create
     from gradient.workers.models import Worker, WorkerSession
-    from gradient.workers.services import SessionRef, project_create
+    from gradient.workers.services import SessionRef
 
     reset_tables()
     with connection.cursor() as cursor:
@@ -319,7 +329,8 @@ def run(n: int, profile: bool, verbose: bool) -> str:
         f"(largest frame {first['frame_kb']:.0f} KiB; the worker split and encoded them in "
         f"{first['worker_side']:.1f} s before), "
         f"{first['statements']} statements, peak +{first['peak_mb']:.0f} MB, "
-        f"{first['transactions']} transactions, the longest {first['longest']:.2f} s",
+        f"{first['transactions']} transactions, the longest {first['longest']:.2f} s; "
+        f"{first['in_statements']:.1f} s in statements, {first['commits']:.1f} s in commits",
         flush=True,
     )
     print("\n".join(first["top"]) if verbose else "", end="\n" if verbose else "")
@@ -331,7 +342,8 @@ def run(n: int, profile: bool, verbose: bool) -> str:
     print(
         f"  reuse {reuse['seconds']:.2f} s in {reuse['parts']} parts, {reuse['statements']} statements, "
         f"peak +{reuse['peak_mb']:.0f} MB, {reuse['transactions']} transactions, "
-        f"the longest {reuse['longest']:.2f} s",
+        f"the longest {reuse['longest']:.2f} s; "
+        f"{reuse['in_statements']:.1f} s in statements, {reuse['commits']:.1f} s in commits",
         flush=True,
     )
     print("\n".join(reuse["top"]) if verbose else "", end="\n" if verbose else "")

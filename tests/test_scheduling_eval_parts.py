@@ -8,6 +8,7 @@ import uuid
 from typing import Any
 
 import pytest
+from django.db import connection
 from django.utils import timezone
 
 from gradient.scheduling.models import (
@@ -20,7 +21,7 @@ from gradient.scheduling.models import (
     EvaluationBuild,
     EvaluationStatus,
 )
-from gradient.scheduling.services import graph
+from gradient.scheduling.services import graph, ingest
 from gradient.scheduling.services.assignment import Assignment
 from gradient.scheduling.services.lifecycle import assignment_return_to_pool
 from gradient.scheduling.services.passes import build_resync_pass
@@ -338,3 +339,93 @@ def test_a_build_held_by_a_result_still_arriving_is_queued_when_it_is_decided() 
     assert not _status(BuildStatus.QUEUED)
     update(worker.id, a, kind="eval_result", derivations=[], warnings=[], errors=[], is_final=True)
     assert _status(BuildStatus.QUEUED) == {drv("shared")["drv_path"]}
+
+
+def _send_committing(
+    worker: Any,
+    a: Assignment,
+    derivations: list[dict[str, Any]],
+    size: int,
+    capture: Any,
+    *,
+    forget: int = -1,
+) -> None:
+    """_send, each part's on-commit work run as when it commits (the test's transaction never does):
+    the process remembers the paths of the parts it stored. `forget`: before that part, it forgets them
+    (the next part landing on another process)."""
+    chunks = [derivations[i : i + size] for i in range(0, len(derivations), size)]
+    for n, chunk in enumerate(chunks):
+        if n == forget:
+            ingest._hints.drop(a.assignment_id)
+        with capture(execute=True):
+            update(
+                worker.id,
+                a,
+                kind="eval_result",
+                derivations=chunk,
+                warnings=[],
+                errors=[],
+                is_final=n == len(chunks) - 1,
+            )
+        if n == 0 and connection.vendor == "postgresql":
+            assert len(ingest._hints.get(a.assignment_id)) == len(chunk)
+    assert not ingest._hints.get(a.assignment_id)  # dropped at the final part
+
+
+@pytest.mark.parametrize("forget", [-1, 3])
+def test_a_result_in_parts_is_whole_whether_the_earlier_parts_are_remembered_or_not(
+    django_capture_on_commit_callbacks: Any, forget: int
+) -> None:
+    derivations = nixpkgs_like(600, seed=13)
+    edges, leaves = _expected(derivations)
+    evaluation, worker, a = _evaluating()
+    _send_committing(worker, a, derivations, 70, django_capture_on_commit_callbacks, forget=forget)
+    assert _edges() == edges
+    assert _status(BuildStatus.QUEUED) == leaves
+    assert not EvalIngestInput.objects.exists()
+
+
+def test_two_evaluations_remembering_their_parts_at_once_make_one_graph(
+    django_capture_on_commit_callbacks: Any,
+) -> None:
+    derivations = nixpkgs_like(200, seed=9)
+    edges, leaves = _expected(derivations)
+    e1, w1, a1 = _evaluating()
+    e2, w2, a2 = _evaluating()
+    chunks = [derivations[i : i + 30] for i in range(0, 200, 30)]
+    for n, chunk in enumerate(chunks):
+        final = n == len(chunks) - 1
+        for w, a, part in ((w1, a1, chunk), (w2, a2, list(reversed(chunk)))):
+            with django_capture_on_commit_callbacks(execute=True):
+                update(w.id, a, kind="eval_result", derivations=part, warnings=[], errors=[], is_final=final)
+    assert DerivationBuild.objects.count() == 200
+    assert _edges() == edges and _status(BuildStatus.QUEUED) == leaves
+    for e in (e1, e2):
+        assert EvaluationBuild.objects.filter(evaluation=e).count() == 200
+
+
+def test_a_re_evaluation_remembering_its_parts_reads_first_and_still_adds_what_is_new(
+    django_capture_on_commit_callbacks: Any,
+) -> None:
+    """After a part that found its builds existing, the next reads them before inserting the missing:
+    a re-evaluation that brings a few new derivations among the old still gets all of them."""
+    derivations = nixpkgs_like(400, seed=21)
+    old = derivations[:300]
+    first, worker, a = _evaluating()
+    _send_committing(worker, a, old, 50, django_capture_on_commit_callbacks)
+    report(worker.id, a, "JobCompleted", elapsed_ms=1)
+    second = EvaluationFactory(project=first.project)
+    b = ask(worker.id, "flake")
+    assert b is not None and b.job_key == second.job_key
+    # The old ones first (parts that create nothing), then parts mixing old and new.
+    again = old[:150] + sorted(derivations[300:] + old[150:], key=lambda d: d["drv_path"])
+    _send_committing(worker, b, again, 50, django_capture_on_commit_callbacks)
+    # The old builds keep the inputs the first evaluation knew (a build that existed with its inputs
+    # known is only linked); the new ones get every input of the result.
+    old_paths = {d["drv_path"] for d in old}
+    edges = {(d["drv_path"], i) for d in old for i in d["input_drvs"] if i in old_paths}
+    edges |= {(d["drv_path"], i) for d in derivations[300:] for i in d["input_drvs"]}
+    assert DerivationBuild.objects.count() == 400
+    assert EvaluationBuild.objects.filter(evaluation=second).count() == 400
+    assert _edges() == edges
+    assert not EvalIngestInput.objects.exists()

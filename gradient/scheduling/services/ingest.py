@@ -24,8 +24,10 @@ Call inside the report's transaction. Nothing here decides the graph (graph.deci
 
 from __future__ import annotations
 
+import threading
 import uuid
-from collections.abc import Iterable, Sequence
+from collections import OrderedDict
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -52,6 +54,53 @@ class StoredPart:
     created: int = 0
     edges: int = 0
     pending: int = 0
+
+
+class _Hints:
+    """Per ingest (an assignment's result in parts), in this process: every derivation path its committed
+    parts stored, to its build's id. Only a way to skip a lookup: an input of a later part found here is
+    a derivation of this evaluation (linked by that committed part) and needs no query; one not found
+    is looked up in the database as before (a miss costs a lookup, never a wrong edge). Filled when a
+    part commits, dropped at the final part; bounded (the oldest ingests go first), so an ingest whose
+    worker vanished costs memory only until others push it out. About 250 bytes a path."""
+
+    MAX_PATHS = 1_000_000
+    MAX_INGESTS = 8
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._by_ingest: OrderedDict[uuid.UUID, dict[str, str]] = OrderedDict()
+        self._reusing: dict[uuid.UUID, bool] = {}
+
+    def get(self, ingest_id: uuid.UUID) -> Mapping[str, str]:
+        with self._lock:
+            return self._by_ingest.get(ingest_id) or {}
+
+    def reusing(self, ingest_id: uuid.UUID) -> bool:
+        """Whether the last committed part of the ingest found most of its builds existing (a
+        re-evaluation): the next part then reads its builds before it inserts the missing ones."""
+        with self._lock:
+            return self._reusing.get(ingest_id, False)
+
+    def add(self, ingest_id: uuid.UUID, ids: Mapping[str, Any], created: int = 0) -> None:
+        with self._lock:
+            self._reusing[ingest_id] = created * 2 < len(ids)
+            known = self._by_ingest.setdefault(ingest_id, {})
+            known.update((p, str(i)) for p, i in ids.items())
+            self._by_ingest.move_to_end(ingest_id)
+            total = sum(len(k) for k in self._by_ingest.values())
+            while total > self.MAX_PATHS or len(self._by_ingest) > self.MAX_INGESTS:
+                key, dropped = self._by_ingest.popitem(last=False)
+                self._reusing.pop(key, None)
+                total -= len(dropped)
+
+    def drop(self, ingest_id: uuid.UUID) -> None:
+        with self._lock:
+            self._by_ingest.pop(ingest_id, None)
+            self._reusing.pop(ingest_id, None)
+
+
+_hints = _Hints()
 
 
 def _unique(derivations: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -100,17 +149,38 @@ _FIELD_DEFAULTS = {f.name: f.default for f in DerivationBuild._meta.concrete_fie
 # The part's rows go into temporary tables by COPY (psycopg's copy, formatted in C), and every write is
 # one INSERT ... SELECT from them. Created in the transaction that uses them, so they exist whatever
 # connection (or pooler) runs it; emptied at commit, and here (a part before in the same transaction).
+#
+# JIT off for the transaction: the lookups' estimated costs (large tables, stale statistics) pass
+# jit_above_cost, and compiling a plan took 100-150 ms a statement, more than running it.
 _TEMP_TABLES = "; ".join(
-    f"CREATE TEMP TABLE IF NOT EXISTS {table} ({columns}) ON COMMIT DELETE ROWS; DELETE FROM {table}"  # noqa: S608 (constants)
-    for table, columns in (
-        ("gradient_ingest_drv", "i uuid, p text, s text, f jsonb, o jsonb"),
-        ("gradient_ingest_link", "b uuid, a text"),
-        ("gradient_ingest_input", "i text"),
-        ("gradient_ingest_edge", "b uuid, d uuid"),
-        ("gradient_ingest_pending", "b uuid, i text"),
-        ("gradient_ingest_cached", "p text, n bigint"),
-    )
+    [
+        "SET LOCAL jit = off",
+        *(
+            f"CREATE TEMP TABLE IF NOT EXISTS {table} ({columns}) ON COMMIT DELETE ROWS; DELETE FROM {table}"  # noqa: S608 (constants)
+            for table, columns in (
+                ("gradient_ingest_drv", "p text, s text, f jsonb, o jsonb"),
+                ("gradient_ingest_new", "p text, s text, f jsonb, o jsonb"),
+                ("gradient_ingest_link", "b uuid, a text"),
+                ("gradient_ingest_input", "i text"),
+                ("gradient_ingest_edge", "b uuid, d uuid"),
+                ("gradient_ingest_pending", "b uuid, i text"),
+                ("gradient_ingest_cached", "p text, n bigint"),
+            )
+        ),
+    ]
 )
+# The builds a part creates, from one of two temporary tables (all its derivations, or the missing ones).
+_INSERT_BUILDS_FROM = (
+    "INSERT INTO derivation_build (id, drv_path, system, required_features, outputs, status, "
+    "prioritized, attempts, max_attempts, timeout_secs, max_silent_secs, last_error, "
+    "ingest_id, created_at, updated_at) "
+    "SELECT gen_random_uuid(), t.p, t.s, t.f, t.o, %s, %s, 0, %s, %s, %s, '', %s, %s, %s FROM {table} t "
+    "ORDER BY t.p ON CONFLICT (drv_path) DO NOTHING RETURNING drv_path, id::text"
+)
+_INSERT_BUILDS = {
+    table: _INSERT_BUILDS_FROM.replace("{table}", table)
+    for table in ("gradient_ingest_drv", "gradient_ingest_new")
+}
 # Looking rows up by a unique key, one at a time, the way the planner cannot get wrong: a correlated
 # subquery in the select list (or a LATERAL one behind OFFSET 0) runs as an index lookup per row. As a
 # join, with no statistics on the temporary tables and stale ones on tables that grow fast (a first
@@ -146,13 +216,10 @@ def _store_postgres(
                 "FROM gradient_ingest_cached ORDER BY p ON CONFLICT (path) DO NOTHING",
                 [now],
             )
-        _copy(
-            cur,
-            "gradient_ingest_drv",
-            "i, p, s, f, o",
-            (
+
+        def rows(ps: Iterable[str]) -> Iterable[tuple[Any, ...]]:
+            return (
                 (
-                    uuid.uuid4(),
                     p,
                     by_path[p]["system"],
                     _json.encode(sorted(set(by_path[p].get("required_features") or []))).decode(),
@@ -160,42 +227,63 @@ def _store_postgres(
                         [{"name": o["name"], "path": o["path"]} for o in by_path[p].get("outputs") or []]
                     ).decode(),
                 )
-                for p in paths
-            ),
-        )
-        cur.execute(
-            "INSERT INTO derivation_build (id, drv_path, system, required_features, outputs, status, "
-            "prioritized, attempts, max_attempts, timeout_secs, max_silent_secs, last_error, "
-            "ingest_id, created_at, updated_at) "
-            "SELECT t.i, t.p, t.s, t.f, t.o, %s, %s, 0, %s, %s, %s, '', %s, %s, %s "
-            "FROM gradient_ingest_drv t ORDER BY t.p ON CONFLICT (drv_path) DO NOTHING RETURNING drv_path",
-            [
-                BuildStatus.CREATED.value,
-                priority,
-                _FIELD_DEFAULTS["max_attempts"],
-                _FIELD_DEFAULTS["timeout_secs"],
-                _FIELD_DEFAULTS["max_silent_secs"],
-                ingest_id if hold else None,
-                now,
-                now,
-            ],
-        )
-        created = {p for (p,) in cur.fetchall()}
-        stored.created = len(created)
-        cur.execute(
-            "SELECT t.p, b.id::text, b.status, "
-            "EXISTS (SELECT 1 FROM eval_ingest_input u WHERE u.build_id = b.id) "
-            "FROM gradient_ingest_drv t CROSS JOIN LATERAL "
-            "(SELECT id, status FROM derivation_build WHERE drv_path = t.p OFFSET 0) b"
-        )
+                for p in ps
+            )
+
+        def insert(table: str) -> None:
+            # The builds this part creates: new, no input known yet.
+            cur.execute(
+                _INSERT_BUILDS[table],
+                [
+                    BuildStatus.CREATED.value,
+                    priority,
+                    _FIELD_DEFAULTS["max_attempts"],
+                    _FIELD_DEFAULTS["timeout_secs"],
+                    _FIELD_DEFAULTS["max_silent_secs"],
+                    ingest_id if hold else None,
+                    now,
+                    now,
+                ],
+            )
+            created = dict(cur.fetchall())
+            stored.ids.update(created)
+            todo.update(created)
+            stored.created += len(created)
+
+        def read_existing() -> None:
+            # The builds that existed: their ids, and whether each is wanted again or still waits.
+            cur.execute(
+                "SELECT t.p, b.id::text, b.status, "
+                "EXISTS (SELECT 1 FROM eval_ingest_input u WHERE u.build_id = b.id) "
+                "FROM gradient_ingest_drv t CROSS JOIN LATERAL "
+                "(SELECT id, status FROM derivation_build WHERE drv_path = t.p OFFSET 0) b"
+            )
+            for p, build_id, status, waiting in cur.fetchall():
+                if p in stored.ids:
+                    continue
+                stored.ids[p] = build_id
+                if status == BuildStatus.ABORTED:
+                    aborted.append(build_id)
+                if waiting:  # some ingest still waits for one of its inputs: look at them again
+                    todo.add(p)
+
+        todo: set[str] = set()
         aborted: list[str] = []
-        todo = set(created)
-        for p, build_id, status, waiting in cur.fetchall():
-            stored.ids[p] = build_id
-            if status == BuildStatus.ABORTED:
-                aborted.append(build_id)
-            if waiting:  # some ingest still waits for one of its inputs: look at them again
-                todo.add(p)
+        if ingest_id is not None and _hints.reusing(ingest_id):
+            # A re-evaluation: most builds exist. Read them first, insert only the missing ones.
+            _copy(cur, "gradient_ingest_drv", "p", ((p,) for p in paths))
+            read_existing()
+            missing = [p for p in paths if p not in stored.ids]
+            if missing:
+                _copy(cur, "gradient_ingest_new", "p, s, f, o", rows(missing))
+                insert("gradient_ingest_new")
+                if len(stored.ids) < len(paths):  # another ingest created some in between
+                    read_existing()
+        else:
+            _copy(cur, "gradient_ingest_drv", "p, s, f, o", rows(paths))
+            insert("gradient_ingest_drv")
+            if stored.created < len(paths):
+                read_existing()
         if aborted:
             # A build aborted for an earlier evaluation nobody wanted any more is wanted again now.
             cur.execute(
@@ -213,10 +301,12 @@ def _store_postgres(
         # Ids as text from here on: hashing and comparing uuid.UUID objects costs more than the rest.
         edges: set[tuple[str, str]] = set()
         outside: list[tuple[str, str]] = []
+        earlier = _hints.get(ingest_id) if ingest_id is not None else {}
         for p in todo:
             for i in _inputs(p, by_path[p]):
-                if i in stored.ids:
-                    edges.add((stored.ids[p], stored.ids[i]))
+                target = stored.ids.get(i) or earlier.get(i)
+                if target is not None:
+                    edges.add((stored.ids[p], target))
                 else:
                     outside.append((stored.ids[p], i))
         pending: list[tuple[str, str]] = []
@@ -265,6 +355,13 @@ def _store_postgres(
                 [ingest_id],
             )
             stored.pending = cur.rowcount
+    if ingest_id is not None:
+        if final:
+            _hints.drop(ingest_id)
+        else:
+            ids, key = stored.ids, ingest_id
+            created = stored.created
+            transaction.on_commit(lambda: _hints.add(key, ids, created))
     return stored
 
 
