@@ -36,7 +36,7 @@ from tests.factories import EvaluationFactory, ProjectFactory
 from tests.scheduling_helpers import drv
 from tests.support.faults import database_snapshot
 from tests.support.proto import (
-    TIMEOUT,
+    assigned,
     expect_close,
     expect_refusal,
     finish,
@@ -75,23 +75,14 @@ def _setup(make_worker: Any) -> tuple[str, str, str, str]:
     return str(worker.id), token, f"eval:{queued.id}", f"build:{build.id}"
 
 
-async def _assigned(comm: WebsocketCommunicator, kind: str) -> dict[str, Any]:
-    await comm.send_json_to({"type": "RequestJob", "kind": kind})
-    while True:
-        frame = await comm.receive_json_from(timeout=TIMEOUT)
-        if frame["type"] == "AssignJob":
-            return frame
-        assert frame["type"] in ("JobOffer", "JobListChunk"), frame
-
-
 async def _session(
     worker_id: str, token: str
 ) -> tuple[WebsocketCommunicator, dict[str, Any], dict[str, Any]]:
     """A session that was given the evaluation and the build, and accepted both."""
     comm, _ = await handshake(worker_id, token)
     await comm.send_json_to(CAPABILITIES)
-    flake = await _assigned(comm, "flake")
-    build = await _assigned(comm, "build")
+    flake = await assigned(comm, "flake")
+    build = await assigned(comm, "build")
     for assign in (flake, build):
         await comm.send_json_to(
             {

@@ -41,7 +41,7 @@ from gradient.scheduling.services import graph
 from gradient.workers.models import Worker, WorkerSession
 from tests.factories import EvaluationFactory, ProjectFactory
 from tests.scheduling_helpers import drv
-from tests.support.proto import TIMEOUT, finish, handshake
+from tests.support.proto import TIMEOUT, assigned, finish, handshake
 
 pytestmark = [pytest.mark.faults, pytest.mark.django_db(transaction=True)]
 
@@ -79,15 +79,6 @@ def _setup(make_worker: Any) -> tuple[Worker, str, str, str]:
     build = EvaluationBuild.objects.get(evaluation=building).build
     assert build.status == BuildStatus.QUEUED
     return worker, token, str(queued.id), str(build.id)
-
-
-async def _assigned(comm: WebsocketCommunicator, kind: str) -> dict[str, Any]:
-    await comm.send_json_to({"type": "RequestJob", "kind": kind})
-    while True:
-        frame = await comm.receive_json_from(timeout=TIMEOUT)
-        if frame["type"] == "AssignJob":
-            return frame
-        assert frame["type"] in ("JobOffer", "JobListChunk"), frame
 
 
 async def _send(comm: WebsocketCommunicator, message: dict[str, Any]) -> None:
@@ -186,8 +177,8 @@ async def _example(make_worker: Any, s: dict[str, Any]) -> None:
     }
     await _send(comm, capabilities)
     await _send(comm, {"type": "WorkerMetrics", "cpu_usage_pct": 1.0})
-    flake = await _assigned(comm, "flake")
-    build = await _assigned(comm, "build")
+    flake = await assigned(comm, "flake")
+    build = await assigned(comm, "build")
     assert (flake["job_id"], build["job_id"]) == (f"eval:{evaluation_id}", f"build:{build_id}")
     await _send(
         comm,

@@ -36,7 +36,7 @@ from gradient.scheduling.services import graph
 from gradient.workers.models import Worker, WorkerSession
 from tests.factories import EvaluationFactory, ProjectFactory
 from tests.scheduling_helpers import drv
-from tests.support.proto import TIMEOUT, finish, handshake
+from tests.support.proto import TIMEOUT, assigned, finish, handshake
 
 R = REPLACEMENT_CHARACTER
 CAPABILITIES: dict[str, Any] = {
@@ -147,15 +147,6 @@ def _setup(make_worker: Any) -> tuple[Worker, str, str, str]:
     return worker, token, str(queued.id), str(build.id)
 
 
-async def _assigned(comm: WebsocketCommunicator, kind: str) -> dict[str, Any]:
-    await comm.send_json_to({"type": "RequestJob", "kind": kind})
-    while True:
-        frame = await comm.receive_json_from(timeout=TIMEOUT)
-        if frame["type"] == "AssignJob":
-            return frame
-        assert frame["type"] in ("JobOffer", "JobListChunk"), frame
-
-
 def _ids(assign: dict[str, Any]) -> dict[str, str]:
     return {"job_id": assign["job_id"], "assignment_id": assign["assignment_id"]}
 
@@ -180,8 +171,8 @@ async def test_nul_in_every_report_of_a_worker_is_stored_as_the_replacement_char
     worker, token, evaluation_id, build_id = await _setup(make_worker)
     comm, _ = await handshake(str(worker.id), token)
     await comm.send_json_to({**CAPABILITIES, "architectures": ["x86_64-linux", "arm\x00"], "zone": "z\x00"})
-    flake = await _assigned(comm, "flake")
-    build = await _assigned(comm, "build")
+    flake = await assigned(comm, "flake")
+    build = await assigned(comm, "build")
     for assign in (flake, build):
         await comm.send_json_to(
             {"type": "AssignJobResponse", **_ids(assign), "accepted": True, "reason": None}
@@ -244,7 +235,7 @@ async def test_nul_in_every_report_of_a_worker_is_stored_as_the_replacement_char
 async def test_a_declined_assignment_with_nul_in_its_reason_keeps_the_session(make_worker: Any) -> None:
     worker, token, evaluation_id, _ = await _setup(make_worker)
     comm, _ = await handshake(str(worker.id), token)
-    flake = await _assigned(comm, "flake")
+    flake = await assigned(comm, "flake")
     await comm.send_json_to(
         {"type": "AssignJobResponse", **_ids(flake), "accepted": False, "reason": "no\x00"}
     )
@@ -260,7 +251,7 @@ async def test_a_report_the_database_refuses_fails_its_assignment_as_transient_a
 ) -> None:
     worker, token, evaluation_id, _ = await _setup(make_worker)
     comm, _ = await handshake(str(worker.id), token)
-    flake = await _assigned(comm, "flake")
+    flake = await assigned(comm, "flake")
     await comm.send_json_to({"type": "AssignJobResponse", **_ids(flake), "accepted": True, "reason": None})
     # A system of 100 characters: its column holds 64.
     too_long = drv("top", system="x" * 100)

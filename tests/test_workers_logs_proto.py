@@ -22,7 +22,7 @@ from gradient.scheduling.models import BuildLog, BuildLogChunk, BuildStatus, Der
 from gradient.scheduling.services import graph
 from tests.factories import EvaluationFactory, ProjectFactory
 from tests.scheduling_helpers import drv
-from tests.support.proto import TIMEOUT, expect_refusal, finish, handshake, snapshot
+from tests.support.proto import TIMEOUT, assigned, expect_refusal, finish, handshake, snapshot
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -53,12 +53,7 @@ def _setup(make_worker: Any) -> tuple[str, str, str]:
 
 async def _assigned_build(comm: WebsocketCommunicator) -> dict[str, Any]:
     await comm.send_json_to(CAPABILITIES)
-    await comm.send_json_to({"type": "RequestJob", "kind": "build"})
-    while True:
-        frame = await comm.receive_json_from(timeout=TIMEOUT)
-        if frame["type"] == "AssignJob":
-            break
-        assert frame["type"] in ("JobOffer", "JobListChunk"), frame
+    frame = await assigned(comm, "build")
     ids = {"job_id": frame["job_id"], "assignment_id": frame["assignment_id"]}
     await comm.send_json_to({"type": "AssignJobResponse", **ids, "accepted": True, "reason": None})
     return frame

@@ -91,6 +91,17 @@ async def handshake(
     return comm, ack
 
 
+async def assigned(comm: WebsocketCommunicator, kind: str) -> dict[str, Any]:
+    """Send RequestJob of `kind` and return the AssignJob that answers it (offers on the way are
+    passed over; any other frame fails the test)."""
+    await comm.send_json_to({"type": "RequestJob", "kind": kind})
+    while True:
+        frame = await comm.receive_json_from(timeout=TIMEOUT)
+        if frame["type"] == "AssignJob":
+            return frame
+        assert frame["type"] in ("JobOffer", "JobListChunk"), frame
+
+
 async def expect_close(comm: WebsocketCommunicator) -> int:
     """The next output must be the close; returns its code."""
     output = await comm.receive_output(timeout=TIMEOUT)
