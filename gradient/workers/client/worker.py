@@ -206,7 +206,6 @@ class Worker:
                 async with connect(
                     self.config.server,
                     max_size=MAX_FRAME,
-                    compression=None,  # the server offers none: frames are small and CPU is not
                     open_timeout=10,
                     ping_interval=20,
                     ping_timeout=20,
