@@ -346,13 +346,6 @@ def _operate(action: Any, **kwargs: Any) -> Response:
     return Response(operation_body(result), status=status.HTTP_202_ACCEPTED)
 
 
-def _build_or_404(build_id: str) -> DerivationBuild:
-    build = DerivationBuild.objects.filter(id=uuid_or_404(build_id)).first()
-    if build is None:
-        raise NotFound("No build with this id.")
-    return build
-
-
 _ACCEPTED = {202: OperationSerializer}
 
 
@@ -397,7 +390,7 @@ class BuildRebuildView(APIView):
         "build has not finished.",
     )
     def post(self, request: Request, build_id: str) -> Response:
-        build = _build_or_404(build_id)
+        build = build_for(request.user, build_id)  # staff only: every build is visible
         return _operate(operations.build_rebuild, build_id=build.id, actor=request.user.get_username())
 
 
@@ -410,7 +403,7 @@ class BuildPrioritizeView(APIView):
         summary="Prioritize a pending shared build (Qos: ahead of the queue); staff",
     )
     def post(self, request: Request, build_id: str) -> Response:
-        build = _build_or_404(build_id)
+        build = build_for(request.user, build_id)  # staff only: every build is visible
         return _operate(operations.build_prioritize, build_id=build.id, actor=request.user.get_username())
 
 
