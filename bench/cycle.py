@@ -3,12 +3,13 @@
     .venv/bin/python bench/cycle.py [--pending 1000] [--cycles 200] [--workers 100]
 
 One evaluation, Building, with --pending Queued shared builds and --workers connected build workers.
-Then, in this process and exactly as the /proto consumer does it (the job loop's functions, each
-wrapped in Django's close_old_connections as channels' database_sync_to_async does, and the "seen"
-write before a message when it is due), --cycles full cycles by one worker:
+Then, in this process and exactly as the /proto consumer does it (the job loop's functions on a
+thread that keeps its connection, as the lanes do; "seen" and metrics noted in memory and written by
+the presence flush every few seconds for every session at once; reports through the batch entry, here
+batches of one), --cycles full cycles by one worker:
 
     RequestJob -> AssignJobResponse -> JobUpdate building -> JobUpdate build_output -> JobCompleted,
-    and a WorkerMetrics heartbeat (which always writes "seen")
+    and a WorkerMetrics heartbeat (in memory: no statement)
 
 Per step it prints the statements Django sent (execute_wrapper); the commits (every write sent
 outside a transaction is one, in autocommit, and so is every transaction); the connection health
@@ -38,7 +39,8 @@ from common import describe_machine, percentile, setup_django  # noqa: E402
 from queue_depth import seed  # noqa: E402
 
 STEPS = ("RequestJob", "AssignJobResponse", "JobUpdate building", "JobUpdate build_output", "JobCompleted")
-HEARTBEAT = "WorkerMetrics (with seen)"
+HEARTBEAT = "WorkerMetrics"
+FLUSH = "presence flush (all sessions)"
 
 
 class Counter:
@@ -65,7 +67,7 @@ class Counter:
 
 
 def run(pending: int, cycles: int, workers: int) -> None:
-    from django.db import close_old_connections, connection
+    from django.db import connection
     from django.db.backends.postgresql.base import DatabaseWrapper
 
     from gradient.core.protocol import (
@@ -78,11 +80,13 @@ def run(pending: int, cycles: int, workers: int) -> None:
         RequestJob,
         WorkerMetrics,
     )
-    from gradient.workers import services
+    from gradient.workers import presence
     from gradient.workers.models import WorkerSession
-    from gradient.workers.proto import consumer, jobloop
+    from gradient.workers.proto import jobloop
     from gradient.workers.services import SessionRef
 
+    REPORT = object()  # a report, answer or log piece: through the batch entry
+    flushed = [time.monotonic()]
     rows, _ = seed(pending, workers)
     worker = rows[0]
     session_id = WorkerSession.objects.filter(worker=worker).values_list("id", flat=True).get()
@@ -104,21 +108,16 @@ def run(pending: int, cycles: int, workers: int) -> None:
     DatabaseWrapper.is_usable = counted_is_usable  # type: ignore[method-assign]
     DatabaseWrapper.commit = counted_commit  # type: ignore[method-assign]
 
-    seen_every = consumer.SEEN_EVERY_SECS
-    last_seen = [0.0]
-
-    def message(handler: Callable[..., Any], msg: Any, always_seen: bool = False) -> Any:
-        """One message as the consumer handles it: close_old_connections around the call (channels'
-        database_sync_to_async), "seen" first when it is due."""
-        close_old_connections()
-        try:
-            now = time.monotonic()
-            if always_seen or now - last_seen[0] >= seen_every:
-                services.worker_seen(session=session, now=_now())
-                last_seen[0] = now
-            return handler(session=session, message=msg)
-        finally:
-            close_old_connections()
+    def message(handler: Callable[..., Any], msg: Any) -> Any:
+        """One message as the consumer handles it: "seen" noted in memory (the presence flush writes
+        it, for every session of the process at once), then the job-loop call on a lane thread, which
+        keeps its connection (no close_old_connections, so no health check). A report is a batch of
+        one here (one worker); under load the batcher puts many sessions' reports in one commit."""
+        presence.note_seen(session_id=session.session_id, worker_id=session.worker_id, now=_now())
+        if handler is REPORT:
+            [result] = jobloop.reports_batch([(session, msg)])
+            return result
+        return handler(session=session, message=msg)
 
     def _now() -> Any:
         from django.utils import timezone
@@ -152,17 +151,17 @@ def run(pending: int, cycles: int, workers: int) -> None:
         outputs = [BuiltOutput(name=o.name, path=o.path, nar_size=4096) for o in spec.outputs]
         building = Building(build_id=spec.build_id)
         output = BuildOutput(build_id=spec.build_id, outputs=outputs, substituted=False)
-        for name, handler, msg in (
-            ("AssignJobResponse", jobloop.assign_job_response, AssignJobResponse(**ids, accepted=True)),
-            ("JobUpdate building", jobloop.job_update, JobUpdate(**ids, update=building)),
-            ("JobUpdate build_output", jobloop.job_update, JobUpdate(**ids, update=output)),
-            ("JobCompleted", jobloop.job_completed, JobCompleted(**ids, elapsed_ms=5)),
+        for name, msg in (
+            ("AssignJobResponse", AssignJobResponse(**ids, accepted=True)),
+            ("JobUpdate building", JobUpdate(**ids, update=building)),
+            ("JobUpdate build_output", JobUpdate(**ids, update=output)),
+            ("JobCompleted", JobCompleted(**ids, elapsed_ms=5)),
         ):
-            step(name, lambda h=handler, m=msg: message(h, m))
-        step(
-            HEARTBEAT,
-            lambda: message(jobloop.worker_metrics, WorkerMetrics(cpu_usage_pct=1.0), always_seen=True),
-        )
+            step(name, lambda m=msg: message(REPORT, m))
+        step(HEARTBEAT, lambda: message(jobloop.worker_metrics, WorkerMetrics(cpu_usage_pct=1.0)))
+        if time.monotonic() - flushed[0] >= presence.FLUSH_EVERY_SECS:
+            flushed[0] = time.monotonic()
+            step(FLUSH, jobloop.presence_flush)
 
     print(describe_machine())
     print(f"{cycles} cycles, {pending} pending builds, {workers} connected workers")
@@ -172,14 +171,20 @@ def run(pending: int, cycles: int, workers: int) -> None:
     print(header)
     cycle_statements = cycle_commits = cycle_trips = 0.0
     cycle_ms = []
-    for name in (*STEPS, HEARTBEAT):
+    for name in (*STEPS, HEARTBEAT, FLUSH):
         samples = totals[name]
+        if not samples:
+            continue
         statements = statistics.fmean(s[0] for s in samples)
         commits = statistics.fmean(s[1] for s in samples)
         checks = statistics.fmean(s[2] for s in samples)
         trips = statistics.fmean(s[3] for s in samples)
         p50 = percentile([s[4] for s in samples], 50)
         print(f"  {name:<28} {statements:>10.1f} {commits:>8.1f} {checks:>7.1f} {trips:>12.1f} {p50:>8.2f}")
+        if name == FLUSH:  # once every FLUSH_EVERY_SECS for every session of the process, not per cycle
+            flushes = len(samples)
+            print(f"  ({flushes} flushes in {cycles} cycles: {flushes / cycles:.3f} per cycle, all sessions)")
+            continue
         cycle_statements += statements
         cycle_commits += commits
         cycle_trips += trips

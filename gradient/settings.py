@@ -271,3 +271,8 @@ GRADIENT_PROTO_MAX_UNAUTHENTICATED = _env_int("GRADIENT_PROTO_MAX_UNAUTHENTICATE
 GRADIENT_PROTO_HANDSHAKE_CONCURRENCY = _env_int("GRADIENT_PROTO_HANDSHAKE_CONCURRENCY", 16)
 GRADIENT_BUILD_LOG_MAX_BYTES = _env_int("GRADIENT_BUILD_LOG_MAX_BYTES", 64 * 1024 * 1024)
 GRADIENT_SCHEDULING_POLICY = os.environ.get("GRADIENT_SCHEDULING_POLICY", "resource-aware")
+# The hand-out path (docs/workers.md): database threads of one serve process for handshakes, RequestJob
+# and report batches ("hot"), and for offers ("offers"); the most candidates one offer delta carries.
+GRADIENT_HOT_LANE_THREADS = _env_int("GRADIENT_HOT_LANE_THREADS", 4)
+GRADIENT_OFFER_LANE_THREADS = _env_int("GRADIENT_OFFER_LANE_THREADS", 1)
+GRADIENT_OFFER_MAX_CANDIDATES = _env_int("GRADIENT_OFFER_MAX_CANDIDATES", 1000)

@@ -32,15 +32,16 @@ import psycopg
 import pytest
 from django.conf import settings
 from django.db import OperationalError
+from django.utils import timezone
 
 from gradient.clusters.models import ClusterJob
 from gradient.core.protocol import RequestJob, RequestJobList
-from gradient.scheduling.models import DispatchedJob, Project
+from gradient.scheduling.models import DispatchedJob, EvaluationBuild, Project
 from gradient.scheduling.services import assignment
 from gradient.workers.models import Worker, WorkerSession
 from gradient.workers.proto import consumer, jobloop
 from gradient.workers.services import SessionRef
-from tests.factories import EvaluationFactory, ProjectFactory, connected_worker
+from tests.factories import DerivationBuildFactory, EvaluationFactory, ProjectFactory, connected_worker
 from tests.support.faults import (
     FAST_WORKER,
     Operator,
@@ -311,6 +312,40 @@ def test_a_claim_whose_commit_went_unheard_is_handed_out_rather_than_left_open(
 
 
 @pytest.mark.django_db(transaction=True)
+def test_a_build_claim_whose_commit_went_unheard_is_handed_out_rather_than_left_open(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The build case: its claim is stamped when the build's row was locked, later than the request's
+    `now`, so the unheard claim is found by its id, not by its time."""
+    project = ProjectFactory()
+    evaluation = EvaluationFactory(project=project, status="Building")
+    build = DerivationBuildFactory(status="Queued", queued_at=timezone.now())
+    EvaluationBuild.objects.create(evaluation=evaluation, build=build)
+    worker = connected_worker([project], can_build=True, architectures=[build.system])
+    real = assignment.request_job
+
+    def committed_then_lost(**kwargs: Any) -> Any:
+        time.sleep(0.01)  # the row is locked (and the claim stamped) after the request's `now`
+        real(**kwargs)  # the claim commits...
+        raise OperationalError("server closed the connection unexpectedly")  # ...and the caller never hears
+
+    monkeypatch.setattr(assignment, "request_job", committed_then_lost)
+    replies = jobloop.request_job(session=_session_of(worker), message=RequestJob(kind="build"))
+
+    row = DispatchedJob.objects.get(job_id=f"build:{build.id}")
+    assert [msgspec.to_builtins(r) for r in replies] == [
+        {
+            "type": "AssignJob",
+            "job_id": row.job_id,
+            "assignment_id": str(row.id),
+            "job": row.job,
+            "cluster": None,
+        }
+    ]
+    assert row.finished_at is None and row.worker_id == worker.id
+
+
+@pytest.mark.django_db(transaction=True)
 def test_a_claim_lost_before_its_commit_is_left_to_the_retry(monkeypatch: pytest.MonkeyPatch) -> None:
     project = ProjectFactory()
     EvaluationFactory(project=project)
@@ -343,9 +378,9 @@ def test_a_job_loop_call_is_made_again_on_a_lost_connection_up_to_its_attempts(
 
         return handler
 
-    assert consumer._handle(flaky(consumer.DB_ATTEMPTS - 1), session, RequestJobList(), True) == []
+    assert consumer._handle(flaky(consumer.DB_ATTEMPTS - 1), session, RequestJobList()) == []
     assert len(calls) == consumer.DB_ATTEMPTS
     calls.clear()
     with pytest.raises(OperationalError):
-        consumer._handle(flaky(consumer.DB_ATTEMPTS), session, RequestJobList(), False)
+        consumer._handle(flaky(consumer.DB_ATTEMPTS), session, RequestJobList())
     assert len(calls) == consumer.DB_ATTEMPTS

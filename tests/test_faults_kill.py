@@ -34,6 +34,7 @@ from tests.support.faults import (
     invariant_violations,
     jobs_not_completed_exactly_once,
     ready_builds,
+    scalar,
     service_env,
     statuses,
     wait_all_completed,
@@ -170,3 +171,85 @@ def test_serve_killed_at_random_moments_recovers_each_time_and_every_evaluation_
     assert offenders == {}, explain_jobs(list(offenders))
     abandoned = DispatchedJob.objects.filter(outcome="Abandoned", reason="server restarted").count()
     print(f"{kills} kills; {abandoned} assignments closed by startup recovery and handed out again")
+
+
+def test_serve_killed_in_the_middle_of_a_report_batch_commits_none_of_it_and_everything_finishes_once(
+    tmp_path: Path,
+) -> None:
+    """A batch of reports is one transaction: SIGKILL while one is applied (held open, here, by this
+    test's lock on the evaluation the batch's completions must finish) commits none of its reports, the
+    next boot's recovery hands their jobs out again, and every build still completes exactly once."""
+    import psycopg
+    from django.db import connection
+
+    env = service_env()
+    with ExitStack() as stack:
+        beat = stack.enter_context(celery_worker(env, tmp_path))
+        server = stack.enter_context(serve(env, tmp_path))
+        port = server.port
+        op = Operator.login(server)
+        op.project("demo")
+        evaluation = op.evaluation("sim:wide?n=12&duration_ms=200&eval_ms=200&salt=batch-kill")
+        for k in range(3):
+            worker_id, token = op.worker(f"w{k}")
+            stack.enter_context(
+                reference_worker(
+                    server.ws_url,
+                    worker_id,
+                    token,
+                    tmp_path,
+                    name=f"w{k}",
+                    extra_args=[*FAST_WORKER, "--arch", "x86_64-linux", "--slots", "2"],
+                )
+            )
+        settings = connection.settings_dict
+        holder = psycopg.connect(
+            host=settings["HOST"] or "127.0.0.1",
+            port=int(settings["PORT"] or 5432),
+            user=settings["USER"],
+            dbname=settings["NAME"],
+            autocommit=False,
+        )
+        stack.callback(holder.close)
+        wait_until(
+            lambda: DispatchedJob.objects.filter(kind="build", finished_at__isnull=True).exists(),
+            timeout=60,
+            what="a build out on a worker",
+        )
+        # Hold the evaluation: a batch that completes one of its builds waits for it, inside its
+        # transaction, with the build's completion and its assignment's close written but not committed.
+        holder.execute("SELECT id FROM evaluation WHERE id = %s FOR UPDATE", [evaluation])
+        done_before = DispatchedJob.objects.filter(kind="build", outcome="Completed").count()
+
+        def batch_waiting() -> int | None:
+            """The backend of a report batch waiting for the evaluation, inside its transaction."""
+            pid = scalar(
+                "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+                "AND wait_event_type = 'Lock' AND query LIKE '%%evaluation%%' AND pid <> %s",
+                (holder.info.backend_pid,),
+            )
+            return int(pid) if pid is not None else None
+
+        try:
+            blocked = wait_until(batch_waiting, timeout=60, what="a report batch waiting in its transaction")
+            assert server.stop(signal.SIGKILL) == -signal.SIGKILL
+        finally:
+            holder.rollback()  # the killed boot's backend goes on, finds its client gone, rolls back
+        wait_until(
+            lambda: not scalar("SELECT count(*) FROM pg_stat_activity WHERE pid = %s", (blocked,)),
+            timeout=30,
+            what="the killed boot's batch transaction to end",
+        )
+        # None of the batch committed: no build of it completed after the lock was taken.
+        assert DispatchedJob.objects.filter(kind="build", outcome="Completed").count() == done_before
+        server = stack.enter_context(serve(env, tmp_path, port=port))
+        try:
+            wait_all_completed([evaluation], [], 90, "the evaluation after the kill mid-batch")
+        except BaseException:
+            print(f"--- serve\n{server.log()[-5000:]}")
+            print(f"--- celery\n{beat.log()[-4000:]}")
+            raise
+    assert invariant_violations() == {}
+    offenders = jobs_not_completed_exactly_once([evaluation])
+    assert offenders == {}, explain_jobs(list(offenders))
+    assert not DispatchedJob.objects.filter(finished_at__isnull=True).exists()

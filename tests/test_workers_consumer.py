@@ -335,6 +335,7 @@ async def test_the_heartbeat_stores_the_latest_metrics_and_marks_the_worker_seen
     await comm.send_json_to({"type": "WorkerMetrics", "cpu_usage_pct": 12.5, "ram_free_mb": 2048})
     await comm.send_json_to({"type": "RequestJobList"})
     await comm.receive_json_from(timeout=TIMEOUT)
+    await consumer_module.flush_presence()  # seen and metrics are written by the presence flush
 
     stored = await _reload(worker)
     [session] = await _sessions(worker)
@@ -348,7 +349,6 @@ async def test_the_heartbeat_stores_the_latest_metrics_and_marks_the_worker_seen
 async def test_any_message_marks_the_worker_seen(
     make_worker: MakeWorker, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(consumer_module, "SEEN_EVERY_SECS", 0.0)  # no throttle: every frame writes
     worker, token = await _worker(make_worker)
     comm, _ = await handshake(str(worker.id), token)
     long_ago = timezone.now() - timedelta(hours=1)
@@ -361,6 +361,7 @@ async def test_any_message_marks_the_worker_seen(
     await age()
     await comm.send_json_to({"type": "RequestJobList"})
     await comm.receive_json_from(timeout=TIMEOUT)
+    await consumer_module.flush_presence()  # seen is written by the presence flush
 
     [session] = await _sessions(worker)
     stored = await _reload(worker)

@@ -100,15 +100,18 @@ def eval_needs_fetch(steps: Sequence[FlakeStep]) -> bool:
     return jobs.FETCH_FLAKE in steps
 
 
-def unheard_assignment(worker_id: uuid.UUID, dispatched_at: datetime) -> AssignJob | None:
-    """The AssignJob of an open single-job assignment of this worker claimed at exactly `dispatched_at`
-    and not answered yet: a claim whose COMMIT succeeded although the connection died before the
-    caller heard so (jobloop.request_job hands it out instead of leaving it open on a worker that never
-    heard of it)."""
+def unheard_assignment(worker_id: uuid.UUID, assignment_ids: Sequence[uuid.UUID]) -> AssignJob | None:
+    """The AssignJob of the open, unanswered single-job assignment of this worker among the claims a
+    RequestJob tried (`assignment_ids`, chosen before each claim): a claim whose COMMIT succeeded
+    although the connection died before the caller heard so (assignment.hand_out hands it out instead of
+    leaving it open on a worker that never heard of it). Looked up by id: a claim's dispatched_at is
+    when its row was locked, not when the request arrived."""
+    if not assignment_ids:
+        return None
     row = (
         DispatchedJob.objects.filter(
+            id__in=list(assignment_ids),
             worker_id=worker_id,
-            dispatched_at=dispatched_at,
             finished_at__isnull=True,
             accepted_at__isnull=True,
             cluster_attempt__isnull=True,

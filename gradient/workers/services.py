@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
 
@@ -35,6 +36,7 @@ from gradient.runtime.outbox import (
 )
 from gradient.scheduling.models import DispatchedJob, Project
 from gradient.workers.models import IdleSlot, Worker, WorkerSession
+from gradient.workers.presence import Presence
 from gradient.workers.selectors import worker_project_names
 from gradient.workers.tokens import token_matches, token_new
 
@@ -266,6 +268,80 @@ def worker_seen(*, session: SessionRef, now: datetime) -> None:
     """Every message marks the worker seen."""
     WorkerSession.objects.filter(id=session.session_id, closed_at__isnull=True).update(last_seen=now)
     Worker.objects.filter(id=session.worker_id).update(last_seen=now)
+
+
+_METRIC_FIELDS = (
+    "cpu_usage_pct",
+    "ram_free_mb",
+    "disk_speed_mbps",
+    "upload_speed_mbps",
+    "download_speed_mbps",
+    "build_peak_ram_mb",
+)
+
+_PRESENCE_FLUSH = """
+WITH v AS (
+    SELECT * FROM unnest(
+        %s::uuid[], %s::uuid[], %s::timestamptz[], %s::bool[], %s::float8[], %s::int[], %s::float8[],
+        %s::float8[], %s::float8[], %s::int[], %s::timestamptz[]
+    ) AS v(session_id, worker_id, seen_at, has_metrics, cpu_usage_pct, ram_free_mb, disk_speed_mbps,
+           upload_speed_mbps, download_speed_mbps, build_peak_ram_mb, metrics_at)
+), s AS (
+    UPDATE worker_session ws SET last_seen = GREATEST(ws.last_seen, v.seen_at)
+    FROM v WHERE ws.id = v.session_id AND ws.closed_at IS NULL
+    RETURNING v.*
+)
+UPDATE worker w SET
+    last_seen = GREATEST(COALESCE(w.last_seen, s.seen_at), s.seen_at),
+    cpu_usage_pct = CASE WHEN s.has_metrics THEN s.cpu_usage_pct ELSE w.cpu_usage_pct END,
+    ram_free_mb = CASE WHEN s.has_metrics THEN s.ram_free_mb ELSE w.ram_free_mb END,
+    disk_speed_mbps = CASE WHEN s.has_metrics THEN s.disk_speed_mbps ELSE w.disk_speed_mbps END,
+    upload_speed_mbps = CASE WHEN s.has_metrics THEN s.upload_speed_mbps ELSE w.upload_speed_mbps END,
+    download_speed_mbps = CASE WHEN s.has_metrics THEN s.download_speed_mbps ELSE w.download_speed_mbps END,
+    build_peak_ram_mb = CASE WHEN s.has_metrics THEN s.build_peak_ram_mb ELSE w.build_peak_ram_mb END,
+    metrics_at = CASE WHEN s.has_metrics THEN s.metrics_at ELSE w.metrics_at END
+FROM s WHERE w.id = s.worker_id
+"""
+
+
+def presence_flush(*, entries: Sequence[Presence]) -> int:
+    """Write what this process's sessions showed since the last flush (gradient.workers.presence): every
+    open session's and its worker's last_seen, and the latest metrics of those that sent a heartbeat, in
+    one statement (one commit) on PostgreSQL. A closed session's entry writes nothing. Returns how many
+    sessions were written."""
+    if not entries:
+        return 0
+    if connection.vendor != "postgresql":
+        return _presence_flush_rows(entries)
+    columns: list[list[Any]] = [[] for _ in range(11)]
+    for e in entries:
+        m = e.metrics
+        row = [e.session_id, e.worker_id, e.seen_at, m is not None]
+        row += [getattr(m, name) if m is not None else None for name in _METRIC_FIELDS]
+        row.append(e.metrics_at)
+        for column, value in zip(columns, row, strict=True):
+            column.append(value)
+    with connection.cursor() as cursor:
+        cursor.execute(_PRESENCE_FLUSH, columns)
+        return int(cursor.rowcount)
+
+
+def _presence_flush_rows(entries: Sequence[Presence]) -> int:
+    """The embedded database's flush: the same writes, row by row, in one transaction."""
+    written = 0
+    with transaction.atomic(durable=True):
+        for e in entries:
+            if not WorkerSession.objects.filter(id=e.session_id, closed_at__isnull=True).update(
+                last_seen=e.seen_at
+            ):
+                continue
+            written += 1
+            fields: dict[str, Any] = {"last_seen": e.seen_at}
+            if e.metrics is not None:
+                fields.update({name: getattr(e.metrics, name) for name in _METRIC_FIELDS})
+                fields["metrics_at"] = e.metrics_at
+            Worker.objects.filter(id=e.worker_id).update(**fields)
+    return written
 
 
 def worker_capabilities_replace(

@@ -24,6 +24,7 @@ from django.utils import timezone
 
 from gradient.http_protocol import TimedHttpProtocol
 from gradient.passrunner import PassRunner
+from gradient.runtime import lanes
 from gradient.runtime.boot import set_current_boot
 from gradient.runtime.passes import (
     server_boot_drain,
@@ -177,6 +178,7 @@ class Command(BaseCommand):
             stop_heartbeat.set()
             if runner is not None:
                 runner.stop()
+            lanes.shutdown_all()  # the lanes' long-lived database connections
             # This thread's connection dates from startup recovery: the database may have dropped it
             # since (a restart, pg_terminate_backend). The health check replaces a dead one.
             close_old_connections()

@@ -96,11 +96,19 @@ def _record_idle_slot(worker_id: uuid.UUID, kind: str, now: datetime) -> None:
     IdleSlot.objects.update_or_create(worker_id=worker_id, kind=kind, defaults={"recorded_at": now})
 
 
-def request_job(*, worker_id: uuid.UUID, protocol_kind: JobKindName, now: datetime) -> Assignment | None:
+def request_job(
+    *,
+    worker_id: uuid.UUID,
+    protocol_kind: JobKindName,
+    now: datetime,
+    tried: list[uuid.UUID] | None = None,
+) -> Assignment | None:
     """Answer one RequestJob. Returns the assignment to send, or None: then the request stays
-    unanswered and is remembered as an idle slot for cluster placement."""
+    unanswered and is remembered as an idle slot for cluster placement. `tried` collects the id of
+    every claim it makes, before making it (hand_out finds a claim whose commit went unheard by them)."""
     kind = job_kind_of(protocol_kind)
-    with transaction.atomic():
+    tried = tried if tried is not None else []
+    with transaction.atomic(durable=True):  # the RequestJob's one transaction: this entry owns it
         state = selectors.worker_state(worker_id)
         if state is None or state.draining:
             return None
@@ -110,7 +118,9 @@ def request_job(*, worker_id: uuid.UUID, protocol_kind: JobKindName, now: dateti
         if selectors.worker_held(worker_id, kind):
             _record_idle_slot(worker_id, kind, now)  # a reserved seat: it waits, idle, for its cluster
             return None
-        assignment = _assign_build(state, now) if kind == JobKind.BUILD else _assign_eval(state, now)
+        assignment = (
+            _assign_build(state, now, tried) if kind == JobKind.BUILD else _assign_eval(state, now, tried)
+        )
         if assignment is None:
             _record_idle_slot(worker_id, kind, now)
         else:
@@ -122,7 +132,7 @@ def _policy() -> str:
     return str(getattr(settings, "GRADIENT_SCHEDULING_POLICY", "resource-aware"))
 
 
-def _assign_build(state: selectors.WorkerState, now: datetime) -> Assignment | None:
+def _assign_build(state: selectors.WorkerState, now: datetime, tried: list[uuid.UUID]) -> Assignment | None:
     scores = _worker_scores(state.id)
     pool = selectors.pool_view(now)
     refs = {
@@ -164,7 +174,10 @@ def _assign_build(state: selectors.WorkerState, now: datetime) -> Assignment | N
             missing_nar_size=s[0] if s else None,
             missing_count=s[1] if s else None,
         )
-        claimed = lifecycle.claim_build(build=build, worker_id=state.id, now=claimed_at, terms=terms)
+        tried.append(assignment_id := uuid.uuid4())
+        claimed = lifecycle.claim_build(
+            build=build, worker_id=state.id, now=claimed_at, terms=terms, assignment_id=assignment_id
+        )
         if claimed is not None:
             return Assignment(claimed.assignment_id, build.job_key, JobKind.BUILD, claimed.job, choice)
         lost += 1
@@ -173,7 +186,7 @@ def _assign_build(state: selectors.WorkerState, now: datetime) -> Assignment | N
     return None
 
 
-def _assign_eval(state: selectors.WorkerState, now: datetime) -> Assignment | None:
+def _assign_eval(state: selectors.WorkerState, now: datetime, tried: list[uuid.UUID]) -> Assignment | None:
     split = selectors.has_idle_eval_only_worker()
     evaluations: dict[str, tuple[Evaluation, tuple[FlakeStep, ...]]] = {}
     for e in selectors.queued_evaluations(state)[:5000]:
@@ -202,7 +215,9 @@ def _assign_eval(state: selectors.WorkerState, now: datetime) -> Assignment | No
         evaluation, steps = evaluations[choice.job_id]
         if _lock_if_free(Evaluation, evaluation.id, EvaluationStatus.QUEUED) is None:
             continue
+        tried.append(assignment_id := uuid.uuid4())
         claimed = lifecycle.claim_evaluation(
+            assignment_id=assignment_id,
             evaluation=evaluation,
             steps=steps,
             worker_id=state.id,
@@ -250,11 +265,12 @@ def hand_out(*, worker_id: uuid.UUID, protocol_kind: JobKindName, now: datetime)
     hearing so (dying at COMMIT): that job is this worker's now and must go out, or it would stay open on
     a worker that never heard of it. Otherwise the claim rolled back and the error propagates (the caller
     asks again on a fresh connection)."""
+    tried: list[uuid.UUID] = []
     try:
-        handed = request_job(worker_id=worker_id, protocol_kind=protocol_kind, now=now)
+        handed = request_job(worker_id=worker_id, protocol_kind=protocol_kind, now=now, tried=tried)
     except (OperationalError, InterfaceError):
         _drop_connection()
-        unheard = selectors.unheard_assignment(worker_id, now)
+        unheard = selectors.unheard_assignment(worker_id, tried)
         if unheard is None:
             raise
         log.warning("a claim for worker %s committed unheard; handing it out", worker_id)

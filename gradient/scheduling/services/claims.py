@@ -55,6 +55,7 @@ class ClaimRequest:
     job: dict[str, Any] = field(default_factory=dict)
     queued_at: datetime | None = None
     cluster_attempt_id: uuid.UUID | None = None
+    assignment_id: uuid.UUID | None = None  # chosen by the caller (to find the claim again), or new
 
 
 def _prep(name: str, value: Any) -> Any:
@@ -80,7 +81,7 @@ def claim_assignment(*, request: ClaimRequest, now: datetime) -> uuid.UUID | Non
     """Claim one job for one worker. Returns the new assignment id, or None when the claim was lost
     (another open assignment, or the start condition no longer holds). Call inside the transaction that
     also makes the job's own transition, so a failed transition rolls the claim back with it."""
-    assignment_id = uuid.uuid4()
+    assignment_id = request.assignment_id or uuid.uuid4()
     values = {
         "id": assignment_id,
         "kind": request.kind,

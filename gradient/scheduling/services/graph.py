@@ -17,6 +17,7 @@ from django.db import connection, transaction
 from django.db.models import Exists, OuterRef, Q, QuerySet
 
 from gradient.core.vocab import (
+    BUILD_ABORTABLE,
     BUILD_LASTING_FAILURE,
     BUILD_PENDING,
     BUILD_SUCCESS,
@@ -377,6 +378,15 @@ def dependents_of(build_id: uuid.UUID) -> list[uuid.UUID]:
     )
 
 
+def dependents_of_all(build_ids: Sequence[uuid.UUID]) -> list[uuid.UUID]:
+    """The builds that depend on any of `build_ids` (each once)."""
+    return list(
+        DerivationBuildDependency.objects.filter(dependency_id__in=list(build_ids))
+        .values_list("build_id", flat=True)
+        .distinct()
+    )
+
+
 def evaluations_needing(build_ids: Iterable[uuid.UUID]) -> list[uuid.UUID]:
     return list(
         EvaluationBuild.objects.filter(build_id__in=list(build_ids), blocks_evaluation=True)
@@ -395,10 +405,21 @@ class EvaluationFinish:
     errors: tuple[str, ...] = ()
 
 
-def finish_evaluations(*, evaluation_ids: Iterable[uuid.UUID], now: datetime) -> list[EvaluationFinish]:
+# A needed build in one of these may still succeed: after successes only, its evaluation cannot finish.
+_STILL_RUNNING = (*BUILD_ABORTABLE, BuildStatus.FAILED_TRANSIENT)
+
+
+def finish_evaluations(
+    *, evaluation_ids: Iterable[uuid.UUID], now: datetime, after_successes: bool = False
+) -> list[EvaluationFinish]:
     """check_evaluation_done: a Building (or Waiting while building) evaluation completes when everything
     it needs succeeded and fails on a lasting failure. Returns what changed. Two indexed EXISTS-style reads
-    per evaluation, whatever its size: this runs after every finished build."""
+    per evaluation, whatever its size: this runs after every finished build.
+
+    `after_successes`: the caller only saw builds succeed (a batch's completions). A success adds no
+    lasting failure (each one's own check ran when it happened), so an evaluation with a needed build
+    still pending, building or waiting for its retry is left as it is after one EXISTS that stops at the
+    first such build, instead of a scan of all its builds for failures."""
     finished: list[EvaluationFinish] = []
     # Only an evaluation whose evaluation job completed: Building, or parked while building. One requeued
     # mid-evaluation (builds from an eval_result, no JobCompleted) is evaluated again first.
@@ -416,6 +437,8 @@ def finish_evaluations(*, evaluation_ids: Iterable[uuid.UUID], now: datetime) ->
     )
     for evaluation_id in candidates:
         links = EvaluationBuild.objects.filter(evaluation_id=evaluation_id, blocks_evaluation=True)
+        if after_successes and links.filter(build__status__in=_STILL_RUNNING).exists():
+            continue  # still building
         failed = list(
             links.filter(build__status__in=BUILD_LASTING_FAILURE).values_list(
                 "build__drv_path", "build__status"

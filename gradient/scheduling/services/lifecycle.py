@@ -64,7 +64,7 @@ from gradient.scheduling.models import (
 )
 from gradient.scheduling.services import drv_recovery, eval_parts, graph
 from gradient.scheduling.services.claims import ClaimRequest, assignment_close, claim_assignment
-from gradient.scheduling.services.offers import forget_scores, forget_sent
+from gradient.scheduling.services.offers import forget_scores, forget_scores_of, forget_sent
 
 EVAL_PHASES: dict[type[JobUpdateKind], EvaluationStatus] = {
     Fetching: EvaluationStatus.FETCHING,
@@ -103,6 +103,27 @@ class ClaimTerms:
     cluster_attempt_id: uuid.UUID | None = None
 
 
+@dataclass
+class BatchEffects:
+    """What the transitions of one batch of reports leave for once per batch: the builds that
+    completed, whose dependents may be queued and whose evaluations may finish. A single report's
+    transition that is given none settles its own at once (a batch of one)."""
+
+    completed: list[uuid.UUID] = field(default_factory=list)
+
+    def settle(self, now: datetime) -> None:
+        """Queue the dependents every dependency of which has now succeeded and finish the evaluations
+        that needed the completed builds: one set-based pass for the whole batch."""
+        completed, self.completed = self.completed, []
+        if not completed:
+            return
+        forget_scores_of([build_key(b) for b in completed])
+        graph.queue_ready_builds(build_ids=graph.dependents_of_all(completed), now=now)
+        graph.finish_evaluations(
+            evaluation_ids=graph.evaluations_needing(completed), now=now, after_successes=True
+        )
+
+
 class _StartRefused(Exception):
     """The job's own transition found it changed after the claim: roll the claim back."""
 
@@ -111,14 +132,27 @@ class _StartRefused(Exception):
 
 
 def claim_build(
-    *, build: DerivationBuild, worker_id: uuid.UUID, now: datetime, terms: ClaimTerms | None = None
+    *,
+    build: DerivationBuild,
+    worker_id: uuid.UUID,
+    now: datetime,
+    terms: ClaimTerms | None = None,
+    assignment_id: uuid.UUID | None = None,
 ) -> Claimed | None:
     """Claim a Queued shared build for a worker and start it (Building, one more attempt, its
-    BuildAttempt row), together or not at all. None, with nothing written, when the claim was lost."""
+    BuildAttempt row), together or not at all. None, with nothing written, when the claim was lost.
+    `assignment_id`: the id the new assignment gets (the caller keeps it to find an unheard claim)."""
     terms = terms or ClaimTerms()
     job = jobs.build_job(build)
     request = _request(
-        JobKind.BUILD, build.job_key, worker_id, job, terms, build.queued_at, build_id=build.id
+        JobKind.BUILD,
+        build.job_key,
+        worker_id,
+        job,
+        terms,
+        build.queued_at,
+        build_id=build.id,
+        assignment_id=assignment_id,
     )
     return _claim_and_start(request, job, lambda aid: _start_build(build.id, aid, worker_id, now), now)
 
@@ -132,6 +166,7 @@ def claim_evaluation(
     reason: str,
     now: datetime,
     terms: ClaimTerms | None = None,
+    assignment_id: uuid.UUID | None = None,
 ) -> Claimed | None:
     """Claim a Queued evaluation's job (these `steps`) for a worker and start it (Fetching or
     EvaluatingFlake, with its record facts), together or not at all. None when the claim was lost."""
@@ -139,7 +174,14 @@ def claim_evaluation(
     job = jobs.eval_job(evaluation, steps)
     queued_at = evaluation.updated_at if evaluation.followup_pending else evaluation.created_at
     request = _request(
-        JobKind.EVAL, evaluation.job_key, worker_id, job, terms, queued_at, evaluation_id=evaluation.id
+        JobKind.EVAL,
+        evaluation.job_key,
+        worker_id,
+        job,
+        terms,
+        queued_at,
+        evaluation_id=evaluation.id,
+        assignment_id=assignment_id,
     )
 
     def start(assignment_id: uuid.UUID) -> None:
@@ -158,6 +200,7 @@ def _request(
     *,
     evaluation_id: uuid.UUID | None = None,
     build_id: uuid.UUID | None = None,
+    assignment_id: uuid.UUID | None = None,
 ) -> ClaimRequest:
     return ClaimRequest(
         kind=kind,
@@ -172,6 +215,7 @@ def _request(
         job=msgspec.to_builtins(job),
         queued_at=queued_at,
         cluster_attempt_id=terms.cluster_attempt_id,
+        assignment_id=assignment_id,
     )
 
 
@@ -180,18 +224,26 @@ def _claim_and_start(
 ) -> Claimed | None:
     """The claim and the job's own transition in one savepoint; a claimed job drops out of every
     worker's sent set (a job returned to the pool is offered afresh; its scores go when it finishes)."""
+    # A savepoint in the caller's transaction (a RequestJob's, a cluster claim's), not a transaction of
+    # its own: a refused start rolls back this claim alone.
+    savepoint = transaction.savepoint()
     try:
-        with transaction.atomic():
-            assignment_id = claim_assignment(request=request, now=now)
-            if assignment_id is None:
-                metrics.count(metrics.CLAIMS_LOST)
-                return None
-            start(assignment_id)
-            forget_sent(request.job_key)
-            return Claimed(assignment_id, job)
+        assignment_id = claim_assignment(request=request, now=now)
+        if assignment_id is None:
+            transaction.savepoint_commit(savepoint)
+            metrics.count(metrics.CLAIMS_LOST)
+            return None
+        start(assignment_id)
+        forget_sent(request.job_key)
     except _StartRefused:
+        transaction.savepoint_rollback(savepoint)
         metrics.count(metrics.CLAIMS_LOST)
         return None
+    except BaseException:
+        transaction.savepoint_rollback(savepoint)
+        raise
+    transaction.savepoint_commit(savepoint)
+    return Claimed(assignment_id, job)
 
 
 _START_BUILD = (
@@ -258,12 +310,14 @@ def _start_evaluation(
 # --- Progress -------------------------------------------------------------------------------------------
 
 
-def apply_job_update(row: DispatchedJob, update: JobUpdateKind, now: datetime) -> ReportOutcome:
+def apply_job_update(
+    row: DispatchedJob, update: JobUpdateKind, now: datetime, effects: BatchEffects | None = None
+) -> ReportOutcome:
     """A JobUpdate of the assignment `row` (fenced by the caller): an evaluation's phase or result, a
     build's start or output."""
     if row.kind == JobKind.EVAL:
         return _evaluation_update(row, update, now)
-    return _build_update(row, update, now)
+    return _build_update(row, update, now, effects)
 
 
 def _evaluation_update(row: DispatchedJob, update: JobUpdateKind, now: datetime) -> ReportOutcome:
@@ -299,7 +353,9 @@ def _evaluation_update(row: DispatchedJob, update: JobUpdateKind, now: datetime)
     raise AssertionError(f"unhandled evaluation update {phase}")  # every JobUpdateKind is matched above
 
 
-def _build_update(row: DispatchedJob, update: JobUpdateKind, now: datetime) -> ReportOutcome:
+def _build_update(
+    row: DispatchedJob, update: JobUpdateKind, now: datetime, effects: BatchEffects | None
+) -> ReportOutcome:
     phase = tag_of(type(update))
     build_id = row.derivation_build_id
     if build_id is None or not isinstance(update, Building | BuildOutput):
@@ -310,16 +366,18 @@ def _build_update(row: DispatchedJob, update: JobUpdateKind, now: datetime) -> R
     if isinstance(update, Building):
         return ReportOutcome(True, "building")
     graph.cache_paths(paths=((o.path, o.nar_size) for o in update.outputs))
-    complete_build(row, now=now, substituted=update.substituted)
+    complete_build(row, now=now, substituted=update.substituted, effects=effects)
     return ReportOutcome(True, "build_output")
 
 
 # --- Completion -----------------------------------------------------------------------------------------
 
 
-def complete_build(row: DispatchedJob, *, now: datetime, substituted: bool = False) -> None:
+def complete_build(
+    row: DispatchedJob, *, now: datetime, substituted: bool = False, effects: BatchEffects | None = None
+) -> None:
     """The build of `row` succeeded (built, or its outputs substituted): its dependents may be queued,
-    its evaluations may finish."""
+    its evaluations may finish (at once, or with `effects` once for the caller's whole batch)."""
     build_id = row.derivation_build_id
     if build_id is None:
         return
@@ -331,9 +389,11 @@ def complete_build(row: DispatchedJob, *, now: datetime, substituted: bool = Fal
         outcome=BuildAttemptOutcome.SUBSTITUTED if substituted else BuildAttemptOutcome.BUILT, finished_at=now
     )
     if changed:
-        forget_scores(row.job_id)
-        graph.queue_ready_builds(build_ids=graph.dependents_of(build_id), now=now)
-        graph.finish_evaluations(evaluation_ids=graph.evaluations_needing([build_id]), now=now)
+        own = effects is None
+        effects = effects if effects is not None else BatchEffects()
+        effects.completed.append(build_id)
+        if own:
+            effects.settle(now)
 
 
 def _locked_evaluation(row: DispatchedJob) -> Evaluation:
@@ -671,7 +731,13 @@ def requeue_stranded_builds(*, reason: str, now: datetime) -> StrandedBuilds:
 
 def note_report(row: DispatchedJob, *, now: datetime) -> None:
     """The worker reported on this assignment (what the liveness of a job is judged by)."""
-    DispatchedJob.objects.filter(id=row.id).update(last_report_at=now)
+    note_reports([row.id], now=now)
+
+
+def note_reports(assignment_ids: Sequence[uuid.UUID], *, now: datetime) -> None:
+    """note_report for a whole batch, in one statement."""
+    if assignment_ids:
+        DispatchedJob.objects.filter(id__in=list(assignment_ids)).update(last_report_at=now)
 
 
 def note_accepted(row: DispatchedJob, *, now: datetime) -> None:

@@ -1,7 +1,7 @@
 """Build logs: the BuildLog report stored, the logs of closed assignments sealed, and logs read back
 (docs/logs.md; ../shared/spec/protocol.md "Build logs", rest.md `GET /api/v1/builds/{id}/log`).
 
-A piece is a report, fenced by its assignment_id like every other (reports.fenced_assignment, which
+A piece is a report, fenced by its assignment_id like every other (fence.fenced_assignment, which
 locks the assignment row, so the pieces of one assignment are stored one after another whichever
 `serve` process receives them). What a piece adds is decided by the pure
 gradient.scheduling.decisions.logs; storing it is one chunk row and the log row's counters, in the
@@ -24,9 +24,9 @@ from gradient.core.jobkey import JobKey
 from gradient.core.protocol import BuildLog as BuildLogPiece
 from gradient.core.vocab import JobKeyKind
 from gradient.scheduling.decisions.logs import LogState, append_piece, tail_lines
-from gradient.scheduling.models import BuildLog, BuildLogChunk, DerivationBuild
+from gradient.scheduling.models import BuildLog, BuildLogChunk, DerivationBuild, DispatchedJob
+from gradient.scheduling.services.fence import DROPPED, fenced_assignment
 from gradient.scheduling.services.lifecycle import ReportOutcome
-from gradient.scheduling.services.reports import DROPPED, fenced_assignment
 
 # On an 8 MiB compiler log (bench/logs.py): level 3 is 9.4x smaller in 34 ms, level 10 13.6x in 204 ms,
 # level 15 16.6x in 1.6 s. The seal is off the reports' path, so the middle.
@@ -62,30 +62,40 @@ def build_log_append(*, worker_id: uuid.UUID, message: BuildLogPiece, now: datet
         )
         if row is None:
             return DROPPED
-        log = BuildLog.objects.filter(assignment_id=row.id, build_id=build_id).first()
-        state = _state(log)
-        # PostgreSQL text holds no NUL; one character for one keeps every offset where it was.
-        data = message.data.replace("\x00", "\ufffd")
-        step = append_piece(
-            state, offset=message.offset, data=data, max_bytes=settings.GRADIENT_BUILD_LOG_MAX_BYTES
-        )
-        if step.state == state:
-            return REPEAT
-        new = step.state
-        fields = {
-            "received": new.received,
-            "length": new.length,
-            "size_bytes": new.size_bytes,
-            "at_line_start": new.at_line_start,
-            "cut": new.cut,
-        }
-        if log is None:
-            log = BuildLog.objects.create(build_id=build_id, assignment_id=row.id, **fields)
-        else:
-            BuildLog.objects.filter(id=log.id).update(updated_at=now, **fields)
-        if step.text:
-            BuildLogChunk.objects.create(log_id=log.id, start=state.length, data=step.text)
-        return ReportOutcome(True, f"log: {len(step.text)} characters stored")
+        return build_log_append_fenced(row=row, message=message, now=now)
+
+
+def build_log_append_fenced(*, row: DispatchedJob, message: BuildLogPiece, now: datetime) -> ReportOutcome:
+    """build_log_append for a piece whose assignment `row` the caller has fenced and locked, in the
+    caller's transaction (a batch of reports)."""
+    key = JobKey.parse(message.job_id, kinds={JobKeyKind.BUILD})
+    build_id = parse_uuid(message.build_id)
+    if key is None or build_id is None or key.id != build_id:
+        return DROPPED
+    log = BuildLog.objects.filter(assignment_id=row.id, build_id=build_id).first()
+    state = _state(log)
+    # PostgreSQL text holds no NUL; one character for one keeps every offset where it was.
+    data = message.data.replace("\x00", "\ufffd")
+    step = append_piece(
+        state, offset=message.offset, data=data, max_bytes=settings.GRADIENT_BUILD_LOG_MAX_BYTES
+    )
+    if step.state == state:
+        return REPEAT
+    new = step.state
+    fields = {
+        "received": new.received,
+        "length": new.length,
+        "size_bytes": new.size_bytes,
+        "at_line_start": new.at_line_start,
+        "cut": new.cut,
+    }
+    if log is None:
+        log = BuildLog.objects.create(build_id=build_id, assignment_id=row.id, **fields)
+    else:
+        BuildLog.objects.filter(id=log.id).update(updated_at=now, **fields)
+    if step.text:
+        BuildLogChunk.objects.create(log_id=log.id, start=state.length, data=step.text)
+    return ReportOutcome(True, f"log: {len(step.text)} characters stored")
 
 
 # --- Sealing ------------------------------------------------------------------------------------------

@@ -8,12 +8,13 @@ pool deletes its rows (forget_sent), which puts it into the next delta.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import CharField, Exists, OuterRef, Q, UUIDField, Value
 from django.db.models.functions import Cast, Concat, Substr
@@ -38,6 +39,12 @@ def forget_scores(job_key: str) -> None:
     """A finished job is nobody's candidate again: the workers' scores of it go, so that a RequestJob
     reads only scores of jobs that can still be handed out."""
     CandidateScore.objects.filter(job_id=job_key).delete()
+
+
+def forget_scores_of(job_keys: Sequence[str]) -> None:
+    """forget_scores for many finished jobs at once."""
+    if job_keys:
+        CandidateScore.objects.filter(job_id__in=list(job_keys)).delete()
 
 
 def candidates_for_worker(state: selectors.WorkerState, now: datetime) -> list[JobCandidate]:
@@ -133,24 +140,34 @@ def job_list(*, worker_id: uuid.UUID, now: datetime) -> list[JobListChunk]:
     return [JobListChunk(candidates=page, is_final=i == len(pages) - 1) for i, page in enumerate(pages)]
 
 
+def _max_per_offer() -> int:
+    return max(1, int(getattr(settings, "GRADIENT_OFFER_MAX_CANDIDATES", 1000)))
+
+
 def job_offers(*, worker_id: uuid.UUID, now: datetime) -> list[JobOffer]:
-    """The delta for one worker: candidates visible now that it was not sent yet, as JobOffer messages."""
+    """The delta for one worker: candidates visible now that it was not sent yet, as JobOffer messages;
+    at most GRADIENT_OFFER_MAX_CANDIDATES (1 000, one JobOffer) per call, evaluations first, then the
+    builds that have waited longest. The rest stay unsent and come with the next call (the next
+    assignment pass, 5 s later): with a deep queue and many workers, one pass offering everything to
+    everyone would build, store and send millions of candidates at once."""
+    limit = _max_per_offer()
     with transaction.atomic():
         state = selectors.worker_state(worker_id)
         if state is None:
             return []
         if connection.vendor == "postgresql":
-            fresh = _fresh_candidates(state, now)
+            fresh = _fresh_candidates(state, now, limit)
         else:  # the embedded database: the whole diff in Python, fine at its scale
             candidates = candidates_for_worker(state, now)
-            new = _reset_sent(worker_id, {c.job_id for c in candidates}, now)
-            fresh = [c for c in candidates if c.job_id in new]
+            before = set(SentCandidate.objects.filter(worker_id=worker_id).values_list("job_id", flat=True))
+            fresh = [c for c in candidates if c.job_id not in before][:limit]
+            _reset_sent(worker_id, (before & {c.job_id for c in candidates}) | {c.job_id for c in fresh}, now)
     if not fresh:
         return []
     return [JobOffer(candidates=page) for page in _pages(fresh)]
 
 
-def _fresh_candidates(state: selectors.WorkerState, now: datetime) -> list[JobCandidate]:
+def _fresh_candidates(state: selectors.WorkerState, now: datetime, limit: int) -> list[JobCandidate]:
     """What job_offers' reset of the sent set gives, with the builds diffed in SQL: the assignment pass
     runs this for every connected worker every few seconds, and with a deep queue (100 000 pending
     builds) loading every pending build and every sent row per worker took the pass far past its
@@ -174,10 +191,10 @@ def _fresh_candidates(state: selectors.WorkerState, now: datetime) -> list[JobCa
     already = SentCandidate.objects.filter(
         worker_id=state.id, job_id=Concat(Value(prefix), Cast(OuterRef("id"), CharField()))
     )
-    fresh = _candidates(
-        [e for e in evaluations if e.job_key not in sent_evals],
-        list(builds.exclude(Exists(already))),
-    )
+    fresh_evaluations = [e for e in evaluations if e.job_key not in sent_evals][:limit]
+    room = limit - len(fresh_evaluations)
+    fresh_builds = list(builds.exclude(Exists(already))[:room]) if room > 0 else []
+    fresh = _candidates(fresh_evaluations, fresh_builds)
     SentCandidate.objects.bulk_create(
         [SentCandidate(worker_id=state.id, job_id=c.job_id, sent_at=now) for c in fresh],
         ignore_conflicts=True,

@@ -1,25 +1,37 @@
-"""Worker reports of single jobs: JobUpdate, JobCompleted, JobFailed, BuildProgress, EvalProgress, and the
-AssignJobResponse to an AssignJob. They arrive as the protocol's typed messages and are matched by type.
+"""Worker reports of single jobs: JobUpdate, JobCompleted, JobFailed, BuildProgress, EvalProgress, the
+AssignJobResponse to an AssignJob, and BuildLog pieces. They arrive as the protocol's typed messages and
+are matched by type.
 
-Every report is fenced by its assignment_id: it acts only when that id is the job's open assignment on
-this worker. Anything else (a stale id, another worker's id, a report after close, a malformed id) is
-dropped: no state change, no error, no close. Each report is one transaction; what it changes, it
-changes through services.lifecycle. A cluster member's report is the cluster code's (the caller routes
-it there; here it is refused as MEMBER).
+Reports come in batches (gradient.workers.proto.batcher collects those of every session of a process
+for a few milliseconds): `worker_reports` applies a whole batch in one transaction, which it owns. The
+fence is one statement for the batch (services.fence): each report acts only when its assignment_id is
+the job's open assignment on the worker that sent it; anything else is dropped (no state change, no
+error, no close). Each report runs in a savepoint of its own, so one that the database refuses fails
+alone (a result or failure then fails its assignment as `transient`, so the job's outcome is not lost),
+never the batch. What the batch's completions leave behind (dependents to queue, evaluations to finish)
+is settled once for the batch (lifecycle.BatchEffects). A single report is a batch of one.
+
+What a report changes, it changes through services.lifecycle. A cluster member's report goes to the
+cluster code (its registered member handler), which fences it itself.
 """
 
 from __future__ import annotations
 
+import functools
+import logging
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import TypeAlias
 
-from django.db import transaction
+from django.db import DataError, IntegrityError, InterfaceError, OperationalError, transaction
 
 from gradient.core.ids import parse_uuid
 from gradient.core.protocol import (
     AssignJobResponse,
+    BuildFailureKind,
+    BuildLog,
     BuildProgress,
     EvalProgress,
     EvalResult,
@@ -27,21 +39,32 @@ from gradient.core.protocol import (
     JobCompleted,
     JobFailed,
     JobUpdate,
+    tag_of,
 )
 from gradient.core.vocab import DispatchOutcome, JobKind
 from gradient.records.schemas import ReportKind
 from gradient.scheduling.models import DispatchedJob
-from gradient.scheduling.services import lifecycle
+from gradient.scheduling.services import lifecycle, logs
 from gradient.scheduling.services.claims import assignment_close
-from gradient.scheduling.services.lifecycle import ReportOutcome
+from gradient.scheduling.services.fence import DROPPED, fenced_assignment, fenced_assignments
+from gradient.scheduling.services.lifecycle import BatchEffects, ReportOutcome
+
+__all__ = ["DROPPED", "MEMBER", "fenced_assignment", "worker_report", "worker_reports", "handle_report"]
+
+log = logging.getLogger("gradient.reports")
 
 Report: TypeAlias = JobUpdate | JobCompleted | JobFailed | BuildProgress | EvalProgress
 """A report echoes the assignment_id it is about."""
 Answer: TypeAlias = AssignJobResponse
 """The worker's answer to an AssignJob."""
+Incoming: TypeAlias = Report | Answer | BuildLog
+"""Anything a batch may hold: a report, an answer, a log piece."""
 
-DROPPED = ReportOutcome(False, "dropped: not the job's open assignment on this worker")
 MEMBER = ReportOutcome(False, "a cluster member's report: the cluster code settles it")
+
+# Reports whose refusal by the database fails their assignment (transient): the job's outcome would be
+# lost otherwise.
+RESULT_REPORTS = (JobUpdate, JobCompleted, JobFailed)
 
 MemberHandler = Callable[..., ReportOutcome]
 """Called as handler(worker_id=, message=, now=) for a report or answer about a cluster member's
@@ -54,51 +77,193 @@ def register_member_handler(handler: MemberHandler) -> None:
     _member_handler = handler
 
 
-def _is_member_assignment(assignment_id: str) -> bool:
-    parsed = parse_uuid(assignment_id)
-    return (
-        parsed is not None and DispatchedJob.objects.filter(id=parsed, cluster_attempt__isnull=False).exists()
-    )
+@dataclass(frozen=True)
+class Failed:
+    """A report whose handling raised (a bug, not the worker's fault): its savepoint rolled back, the
+    rest of the batch went on; the caller ends that worker's session."""
+
+    error: BaseException
 
 
-def worker_report(*, worker_id: uuid.UUID, message: Report | Answer, now: datetime) -> ReportOutcome:
-    """Any report or answer a worker sends: a cluster member's goes to the cluster code (its prepare,
-    its verdict), every other to handle_report. Both fence it by its assignment_id."""
-    if _member_handler is not None and _is_member_assignment(message.assignment_id):
-        return _member_handler(worker_id=worker_id, message=message, now=now)
-    return handle_report(worker_id=worker_id, message=message, now=now)
+Result: TypeAlias = ReportOutcome | Failed
 
 
-def fenced_assignment(*, worker_id: uuid.UUID, job_key: str, assignment_id: str) -> DispatchedJob | None:
-    """The open assignment the report names, locked, or None when the report must be dropped."""
-    parsed = parse_uuid(assignment_id)
-    if parsed is None:
-        return None
-    return (
-        DispatchedJob.objects.select_for_update(no_key=True)
-        .filter(id=parsed, job_id=job_key, worker_id=worker_id, finished_at__isnull=True)
-        .first()
-    )
+def worker_report(*, worker_id: uuid.UUID, message: Incoming, now: datetime) -> ReportOutcome:
+    """One report, answer or log piece: a batch of one (its own transaction)."""
+    [result] = worker_reports(batch=[(worker_id, message)], now=now)
+    if isinstance(result, Failed):
+        raise result.error
+    return result
+
+
+class _Contain(Exception):
+    """A report failed in a batch applied without savepoints: apply the batch again with them."""
+
+
+def worker_reports(*, batch: Sequence[tuple[uuid.UUID, Incoming]], now: datetime) -> list[Result]:
+    """Apply a batch of (worker id, message), in order, in one transaction: the entry that owns it.
+    Returns one result per message, in the batch's order.
+
+    The batch is first applied without a savepoint per report (two round trips each saved); if any
+    report fails, that transaction rolls back whole and the batch is applied again with one savepoint
+    per report, so the failing one fails alone (its result says how) and the others commit."""
+    try:
+        with transaction.atomic(durable=True):
+            return _apply_batch(batch, now, members=True, savepoints=False)
+    except _Contain:
+        log.info("a report in a batch of %d failed; applying the batch report by report", len(batch))
+    with transaction.atomic(durable=True):
+        return _apply_batch(batch, now, members=True)
 
 
 def handle_report(*, worker_id: uuid.UUID, message: Report | Answer, now: datetime) -> ReportOutcome:
-    """Apply one report or answer of a single job, fenced by its assignment_id, in one transaction."""
+    """One report or answer of a single job, fenced by its assignment_id, in one transaction (inside
+    the caller's, if it has one). A cluster member's is refused as MEMBER."""
     with transaction.atomic():
-        row = fenced_assignment(
-            worker_id=worker_id, job_key=message.job_id, assignment_id=message.assignment_id
+        [result] = _apply_batch([(worker_id, message)], now, members=False)
+    if isinstance(result, Failed):
+        raise result.error
+    return result
+
+
+def _apply_batch(
+    batch: Sequence[tuple[uuid.UUID, Incoming]], now: datetime, *, members: bool, savepoints: bool = True
+) -> list[Result]:
+    fenced, member_ids = fenced_assignments([(w, m.job_id, m.assignment_id) for w, m in batch])
+    effects = BatchEffects()
+    closed: set[uuid.UUID] = set()  # assignments a report of this batch closed: later ones are stale
+    noted: list[uuid.UUID] = []
+    results: list[Result] = []
+    for worker_id, message in batch:
+        assignment_id = parse_uuid(message.assignment_id)
+        if assignment_id is not None and assignment_id in member_ids:
+            if not members:
+                results.append(MEMBER)
+                continue
+            member = functools.partial(_member, worker_id, message, now)
+            results.append(_contained(member, worker_id, message, None, savepoint=savepoints))
+            continue
+        row = fenced.get(assignment_id) if assignment_id is not None else None
+        if row is None or row.id in closed:
+            results.append(DROPPED)
+            continue
+        mark = len(effects.completed)
+        apply = functools.partial(_apply_and_record, row, message, now, effects)
+        result = _contained(
+            apply, worker_id, message, row, effects=effects, mark=mark, now=now, savepoint=savepoints
         )
-        if row is None:
-            return DROPPED
-        if row.cluster_attempt_id is not None:
-            return MEMBER
-        lifecycle.note_report(row, now=now)
-        outcome = _apply(row, message, now)
+        if not isinstance(message, BuildLog):
+            noted.append(row.id)
+        if isinstance(message, JobCompleted | JobFailed) or (
+            isinstance(message, AssignJobResponse) and not message.accepted
+        ):
+            closed.add(row.id)
+        results.append(result)
+    lifecycle.note_reports(noted, now=now)
+    effects.settle(now)
+    return results
+
+
+def _apply_and_record(
+    row: DispatchedJob, message: Incoming, now: datetime, effects: BatchEffects
+) -> ReportOutcome:
+    outcome = _apply(row, message, now, effects)
+    if not isinstance(message, BuildLog):
         record_evidence(row, message, outcome, now)
-        return outcome
+    return outcome
 
 
-def _apply(row: DispatchedJob, message: Report | Answer, now: datetime) -> ReportOutcome:
+def _member(worker_id: uuid.UUID, message: Incoming, now: datetime) -> ReportOutcome:
+    if isinstance(message, BuildLog):
+        return logs.build_log_append(worker_id=worker_id, message=message, now=now)
+    if _member_handler is None:
+        return MEMBER
+    return _member_handler(worker_id=worker_id, message=message, now=now)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _contained(
+    apply: Callable[[], ReportOutcome],
+    worker_id: uuid.UUID,
+    message: Incoming,
+    row: DispatchedJob | None,
+    *,
+    effects: BatchEffects | None = None,
+    mark: int = 0,
+    now: datetime | None = None,
+    savepoint: bool = True,
+) -> Result:
+    """One report in a savepoint of its own. The database refusing it (a value too long for its column,
+    say) rolls back that report alone; a result or failure then fails its assignment as `transient`
+    with the reason, so the job is tried again. Any other error rolls back the report and is handed
+    back (Failed); a lost connection ends the whole batch (the caller tries it again). Without
+    `savepoint`, any failure but the connection's raises _Contain: the caller starts over with them."""
+    if not savepoint:
+        try:
+            return apply()
+        except (OperationalError, InterfaceError):
+            raise
+        except Exception as exc:
+            raise _Contain from exc
+    sid = transaction.savepoint()
+    try:
+        outcome = apply()
+    except (DataError, IntegrityError) as exc:
+        transaction.savepoint_rollback(sid)
+        if effects is not None:
+            del effects.completed[mark:]
+        detail = _first_line(exc)
+        log.error(
+            "the database refused %s from worker %s (%s); the session goes on",
+            tag_of(type(message)),
+            worker_id,
+            detail,
+            exc_info=True,
+        )
+        if row is None or now is None or effects is None or not isinstance(message, RESULT_REPORTS):
+            return ReportOutcome(False, f"refused by the database: {detail}")
+        return _fail_transient(row, message, detail, effects, now)
+    except (OperationalError, InterfaceError):
+        raise  # the connection: the whole batch rolled back, and its caller tries it again
+    except Exception as exc:
+        transaction.savepoint_rollback(sid)
+        if effects is not None:
+            del effects.completed[mark:]
+        return Failed(exc)
+    transaction.savepoint_commit(sid)
+    return outcome
+
+
+def _fail_transient(
+    row: DispatchedJob, message: Incoming, detail: str, effects: BatchEffects, now: datetime
+) -> Result:
+    failed = JobFailed(
+        job_id=message.job_id,
+        assignment_id=message.assignment_id,
+        error=f"the server could not store the worker's {tag_of(type(message))}: {detail}"[:2000],
+        kind=BuildFailureKind.TRANSIENT,
+        elapsed_ms=getattr(message, "elapsed_ms", 0),
+    )
+    savepoint = transaction.savepoint()
+    try:
+        outcome = _apply(row, failed, now, effects)
+        record_evidence(row, failed, outcome, now)
+    except (DataError, IntegrityError):
+        transaction.savepoint_rollback(savepoint)
+        log.error("failing assignment %s of worker %s failed too", row.id, row.worker_id)
+        return ReportOutcome(False, "refused by the database")
+    transaction.savepoint_commit(savepoint)
+    return outcome
+
+
+def _apply(row: DispatchedJob, message: Incoming, now: datetime, effects: BatchEffects) -> ReportOutcome:
     match message:
+        case BuildLog():
+            return logs.build_log_append_fenced(row=row, message=message, now=now)
         case AssignJobResponse(accepted=True):
             lifecycle.note_accepted(row, now=now)
             return ReportOutcome(True, "accepted")
@@ -107,11 +272,11 @@ def _apply(row: DispatchedJob, message: Report | Answer, now: datetime) -> Repor
             lifecycle.assignment_return_to_pool(row=row, reason=why, lost=False, now=now)
             return ReportOutcome(True, "declined; requeued")
         case JobUpdate(update=update):
-            return lifecycle.apply_job_update(row, update, now)
+            return lifecycle.apply_job_update(row, update, now, effects)
         case JobCompleted():
             assignment_close(row=row, outcome=DispatchOutcome.COMPLETED, reason="completed", now=now)
             if row.kind == JobKind.BUILD:
-                lifecycle.complete_build(row, now=now)
+                lifecycle.complete_build(row, now=now, effects=effects)
                 return ReportOutcome(True, "build completed")
             return lifecycle.complete_evaluation(row, now)
         case JobFailed(kind=kind, error=error, missing_paths=missing_paths):

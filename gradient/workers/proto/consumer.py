@@ -42,13 +42,13 @@ from gradient.core.protocol import (
     CLOSE_PROTOCOL_ERROR,
     PROTOCOL_VERSION,
     AssignJobResponse,
-    BuildFailureKind,
     BuildLog,
     BuildProgress,
     ClusterSignal,
     Draining,
     Error,
     EvalProgress,
+    EvalResult,
     InitAck,
     InitConnection,
     JobCompleted,
@@ -67,10 +67,13 @@ from gradient.core.protocol import (
     encode,
     tag_of,
 )
+from gradient.runtime import lanes
 from gradient.runtime.boot import current_boot
 from gradient.runtime.outbox import CLOSE_SERVER_DRAINING, remember_serve_loop, worker_group
-from gradient.workers import services
+from gradient.scheduling.services.reports import Failed
+from gradient.workers import presence, services
 from gradient.workers.proto import jobloop
+from gradient.workers.proto.batcher import batcher_for
 from gradient.workers.selectors import workers_with_open_assignments
 from gradient.workers.services import HandshakeRejected, SessionRef
 
@@ -97,10 +100,22 @@ JOB_LOOP: dict[type[Message], Handler] = {
     Draining: jobloop.draining,
 }
 
+# Reports, answers and log pieces: applied in batches with every other session's (batcher.py). An
+# eval_result goes alone (a batch of one): its part may take long to store and must not hold up others.
+BATCHED: tuple[type[Message], ...] = (
+    AssignJobResponse,
+    JobUpdate,
+    JobCompleted,
+    JobFailed,
+    BuildProgress,
+    EvalProgress,
+    BuildLog,
+)
+# Offers take long with a deep queue: their own lane, never in front of a claim or a report.
+OFFER_LANE: tuple[type[Message], ...] = (RequestJobList, RequestJobChunk)
+
 # A socket that has not sent its InitConnection by then is refused (Reject{400}); a test may lower it.
 HANDSHAKE_TIMEOUT_SECS = float(settings.GRADIENT_PROTO_HANDSHAKE_TIMEOUT_SECS)
-# "Seen" is written at most this often per session; a heartbeat always writes it.
-SEEN_EVERY_SECS = 1.0
 # Channel-layer group memberships expire (channels_redis: a day); a heartbeat renews it this often.
 GROUP_RENEW_SECS = 600.0
 # On SIGTERM: how long a session with open assignments may keep reporting before it is closed.
@@ -133,16 +148,16 @@ def _handshake_slots() -> asyncio.Semaphore:
 _server_draining = False
 
 
-def _handle(handler: Handler, session: SessionRef, message: Message, mark_seen: bool) -> list[ServerMessage]:
-    """One job-loop call. A lost database connection (OperationalError or InterfaceError outside any
-    transaction: the transaction it was in has rolled back) is dropped and the call made again, up to
-    DB_ATTEMPTS in all. Every job-loop function is safe to repeat: reports are fenced by their
-    assignment_id, writes are conditional, and request_job hands out a claim whose commit it did not hear
-    (jobloop.request_job)."""
+def _handle(handler: Handler, session: SessionRef, message: Message) -> list[ServerMessage]:
+    """One job-loop call, on a lane thread. A lost database connection (OperationalError or
+    InterfaceError outside any transaction: the transaction it was in has rolled back) is dropped and
+    the call made again, up to DB_ATTEMPTS in all. Every job-loop function is safe to repeat: reports are
+    fenced by their assignment_id, writes are conditional, and request_job hands out a claim whose commit
+    it did not hear (assignment.hand_out). A value the database refuses (a DataError) costs the session
+    nothing: the message is dropped, logged with its traceback (reports contain theirs themselves:
+    scheduling.services.reports)."""
     for attempt in range(1, DB_ATTEMPTS + 1):
         try:
-            if mark_seen:
-                services.worker_seen(session=session, now=timezone.now())
             return handler(session=session, message=message)
         except (OperationalError, InterfaceError) as exc:
             if attempt == DB_ATTEMPTS or connection.in_atomic_block:
@@ -151,46 +166,20 @@ def _handle(handler: Handler, session: SessionRef, message: Message, mark_seen: 
                 "database connection lost handling %s from worker %s (%s); trying again",
                 tag_of(type(message)),
                 session.worker_id,
-                str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__,
+                _first_line(exc),
             )
-            jobloop.drop_connection()
+            lanes.drop_connection()
             time.sleep(DB_RETRY_PAUSE_SECS * attempt)
-    raise AssertionError("unreachable")
-
-
-# Reports whose data error fails their assignment (transient): the job's outcome would be lost otherwise.
-RESULT_REPORTS = (JobUpdate, JobCompleted, JobFailed)
-
-
-def _handle_contained(
-    handler: Handler, session: SessionRef, message: Message, mark_seen: bool
-) -> list[ServerMessage]:
-    """_handle, with a data error contained to its message (see the module's docstring)."""
-    try:
-        return _handle(handler, session, message, mark_seen)
-    except DataError as exc:
-        detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        log.error(
-            "the database refused %s from worker %s (%s); the session goes on",
-            tag_of(type(message)),
-            session.worker_id,
-            detail,
-            exc_info=True,
-        )
-        if not isinstance(message, RESULT_REPORTS):
+        except DataError as exc:
+            log.error(
+                "the database refused %s from worker %s (%s); the session goes on",
+                tag_of(type(message)),
+                session.worker_id,
+                _first_line(exc),
+                exc_info=True,
+            )
             return []
-    failed = JobFailed(
-        job_id=message.job_id,
-        assignment_id=message.assignment_id,
-        error=f"the server could not store the worker's {tag_of(type(message))}: {detail}"[:2000],
-        kind=BuildFailureKind.TRANSIENT,
-        elapsed_ms=getattr(message, "elapsed_ms", 0),
-    )
-    try:
-        return _handle(jobloop.job_failed, session, failed, False)
-    except DataError:
-        log.error("failing assignment %s of worker %s failed too", message.assignment_id, session.worker_id)
-        return []
+    raise AssertionError("unreachable")
 
 
 def _close_session(session: SessionRef, reason: str) -> None:
@@ -204,7 +193,7 @@ def _close_session(session: SessionRef, reason: str) -> None:
             if attempt == DB_ATTEMPTS:
                 raise
             log.warning("database connection lost closing the session of %s; trying again", session.worker_id)
-            jobloop.drop_connection()
+            lanes.drop_connection()
             time.sleep(DB_RETRY_PAUSE_SECS * attempt)
 
 
@@ -236,7 +225,7 @@ def _close_unclosed_once(session: SessionRef, reason: str) -> None:
     try:
         services.worker_session_close(session_id=session.session_id, reason=reason, now=timezone.now())
     except (OperationalError, InterfaceError):
-        jobloop.drop_connection()
+        lanes.drop_connection()
         raise
 
 
@@ -248,8 +237,7 @@ async def _reap_unclosed() -> None:
         await asyncio.sleep(pause)
         for session_id, (session, reason) in list(_unclosed.items()):
             try:
-                # Not thread-sensitive: the one shared thread must not wait on a database that is away.
-                await database_sync_to_async(_close_unclosed_once, thread_sensitive=False)(session, reason)
+                await lanes.run(lanes.HOT, _close_unclosed_once, session, reason)
             except (OperationalError, InterfaceError):
                 pause = min(pause * 2, REAP_MAX_PAUSE_SECS)
                 break
@@ -262,6 +250,59 @@ async def _reap_unclosed() -> None:
             log.info(
                 "worker %s disconnected: %s (closed once the database answered)", session.worker_id, reason
             )
+
+
+# What a close code the server did not send itself most likely means (websockets reports 1006 when the
+# connection ended without a close frame; a keepalive ping that went unanswered ends it so).
+_DISCONNECT_CAUSES = {
+    1006: "no close frame: the keepalive ping went unanswered, or the network or the peer failed",
+    1011: "keepalive ping timeout or an internal error",
+}
+
+
+def _is_eval_result(message: Message) -> bool:
+    return isinstance(message, JobUpdate) and isinstance(message.update, EvalResult)
+
+
+def _offers_handler(*, session: SessionRef, message: object) -> list[ServerMessage]:
+    return jobloop.job_offers(session=session)
+
+
+# The presence flush of this process: what every session showed (seen, metrics) written together every
+# presence.FLUSH_EVERY_SECS, on the hot lane, from a task on the serve loop.
+_flushers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Task[None]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _start_flusher() -> None:
+    loop = asyncio.get_running_loop()
+    task = _flushers.get(loop)
+    if task is None or task.done():
+        _flushers[loop] = loop.create_task(_flush_every())
+
+
+async def _flush_every() -> None:
+    while True:
+        await asyncio.sleep(presence.FLUSH_EVERY_SECS)
+        try:
+            await flush_presence()
+        except Exception as exc:  # the database away: the entries wait for the next flush
+            log.warning("flushing the workers' presence failed (%s); trying again", _first_line(exc))
+
+
+async def flush_presence() -> int:
+    """Write what every session of this process showed since the last flush, now (the flusher does it
+    every few seconds; tests that read last_seen or metrics right after a message call it first)."""
+    return await lanes.run(lanes.HOT, _handle_flush)
+
+
+def _handle_flush() -> int:
+    try:
+        return jobloop.presence_flush()
+    except (OperationalError, InterfaceError):
+        lanes.drop_connection()
+        raise
 
 
 def _forget_channel(layer: Any, channel_name: str | None) -> None:
@@ -326,8 +367,9 @@ class WorkerConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]  # channels 
         self.closing = False
         self.close_reason = ""
         self.group = None
-        self._seen_at = 0.0
         self._grouped_at = 0.0
+        self._offering: asyncio.Task[None] | None = None
+        self._offer_again = False
         unauthenticated = sum(1 for c in _live if c.session is None and not c.closing)
         if unauthenticated >= settings.GRADIENT_PROTO_MAX_UNAUTHENTICATED:
             # Refused before the upgrade (HTTP 403): a flood of sockets that never say who they are costs
@@ -381,7 +423,9 @@ class WorkerConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]  # channels 
             return
         try:
             async with _handshake_slots():
-                result = await database_sync_to_async(services.worker_session_open)(
+                result = await lanes.run(
+                    lanes.HOT,
+                    services.worker_session_open,
                     worker_id=message.worker_id,
                     token=message.token,
                     capabilities=message.capabilities,
@@ -397,7 +441,7 @@ class WorkerConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]  # channels 
             await self._reject(result.code, result.reason)
             return
         self.session = result.session
-        self._seen_at = time.monotonic()
+        _start_flusher()
         self.group = worker_group(result.session.worker_id)
         try:
             await self.channel_layer.group_add(self.group, self.channel_name)
@@ -419,24 +463,33 @@ class WorkerConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]  # channels 
             await self._send(Draining())
 
     async def _dispatch(self, handler: Handler, session: SessionRef, message: Message) -> None:
-        now = time.monotonic()
-        mark_seen = isinstance(message, WorkerMetrics) or now - self._seen_at >= SEEN_EVERY_SECS
+        presence.note_seen(session_id=session.session_id, worker_id=session.worker_id, now=timezone.now())
+        if isinstance(message, WorkerMetrics):  # the heartbeat: in memory, no database, no thread
+            jobloop.worker_metrics(session=session, message=message)
+            await self._renew_group(session)
+            return
         try:
-            # Not thread-sensitive: sessions run their job-loop calls side by side, each in its own
-            # transaction on its own thread's connection.
-            replies = await database_sync_to_async(_handle_contained, thread_sensitive=False)(
-                handler, session, message, mark_seen
-            )
+            if isinstance(message, BATCHED) and not _is_eval_result(message):
+                result = await batcher_for(jobloop.reports_batch).submit(session, message)
+                if isinstance(result, Failed):
+                    raise result.error
+                replies: list[ServerMessage] = []
+            else:
+                lane = lanes.OFFERS if isinstance(message, OFFER_LANE) else lanes.HOT
+                replies = await lanes.run(lane, _handle, handler, session, message)
         except Exception:
             # Our failure, not the worker's: no 400. Close; the worker reconnects and its jobs requeue.
             log.exception("handling %s from worker %s failed", tag_of(type(message)), session.worker_id)
             await self._close(1011, "internal error")
             return
-        if mark_seen:
-            self._seen_at = now
         for reply in replies:
             await self._send(reply)
-        if isinstance(message, WorkerMetrics) and self.group and now - self._grouped_at >= GROUP_RENEW_SECS:
+        if isinstance(message, WorkerCapabilities):
+            self._offer_soon(session)
+
+    async def _renew_group(self, session: SessionRef) -> None:
+        now = time.monotonic()
+        if self.group and now - self._grouped_at >= GROUP_RENEW_SECS:
             # Failing here (Redis away) costs nothing: the next heartbeat tries again, and a lost channel
             # layer ends the session through __call__ anyway.
             try:
@@ -444,6 +497,31 @@ class WorkerConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]  # channels 
                 self._grouped_at = now
             except Exception:
                 log.warning("renewing the channel-layer group of worker %s failed", session.worker_id)
+
+    def _offer_soon(self, session: SessionRef) -> None:
+        """Trigger assignment after a WorkerCapabilities: the worker's offer delta, computed on the offer
+        lane and sent when ready. One at a time per session; a trigger while one runs runs it again."""
+        if self._offering is not None and not self._offering.done():
+            self._offer_again = True
+            return
+        self._offering = asyncio.get_running_loop().create_task(self._offer(session))
+
+    async def _offer(self, session: SessionRef) -> None:
+        while True:
+            self._offer_again = False
+            try:
+                offers = await lanes.run(lanes.OFFERS, _handle, _offers_handler, session, WorkerCapabilities)
+            except Exception:
+                log.exception(
+                    "offering jobs to worker %s failed; the next pass offers them", session.worker_id
+                )
+                return
+            for offer in offers:
+                if self.closing:
+                    return
+                await self._send(offer)
+            if not self._offer_again or self.closing:
+                return
 
     # --- pushes through the channel layer -------------------------------------------------------------
 
@@ -462,9 +540,24 @@ class WorkerConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]  # channels 
 
     # --- closing --------------------------------------------------------------------------------------
 
+    async def websocket_disconnect(self, message: dict[str, Any]) -> None:
+        self._disconnect_reason = str(message.get("reason") or "")
+        await super().websocket_disconnect(message)
+
     async def disconnect(self, code: int) -> None:
         self._cancel_handshake_timer()
         _live.discard(self)
+        session = getattr(self, "session", None)
+        if session is not None and not self.closing and code not in (1000, 1001):
+            # Not a close we asked for, nor the worker's own: the connection failed under the session
+            # (the keepalive ping unanswered for ws_ping_timeout, the network, a crashed peer). Say so.
+            why = getattr(self, "_disconnect_reason", "") or _DISCONNECT_CAUSES.get(code, "")
+            log.warning(
+                "the connection of worker %s ended with %s%s",
+                session.worker_id,
+                code,
+                f" ({why})" if why else "",
+            )
         await self._leave_group()
         await self._end_session(self.close_reason or f"disconnected ({code})")
 
@@ -488,7 +581,8 @@ class WorkerConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]  # channels 
             return
         self._session_ended = True
         try:
-            await database_sync_to_async(_close_session)(session, reason)
+            presence.forget(session.session_id)
+            await lanes.run(lanes.HOT, _close_session, session, reason)
         except (OperationalError, InterfaceError) as exc:
             log.warning(
                 "closing the session of %s failed (%s); closing it again as soon as the database answers",
@@ -548,6 +642,7 @@ class WorkerConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]  # channels 
             return
         self.closing = True
         self.close_reason = reason
+        log.info("closing the connection of %s with %s: %s", self._who(), code, reason)
         await self.close(code=code)
 
     def _on_handshake_timeout(self) -> None:

@@ -1,13 +1,18 @@
 """The job loop, one function per worker message after the handshake: the seam between the /proto
 consumer (transport) and the domain.
 
-Each function is synchronous (the consumer calls it through database_sync_to_async), takes the
+Each function is synchronous (the consumer runs it on a lane thread, gradient.runtime.lanes), takes the
 speaking session and the strictly decoded, typed message, makes one domain call, and returns the typed
 messages to send back on this socket, possibly none. Whatever it returns is sent after it returned, and
-every service called here commits its own transaction first, so an AssignJob only goes out once its
+every service called here has committed its transaction first, so an AssignJob only goes out once its
 claim is committed. Messages for other workers leave through gradient.runtime.outbox on commit.
 
-The consumer has already checked the message is allowed in the session's state and marked the worker
+Reports and answers come to `reports` in batches from every session of the process (the consumer's
+batcher); the single-report functions below are the same call with a batch of one. The heartbeat
+touches no database: `worker_metrics` notes it in memory (gradient.workers.presence), flushed for every
+session of the process together.
+
+The consumer has already checked the message is allowed in the session's state and noted the worker
 seen. Reports are fenced by the scheduler (gradient.scheduling.services.reports): a report whose
 assignment_id is not the job's open assignment on this worker changes nothing.
 """
@@ -15,8 +20,8 @@ assignment_id is not the job's open assignment on this worker changes nothing.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 
-from django.db import connection
 from django.utils import timezone
 
 from gradient.clusters.services import cluster_signal_forward
@@ -37,33 +42,51 @@ from gradient.core.protocol import (
     WorkerCapabilities,
     WorkerMetrics,
 )
-from gradient.scheduling.services import assignment, logs, offers, reports
-from gradient.workers import services
+from gradient.scheduling.services import assignment, offers, reports
+from gradient.scheduling.services.reports import Incoming
+from gradient.workers import presence, services
 from gradient.workers.services import SessionRef
 
 log = logging.getLogger("gradient.workers")
 
 
-def drop_connection() -> None:
-    """Forget this thread's database connection after it died; the next query opens a new one."""
-    try:
-        connection.close()
-    except Exception:  # it is dead already
-        log.debug("closing a dead database connection failed", exc_info=True)
-
-
 def worker_capabilities(*, session: SessionRef, message: WorkerCapabilities) -> list[ServerMessage]:
-    """Replace the stored capabilities and trigger assignment: offer the worker what it can run now
-    (running jobs and earlier offers stay)."""
-    now = timezone.now()
-    services.worker_capabilities_replace(session=session, capabilities=message, now=now)
-    return list(offers.job_offers(worker_id=session.worker_id, now=now))
+    """Replace the stored capabilities; the consumer then triggers assignment (`job_offers`, on the
+    offer lane: what the worker can run now; running jobs and earlier offers stay)."""
+    services.worker_capabilities_replace(session=session, capabilities=message, now=timezone.now())
+    return []
+
+
+def job_offers(*, session: SessionRef) -> list[ServerMessage]:
+    """The offer delta of this worker: what it can run now and was not offered yet."""
+    return list(offers.job_offers(worker_id=session.worker_id, now=timezone.now()))
 
 
 def worker_metrics(*, session: SessionRef, message: WorkerMetrics) -> list[ServerMessage]:
-    """The 10 s heartbeat: keep the latest metrics."""
-    services.worker_metrics_record(session=session, metrics=message, now=timezone.now())
+    """The 10 s heartbeat: the latest metrics, kept in memory until the next flush (no database here)."""
+    presence.note_metrics(
+        session_id=session.session_id, worker_id=session.worker_id, metrics=message, now=timezone.now()
+    )
     return []
+
+
+def presence_flush() -> int:
+    """Write every session's seen and metrics noted since the last flush; on failure they are kept
+    for the next one."""
+    entries = presence.take()
+    try:
+        return services.presence_flush(entries=entries)
+    except Exception:
+        presence.put_back(entries)
+        raise
+
+
+def reports_batch(batch: Sequence[tuple[SessionRef, Incoming]]) -> list[reports.Result]:
+    """A batch of reports, answers and log pieces from any sessions of this process, in one transaction
+    (see the consumer's batcher); one result per message."""
+    return reports.worker_reports(
+        batch=[(session.worker_id, message) for session, message in batch], now=timezone.now()
+    )
 
 
 def draining(*, session: SessionRef, message: Draining) -> list[ServerMessage]:
@@ -92,10 +115,7 @@ def request_job(*, session: SessionRef, message: RequestJob) -> list[ServerMessa
     return [handed] if handed is not None else []
 
 
-def _report(
-    session: SessionRef,
-    message: AssignJobResponse | JobUpdate | JobCompleted | JobFailed | BuildProgress | EvalProgress,
-) -> list[ServerMessage]:
+def _report(session: SessionRef, message: Incoming) -> list[ServerMessage]:
     reports.worker_report(worker_id=session.worker_id, message=message, now=timezone.now())
     return []
 
@@ -130,7 +150,7 @@ def eval_progress(*, session: SessionRef, message: EvalProgress) -> list[ServerM
 def build_log(*, session: SessionRef, message: BuildLog) -> list[ServerMessage]:
     """The next piece of a build's log: stored (a repeat's new tail only, a gap marked), fenced like
     every report, cluster members' included; never answered."""
-    logs.build_log_append(worker_id=session.worker_id, message=message, now=timezone.now())
+    reports.worker_report(worker_id=session.worker_id, message=message, now=timezone.now())
     return []
 
 

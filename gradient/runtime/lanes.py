@@ -1,0 +1,125 @@
+"""Lanes: the threads of this process that talk to the database for the hot path.
+
+A lane is a small, fixed pool of threads, each keeping one long-lived Django connection for as long as
+the process lives. Nothing on a lane calls `close_old_connections`, so no message pays Django's
+connection health check (`CONN_HEALTH_CHECKS`: a `SELECT 1` before the first query after each
+"request"); a connection is checked only when it failed: the caller that sees an OperationalError or
+InterfaceError outside a transaction drops it (`drop_connection`) and the next query opens a new one.
+
+Two lanes, so that slow work cannot hold up fast work:
+
+- `HOT`: handshakes, RequestJob, the batched reports (gradient.workers.proto.batcher), session closes.
+- `OFFERS`: the offer pass of one worker (JobOffer deltas, JobListChunk pages) and score uploads, which
+  with a deep queue take far longer than a claim; they queue behind each other, never behind a claim.
+
+The event loop never waits on a lane: `await run(lane, fn, ...)` suspends only the coroutine that asked
+(one socket's consumer), and every other socket goes on being read, answered and pinged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import functools
+import logging
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+from django.conf import settings
+from django.db import connections
+
+log = logging.getLogger("gradient.runtime")
+
+T = TypeVar("T")
+
+
+class Lane:
+    """A named pool of database threads (created on first use, in whichever process uses it)."""
+
+    def __init__(self, name: str, threads: Callable[[], int]) -> None:
+        self.name = name
+        self._threads = threads
+        self._executor: ThreadPoolExecutor | None = None
+        self._lock = threading.Lock()
+        self._busy = 0
+
+    @property
+    def size(self) -> int:
+        return max(1, int(self._threads()))
+
+    @property
+    def busy(self) -> int:
+        """Calls running or queued on this lane right now."""
+        return self._busy
+
+    def executor(self) -> ThreadPoolExecutor:
+        with self._lock:
+            if self._executor is None:
+                self._executor = ThreadPoolExecutor(
+                    max_workers=self.size, thread_name_prefix=f"gradient-lane-{self.name}"
+                )
+            return self._executor
+
+    def shutdown(self) -> None:
+        """Close every connection the lane's threads hold and stop them (serve's exit, a test's end)."""
+        with self._lock:
+            executor, self._executor = self._executor, None
+        if executor is None:
+            return
+        # One close per thread: each connection belongs to the thread that opened it.
+        barrier = threading.Barrier(executor._max_workers, timeout=5)
+        futures = [executor.submit(_close_after, barrier) for _ in range(executor._max_workers)]
+        for future in futures:
+            try:
+                future.result(timeout=10)
+            except Exception:  # a thread that could not join the barrier still closed its own
+                log.debug("closing a lane connection failed", exc_info=True)
+        executor.shutdown(wait=True)
+
+
+def _close_after(barrier: threading.Barrier) -> None:
+    try:
+        barrier.wait()
+    finally:
+        connections.close_all()
+
+
+def _hot_threads() -> int:
+    return int(getattr(settings, "GRADIENT_HOT_LANE_THREADS", 4))
+
+
+def _offer_threads() -> int:
+    return int(getattr(settings, "GRADIENT_OFFER_LANE_THREADS", 1))
+
+
+HOT = Lane("hot", _hot_threads)
+OFFERS = Lane("offers", _offer_threads)
+LANES = (HOT, OFFERS)
+
+
+async def run(lane: Lane, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
+    """Run `fn(*args, **kwargs)` on one of the lane's threads and return its result; the caller's
+    context variables go with it."""
+    loop = asyncio.get_running_loop()
+    context = contextvars.copy_context()
+    call = functools.partial(context.run, fn, *args, **kwargs)
+    lane._busy += 1
+    try:
+        return await loop.run_in_executor(lane.executor(), call)
+    finally:
+        lane._busy -= 1
+
+
+def drop_connection() -> None:
+    """Forget this thread's database connection after it died; the next query opens a new one."""
+    try:
+        connections["default"].close()
+    except Exception:  # it is dead already
+        log.debug("closing a dead database connection failed", exc_info=True)
+
+
+def shutdown_all() -> None:
+    for lane in LANES:
+        lane.shutdown()

@@ -1,0 +1,66 @@
+"""The fence every report passes: it acts only on the job's open assignment on the worker that sent it.
+
+A report (or answer, or log piece) names its job and its assignment_id; anything else (a stale id,
+another worker's id, a report after the close, a malformed id) is dropped: no state change, no error,
+no close. The fence is in the SQL itself (`WHERE id = ... AND worker_id = ... AND job_id = ... AND
+finished_at IS NULL`), with the row locked for the report's transaction.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+
+from django.db.models import Q
+
+from gradient.core.ids import parse_uuid
+from gradient.scheduling.models import DispatchedJob
+from gradient.scheduling.services.lifecycle import ReportOutcome
+
+DROPPED = ReportOutcome(False, "dropped: not the job's open assignment on this worker")
+
+
+def fenced_assignment(*, worker_id: uuid.UUID, job_key: str, assignment_id: str) -> DispatchedJob | None:
+    """The open assignment the report names, locked, or None when the report must be dropped."""
+    parsed = parse_uuid(assignment_id)
+    if parsed is None:
+        return None
+    return (
+        DispatchedJob.objects.select_for_update(no_key=True)
+        .filter(id=parsed, job_id=job_key, worker_id=worker_id, finished_at__isnull=True)
+        .first()
+    )
+
+
+def fenced_assignments(
+    claims: Sequence[tuple[uuid.UUID, str, str]],
+) -> tuple[dict[uuid.UUID, DispatchedJob], set[uuid.UUID]]:
+    """The fence for a whole batch of (worker_id, job key, assignment_id): the open single-job
+    assignments they name, each locked (in id order, so two batches never wait on each other in a cycle)
+    and kept only where worker and job match; and the ids of open cluster-member assignments among them,
+    left unlocked (the cluster code locks its cluster first, then the member's row)."""
+    wanted: dict[uuid.UUID, tuple[uuid.UUID, str]] = {}
+    for worker_id, job_key, named in claims:
+        parsed = parse_uuid(named)
+        if parsed is not None:
+            wanted[parsed] = (worker_id, job_key)
+    if not wanted:
+        return {}, set()
+    ids = list(wanted)
+    members = set(
+        DispatchedJob.objects.filter(
+            id__in=ids, finished_at__isnull=True, cluster_attempt__isnull=False
+        ).values_list("id", flat=True)
+    )
+    fence = Q()
+    for assignment_id, (worker_id, job_key) in wanted.items():
+        if assignment_id not in members:
+            fence |= Q(id=assignment_id, worker_id=worker_id, job_id=job_key)
+    if not fence:
+        return {}, members
+    rows = (
+        DispatchedJob.objects.select_for_update(no_key=True)
+        .filter(fence, finished_at__isnull=True, cluster_attempt__isnull=True)
+        .order_by("id")
+    )
+    return {row.id: row for row in rows}, members

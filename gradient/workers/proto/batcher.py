@@ -1,0 +1,118 @@
+"""The report batcher: every session's reports of this process, applied together.
+
+A session's consumer hands each report (JobUpdate, JobCompleted, JobFailed, BuildProgress, EvalProgress,
+BuildLog, and the AssignJobResponse answer) to `submit` and awaits its result, so one session still has
+one report in flight and its reports apply in the order it sent them. The batcher collects what every
+session submits for at most WINDOW_SECS (or MAX_BATCH reports), and applies the lot in one call on the
+hot lane: one transaction, one commit (gradient.scheduling.services.reports.worker_reports, through the
+job loop). While one batch is applied the next one fills, so under load batches grow and commits per
+report fall; a lone report waits at most the window.
+
+A batch whose database connection died is applied again on a fresh connection (every report is fenced
+by its assignment_id and every write is conditional, so a batch that did commit unheard changes nothing
+the second time); after DB_ATTEMPTS the error goes to every report of the batch, and each consumer ends
+its session as for any failure of ours.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import weakref
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from django.db import InterfaceError, OperationalError
+
+from gradient.runtime import lanes
+
+log = logging.getLogger("gradient.workers")
+
+WINDOW_SECS = 0.003
+MAX_BATCH = 256
+DB_ATTEMPTS = 3
+DB_RETRY_PAUSE_SECS = 0.1
+
+Apply = Callable[[Sequence[tuple[Any, Any]]], list[Any]]
+
+
+@dataclass
+class _Item:
+    session: Any
+    message: Any
+    future: asyncio.Future[Any]
+
+
+def _apply_with_retries(apply: Apply, batch: Sequence[tuple[Any, Any]]) -> list[Any]:
+    for attempt in range(1, DB_ATTEMPTS + 1):
+        try:
+            return apply(batch)
+        except (OperationalError, InterfaceError) as exc:
+            if attempt == DB_ATTEMPTS:
+                raise
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            log.warning("database connection lost applying %d reports (%s); trying again", len(batch), first)
+            lanes.drop_connection()
+            time.sleep(DB_RETRY_PAUSE_SECS * attempt)
+    raise AssertionError("unreachable")
+
+
+class Batcher:
+    """One per event loop (a serve process has one): collects and applies."""
+
+    def __init__(self, apply: Apply) -> None:
+        self._apply = apply
+        self._items: list[_Item] = []
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self.batches = 0
+        self.reports = 0
+
+    async def submit(self, session: Any, message: Any) -> Any:
+        """Apply `message` of `session` with the next batch; returns its result."""
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._items.append(_Item(session, message, future))
+        self._wake.set()
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self._run())
+        return await future
+
+    async def _run(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            if not self._items:
+                continue
+            await asyncio.sleep(WINDOW_SECS)  # let the other sessions' reports join
+            while self._items:
+                items, self._items = self._items[:MAX_BATCH], self._items[MAX_BATCH:]
+                await self._apply_batch(items)
+
+    async def _apply_batch(self, items: list[_Item]) -> None:
+        batch = [(item.session, item.message) for item in items]
+        try:
+            results = await lanes.run(lanes.HOT, _apply_with_retries, self._apply, batch)
+        except Exception as exc:
+            for item in items:
+                if not item.future.done():
+                    item.future.set_exception(exc)
+            return
+        self.batches += 1
+        self.reports += len(items)
+        for item, result in zip(items, results, strict=True):
+            if not item.future.done():
+                item.future.set_result(result)
+
+
+_batchers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Batcher] = weakref.WeakKeyDictionary()
+
+
+def batcher_for(apply: Apply) -> Batcher:
+    """This event loop's batcher (tests run several loops, one per test)."""
+    loop = asyncio.get_running_loop()
+    batcher = _batchers.get(loop)
+    if batcher is None:
+        batcher = _batchers[loop] = Batcher(apply)
+    return batcher
