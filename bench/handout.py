@@ -1,0 +1,642 @@
+"""The hand-out path end to end: N lightweight workers over /proto taking M Queued builds from `serve`,
+beside the bare-claim ceiling measured in the same run.
+
+    .venv/bin/python bench/handout.py [--clients 30] [--builds 3000] [--duration 30] [--rate R]
+                                      [--servers 1] [--ceiling-jobs 2000] [--ceiling-threads 8]
+
+1. The bare-claim ceiling, as bench/assign.py measures it (`bare_claim_ceiling`: threads running only
+   the claim statement on distinct jobs, on reset tables).
+2. The tables reset again and seeded: one project, one evaluation Building with --builds Queued shared
+   builds, --clients workers registered for the project.
+3. --servers `serve` processes (`--no-passes`, REDIS_URL: the channel layer on Redis, as in production;
+   no Celery, so no periodic pass runs), the clients spread round-robin over them.
+4. The clients, all in this process (the `websockets` library, compression off, no client pings), all
+   connecting at once: InitConnection, InitAck, WorkerCapabilities (x86_64-linux, one build slot), a
+   WorkerMetrics heartbeat every 10 s, and the job loop: RequestJob{build} -> AssignJob ->
+   AssignJobResponse accepted -> JobUpdate building -> JobUpdate build_output (each BuildSpec's outputs)
+   -> JobCompleted. A RequestJob unanswered for 10 s is sent again, as the reference worker does; a
+   session the server closes is reconnected after 1 s. Pushed JobOffer/JobListChunk frames are ignored.
+   Closed loop by default (the next RequestJob right after JobCompleted); with --rate R, RequestJobs are
+   issued at R/s in all, each to an idle client (a tick with no idle client is counted as missed).
+5. The measured window opens once every client has its InitAck (or --handshake-timeout after the
+   start) and lasts --duration seconds, or less when the builds run out. At its end the clients stop
+   sending and the run waits for PostgreSQL's statistics to be flushed before reading the commits.
+
+Printed: hand-outs/s in the window and its ratio to the ceiling, RequestJob -> AssignJob p50/p99 (from
+the first unanswered RequestJob of the slot), the time from the start to the first hand-out, how many
+clients got their InitAck and how long the slowest took, serve and PostgreSQL CPU per hand-out (from
+/proc/<pid>/stat; PostgreSQL: every `postgres` process of the machine, and of it the backends of the
+bench database), commits per hand-out (pg_stat_database.xact_commit of the bench database), lost claims
+(the gradient_claims_lost_total metric), sessions closed by the server per close code, and the jobs that
+ever had two open assignments at once (overlapping dispatched_job rows of one job). The last line is
+read by outside checks; keep its form.
+
+Needs PostgreSQL (BENCH_DATABASE_URL, default postgres://postgres@127.0.0.1:5432/gradient_bench) and
+Redis (REDIS_URL, default redis://127.0.0.1:6379/7).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import random
+import sys
+import time
+from collections import Counter, deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+import msgspec
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import (  # noqa: E402
+    describe_machine,
+    load_average,
+    log_dir,
+    percentile,
+    redis_url,
+    reset_tables,
+    service_env,
+    setup_django,
+)
+
+BATCH = 5000
+HEARTBEAT_SECS = 10.0
+REPEAT_SECS = 10.0  # an unanswered RequestJob is sent again after this long (the reference worker's)
+RECONNECT_SECS = 1.0
+# A backend flushes its statistics at most once a second while busy, and 10 s after it went idle.
+STATS_FLUSH_SECS = 11.0
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+encode = msgspec.json.encode
+decode = msgspec.json.decode
+
+
+@dataclass
+class Config:
+    clients: int = 30
+    builds: int = 3000
+    duration: float = 30.0
+    rate: float | None = None
+    servers: int = 1
+    ceiling_jobs: int = 2000
+    ceiling_threads: int = 8
+    handshake_timeout: float = 30.0
+
+
+# --- the database side -------------------------------------------------------------------------------
+
+
+def seed(clients: int, builds: int) -> list[tuple[str, str]]:
+    """Reset tables; one evaluation Building with `builds` Queued shared builds of its project, and
+    `clients` workers registered for that project. Returns their (worker id, token)."""
+    from django.db import connection
+    from django.utils import timezone
+
+    from gradient.scheduling.models import DerivationBuild, Evaluation, EvaluationBuild, EvaluationStatus
+    from gradient.scheduling.services.projects import project_create
+    from gradient.workers.services import worker_register
+
+    reset_tables()
+    now = timezone.now()
+    project = project_create(name="handout")
+    evaluation = Evaluation.objects.create(
+        project=project, repository="sim:handout", commit="handout", status=EvaluationStatus.BUILDING
+    )
+    for start in range(0, builds, BATCH):
+        rows = DerivationBuild.objects.bulk_create(
+            [
+                DerivationBuild(
+                    drv_path=f"/nix/store/{i:032d}-handout-{i}.drv",
+                    system="x86_64-linux",
+                    status="Queued",
+                    queued_at=now,
+                    outputs=[{"name": "out", "path": f"/nix/store/{i:032d}-handout-{i}"}],
+                )
+                for i in range(start, min(builds, start + BATCH))
+            ]
+        )
+        EvaluationBuild.objects.bulk_create([EvaluationBuild(evaluation=evaluation, build=b) for b in rows])
+    credentials = []
+    for i in range(clients):
+        worker, token = worker_register(name=f"handout-{i}", projects=[project])
+        credentials.append((str(worker.id), token))
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE")
+    return credentials
+
+
+DOUBLE_ASSIGNMENTS = """
+SELECT count(DISTINCT a.job_id) FROM dispatched_job a JOIN dispatched_job b
+  ON a.job_id = b.job_id AND a.id < b.id
+ AND a.dispatched_at < COALESCE(b.finished_at, 'infinity')
+ AND b.dispatched_at < COALESCE(a.finished_at, 'infinity')
+"""
+
+
+def double_assignments() -> int:
+    """Jobs that ever had two open assignments at once: two dispatched_job rows of one job whose
+    [dispatched_at, finished_at) intervals overlap."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(DOUBLE_ASSIGNMENTS)
+        return int(cursor.fetchone()[0])
+
+
+def server_close_reasons(since: Any) -> Counter[str]:
+    """The sessions closed since `since`, by their recorded reason (the server's side of the story)."""
+    from gradient.workers.models import WorkerSession
+
+    reasons = WorkerSession.objects.filter(closed_at__gte=since).values_list("close_reason", flat=True)
+    return Counter(reasons)
+
+
+# --- counters: CPU from /proc, commits and lost claims from PostgreSQL ------------------------------
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of a process (all its threads) in seconds; 0 once it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return 0.0
+    fields = stat[stat.rindex(")") + 2 :].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def postgres_cpu() -> dict[int, float]:
+    """CPU seconds of every `postgres` process on the machine, by pid."""
+    out = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if stat[stat.index("(") + 1 : stat.rindex(")")] == "postgres":
+                out[int(entry.name)] = cpu_seconds(int(entry.name))
+    return out
+
+
+@dataclass
+class Snapshot:
+    at: float
+    serve_cpu: float
+    postgres: dict[int, float]
+
+
+def snapshot(serve_pids: list[int]) -> Snapshot:
+    return Snapshot(time.monotonic(), sum(cpu_seconds(p) for p in serve_pids), postgres_cpu())
+
+
+COUNTERS = (
+    "SELECT (SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()), "
+    "(SELECT COALESCE(sum(value), 0) FROM metric_count WHERE name = %s)"
+)
+
+
+def db_counters(conn: Any) -> tuple[int, float]:
+    """(commits of the bench database, lost claims so far), in one statement: one commit of its own."""
+    from gradient.runtime.metrics import CLAIMS_LOST
+
+    row = conn.execute(COUNTERS, [CLAIMS_LOST]).fetchone()
+    return int(row[0]), float(row[1])
+
+
+def backend_pids(conn: Any) -> set[int]:
+    rows = conn.execute("SELECT pid FROM pg_stat_activity WHERE datname = current_database()").fetchall()
+    return {int(r[0]) for r in rows}
+
+
+# --- the clients ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class Bench:
+    """What every client shares: the clock, the figures, and whether to stop."""
+
+    config: Config
+    started: float = 0.0
+    stopping: bool = False
+    acks: list[float] = field(default_factory=list)  # seconds from the start to each first InitAck
+    handed: list[float] = field(default_factory=list)  # monotonic time of each AssignJob
+    latencies: list[tuple[float, float]] = field(default_factory=list)  # (when, ms)
+    requests: int = 0
+    repeats: int = 0
+    unrequested: int = 0
+    missed_ticks: int = 0
+    server_closes: Counter[str] = field(default_factory=Counter)
+    refusals: Counter[str] = field(default_factory=Counter)
+    errors: list[str] = field(default_factory=list)
+    idle: deque[Client] = field(default_factory=deque)
+    all_acked: asyncio.Event = field(default_factory=asyncio.Event)
+    out_of_builds: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @property
+    def open_loop(self) -> bool:
+        return self.config.rate is not None
+
+
+class Client:
+    def __init__(self, bench: Bench, url: str, worker_id: str, token: str) -> None:
+        self.bench, self.url, self.worker_id, self.token = bench, url, worker_id, token
+        self.ws: Any = None
+        self.acked = False
+        self.waiting_since: float | None = None  # the first unanswered RequestJob of the slot
+        self.repeat: asyncio.TimerHandle | None = None
+
+    async def run(self) -> None:
+        import websockets
+
+        while not self.bench.stopping:
+            try:
+                await self.session()
+            except websockets.ConnectionClosed as exc:
+                if not self.bench.stopping:
+                    code = exc.rcvd.code if exc.rcvd is not None else 1006
+                    self.bench.server_closes[str(code)] += 1
+            except (TimeoutError, OSError, websockets.InvalidHandshake) as exc:
+                if not self.bench.stopping:
+                    self.bench.errors.append(f"connect: {exc!r}")
+            finally:
+                self.forget_session()
+            if not self.bench.stopping:
+                await asyncio.sleep(RECONNECT_SECS)
+
+    def forget_session(self) -> None:
+        self.ws = None
+        self.waiting_since = None
+        if self.repeat is not None:
+            self.repeat.cancel()
+            self.repeat = None
+
+    async def session(self) -> None:
+        import websockets
+
+        async with websockets.connect(
+            self.url, compression=None, ping_interval=None, max_size=8 * 2**20, open_timeout=120
+        ) as ws:
+            await ws.send(
+                encode(
+                    {
+                        "type": "InitConnection",
+                        "worker_id": self.worker_id,
+                        "token": self.token,
+                        "capabilities": {"fetch": False, "eval": False, "build": True},
+                        "protocol": 1,
+                    }
+                ).decode()
+            )
+            frame = decode(await ws.recv())
+            if frame.get("type") != "InitAck":
+                self.bench.refusals[f"{frame.get('type')} {frame.get('code')}"] += 1
+                await asyncio.sleep(RECONNECT_SECS)
+                return
+            if not self.acked:
+                self.acked = True
+                self.bench.acks.append(time.monotonic() - self.bench.started)
+                if len(self.bench.acks) == self.bench.config.clients:
+                    self.bench.all_acked.set()
+            self.ws = ws
+            await ws.send(
+                encode(
+                    {
+                        "type": "WorkerCapabilities",
+                        "architectures": ["x86_64-linux"],
+                        "system_features": [],
+                        "max_concurrent_builds": 1,
+                        "cpu_count": 2,
+                        "ram_total_mb": 4096,
+                        "cpu_core_score": 1000,
+                        "zone": None,
+                        "endpoint": None,
+                    }
+                ).decode()
+            )
+            heartbeat = asyncio.create_task(self.heartbeat(ws))
+            try:
+                await self.free()
+                async for raw in ws:
+                    frame = decode(raw)
+                    kind = frame.get("type")
+                    if kind == "AssignJob":
+                        await self.on_assign(ws, frame)
+                    elif kind in ("Error", "Reject", "AbortJob", "Draining"):
+                        self.bench.errors.append(f"{kind}: {frame}")
+            finally:
+                heartbeat.cancel()
+            if not self.bench.stopping:  # a clean close (1000, 1001) ends the iteration without raising
+                self.bench.server_closes[str(ws.close_code)] += 1
+
+    async def heartbeat(self, ws: Any) -> None:
+        await asyncio.sleep(random.uniform(0, HEARTBEAT_SECS))  # noqa: S311 (spread, not security)
+        metrics = encode(
+            {
+                "type": "WorkerMetrics",
+                "cpu_usage_pct": 5.0,
+                "ram_free_mb": 2048,
+                "disk_speed_mbps": None,
+                "upload_speed_mbps": None,
+                "download_speed_mbps": None,
+                "build_peak_ram_mb": None,
+            }
+        ).decode()
+        while not self.bench.stopping:
+            await ws.send(metrics)
+            await asyncio.sleep(HEARTBEAT_SECS)
+
+    async def free(self) -> None:
+        """The slot is free: ask at once (closed loop) or wait for a tick (open loop)."""
+        if self.bench.open_loop:
+            self.bench.idle.append(self)
+        else:
+            await self.request()
+
+    async def request(self) -> None:
+        if self.bench.stopping or self.ws is None:
+            return
+        now = time.monotonic()
+        if self.waiting_since is None:
+            self.waiting_since = now
+            self.bench.requests += 1
+        else:
+            self.bench.repeats += 1
+        self.repeat = asyncio.get_running_loop().call_later(
+            REPEAT_SECS, lambda: asyncio.ensure_future(self.request())
+        )
+        with contextlib.suppress(Exception):  # a closed socket ends the session in run()
+            await self.ws.send('{"type":"RequestJob","kind":"build"}')
+
+    async def on_assign(self, ws: Any, frame: dict[str, Any]) -> None:
+        now = time.monotonic()
+        bench = self.bench
+        if self.repeat is not None:
+            self.repeat.cancel()
+            self.repeat = None
+        if self.waiting_since is None:
+            bench.unrequested += 1
+        else:
+            bench.latencies.append((now, (now - self.waiting_since) * 1000))
+            self.waiting_since = None
+        bench.handed.append(now)
+        if len(bench.handed) >= bench.config.builds:
+            bench.out_of_builds.set()
+        if bench.stopping:
+            return
+        job_id, assignment_id = frame["job_id"], frame["assignment_id"]
+        started = time.perf_counter()
+        await ws.send(
+            encode(
+                {
+                    "type": "AssignJobResponse",
+                    "job_id": job_id,
+                    "assignment_id": assignment_id,
+                    "accepted": True,
+                }
+            ).decode()
+        )
+        for spec in frame["job"]["builds"]:
+            for update in (
+                {"kind": "building", "build_id": spec["build_id"]},
+                {
+                    "kind": "build_output",
+                    "build_id": spec["build_id"],
+                    "outputs": [{**o, "nar_size": 1000} for o in spec["outputs"]],
+                    "substituted": False,
+                },
+            ):
+                await ws.send(
+                    encode(
+                        {
+                            "type": "JobUpdate",
+                            "job_id": job_id,
+                            "assignment_id": assignment_id,
+                            "update": update,
+                        }
+                    ).decode()
+                )
+        elapsed_ms = int((time.perf_counter() - started) * 1000)
+        await ws.send(
+            encode(
+                {
+                    "type": "JobCompleted",
+                    "job_id": job_id,
+                    "assignment_id": assignment_id,
+                    "elapsed_ms": elapsed_ms,
+                }
+            ).decode()
+        )
+        await self.free()
+
+
+async def ticker(bench: Bench, rate: float) -> None:
+    """Open loop: a RequestJob every 1/rate seconds in all, each from an idle client."""
+    period = 1.0 / rate
+    next_at = time.monotonic()
+    while not bench.stopping:
+        next_at += period
+        await asyncio.sleep(max(0.0, next_at - time.monotonic()))
+        while bench.idle and bench.idle[0].ws is None:  # its session ended meanwhile
+            bench.idle.popleft()
+        if bench.idle:
+            await bench.idle.popleft().request()
+        else:
+            bench.missed_ticks += 1
+
+
+@dataclass
+class Window:
+    start: Snapshot
+    end: Snapshot
+    handouts: int
+    latencies: list[float]
+    early: bool
+
+
+async def drive(
+    bench: Bench, urls: list[str], credentials: list[tuple[str, str]], serve_pids: list[int], conn: Any
+) -> tuple[Window, tuple[int, float], tuple[int, float], set[int]]:
+    """Run the clients; return the window and the database counters at its start and end."""
+    config = bench.config
+    clients = [Client(bench, urls[i % len(urls)], w, t) for i, (w, t) in enumerate(credentials)]
+    bench.started = time.monotonic()
+    tasks = [asyncio.create_task(c.run()) for c in clients]
+    if bench.open_loop:
+        assert config.rate is not None
+        tasks.append(asyncio.create_task(ticker(bench, config.rate)))
+    with contextlib.suppress(asyncio.TimeoutError):
+        await asyncio.wait_for(bench.all_acked.wait(), config.handshake_timeout)
+    start = snapshot(serve_pids)
+    db_start = await asyncio.to_thread(db_counters, conn)
+    handed_before = len(bench.handed)
+    with contextlib.suppress(asyncio.TimeoutError):
+        await asyncio.wait_for(bench.out_of_builds.wait(), config.duration)
+    end = snapshot(serve_pids)
+    bench.stopping = True
+    handouts = len(bench.handed) - handed_before
+    latencies = [ms for at, ms in bench.latencies if start.at <= at <= end.at]
+    backends = await asyncio.to_thread(backend_pids, conn)
+    await asyncio.sleep(STATS_FLUSH_SECS)  # the clients are quiet: every backend's statistics flushed
+    db_end = await asyncio.to_thread(db_counters, conn)
+    await asyncio.gather(*(c.ws.close() for c in clients if c.ws is not None), return_exceptions=True)
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    window = Window(start, end, handouts, latencies, bench.out_of_builds.is_set())
+    return window, db_start, db_end, backends
+
+
+# --- the run -----------------------------------------------------------------------------------------
+
+
+def run(config: Config, database_url: str) -> None:
+    import psycopg
+    from assign import bare_claim_ceiling
+    from connections import raise_fd_limit
+    from django.db import close_old_connections
+    from django.utils import timezone
+
+    from tests.support.processes import serve
+
+    print(
+        f"clients: {config.clients}, builds: {config.builds}, servers: {config.servers}, "
+        + (f"open loop at {config.rate:g} RequestJobs/s" if config.rate else "closed loop")
+        + f", window {config.duration:g} s"
+    )
+    ceiling = bare_claim_ceiling(config.ceiling_jobs, config.ceiling_threads)
+    print(
+        f"bare-claim ceiling: {ceiling:.0f} claims/s "
+        f"({config.ceiling_jobs} jobs, {config.ceiling_threads} threads)"
+    )
+    seeded = time.perf_counter()
+    credentials = seed(config.clients, config.builds)
+    print(
+        f"seeded {config.builds} Queued builds, {config.clients} workers "
+        f"in {time.perf_counter() - seeded:.1f} s"
+    )
+    close_old_connections()
+    raise_fd_limit(config.clients * config.servers + 200)  # serve inherits it
+    env = service_env(database_url, redis_url())
+    logs = log_dir()
+    bench = Bench(config)
+    since = timezone.now()
+    with contextlib.ExitStack() as stack:
+        servers = [
+            stack.enter_context(serve(env, logs, extra_args=["--no-passes", "--log-level", "warning"]))
+            for _ in range(config.servers)
+        ]
+        conn = stack.enter_context(psycopg.connect(database_url, autocommit=True))
+        pids = [s.process.pid for s in servers]
+        window, db_start, db_end, backends = asyncio.run(
+            drive(bench, [s.ws_url for s in servers], credentials, pids, conn)
+        )
+        doubles = double_assignments()
+        reasons = server_close_reasons(since)
+        close_old_connections()
+        logs_of = [s.log_path for s in servers]
+    report(bench, window, ceiling, db_start, db_end, backends, doubles, reasons, logs_of)
+
+
+def report(
+    bench: Bench,
+    window: Window,
+    ceiling: float,
+    db_start: tuple[int, float],
+    db_end: tuple[int, float],
+    backends: set[int],
+    doubles: int,
+    reasons: Counter[str],
+    logs: list[Path],
+) -> None:
+    config = bench.config
+    seconds = window.end.at - window.start.at
+    n = window.handouts
+    rate = n / seconds if seconds > 0 else float("nan")
+    per = (lambda x: x / n * 1000) if n else (lambda x: float("nan"))
+    serve_cpu = window.end.serve_cpu - window.start.serve_cpu
+    pg = {pid: cpu - window.start.postgres.get(pid, 0.0) for pid, cpu in window.end.postgres.items()}
+    pg_all, pg_bench = sum(pg.values()), sum(v for pid, v in pg.items() if pid in backends)
+    commits = db_end[0] - db_start[0] - 2  # the bench's own: the first counters and the backends statements
+    lost = db_end[1] - db_start[1]
+    p50, p99 = percentile(window.latencies, 50), percentile(window.latencies, 99)
+    first = min(bench.handed) - bench.started if bench.handed else float("nan")
+    acked = len(bench.acks)
+    print(f"  window: {seconds:.1f} s" + (" (ended early: every build handed out)" if window.early else ""))
+    print(
+        f"  hand-outs: {n} in the window = {rate:.1f}/s ({len(bench.handed)} in all); "
+        f"{rate / ceiling:.3f} of the claim ceiling"
+    )
+    print(f"  RequestJob -> AssignJob: p50 {p50:.1f} ms, p99 {p99:.1f} ms (n={len(window.latencies)})")
+    print(
+        f"  RequestJobs: {bench.requests} first, "
+        f"{bench.repeats} repeated after {REPEAT_SECS:g} s unanswered; "
+        f"AssignJobs without a RequestJob out: {bench.unrequested}"
+        + (f"; open-loop ticks with no idle client: {bench.missed_ticks}" if bench.open_loop else "")
+    )
+    print(f"  first hand-out {first:.2f} s after the clients started connecting")
+    slowest = max(bench.acks) if bench.acks else float("nan")
+    print(f"  InitAck: {acked} of {config.clients} clients; the slowest after {slowest:.2f} s")
+    print(f"  serve CPU: {serve_cpu:.1f} s in the window = {per(serve_cpu):.2f} ms per hand-out")
+    print(
+        f"  PostgreSQL CPU: {pg_all:.1f} s (every postgres process) = {per(pg_all):.2f} ms per hand-out; "
+        f"of it the bench database's backends {pg_bench:.1f} s = {per(pg_bench):.2f} ms"
+    )
+    print(f"  commits: {commits} = {commits / n if n else float('nan'):.2f} per hand-out")
+    print(f"  lost claims: {lost:.0f}")
+    closes = ", ".join(f"{code}: {k}" for code, k in sorted(bench.server_closes.items())) or "none"
+    print(f"  sessions closed by the server (close code: count): {closes}")
+    closed = {r: k for r, k in reasons.items() if r}
+    if closed:
+        print(f"  sessions closed, as the server recorded them: {dict(closed)}")
+    if bench.refusals:
+        print(f"  handshakes refused: {dict(bench.refusals)}")
+    for error in bench.errors[:5]:
+        print(f"  error: {error}")
+    if len(bench.errors) > 5:
+        print(f"  ... {len(bench.errors) - 5} more errors")
+    print(f"  serve logs: {', '.join(str(p) for p in logs)}")
+    print(f"  {load_average()} at the end")
+    if config.servers > 1:
+        print(f"  jobs that ever had two open assignments at once: {doubles}")
+    print(
+        f"handout: {rate:.1f}/s = {rate / ceiling:.3f} of the claim ceiling ({ceiling:.0f}/s); "
+        f"RequestJob->AssignJob p50 {p50:.1f} ms p99 {p99:.1f} ms; double assignments {doubles}"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--clients", type=int, default=30)
+    parser.add_argument("--builds", type=int, default=3000, help="Queued builds seeded before the run")
+    parser.add_argument("--duration", type=float, default=30.0, help="the measured window, seconds")
+    parser.add_argument("--rate", type=float, default=None, help="open loop: RequestJobs per second in all")
+    parser.add_argument("--servers", type=int, choices=(1, 2), default=1)
+    parser.add_argument("--ceiling-jobs", type=int, default=2000)
+    parser.add_argument("--ceiling-threads", type=int, default=8)
+    parser.add_argument(
+        "--handshake-timeout",
+        type=float,
+        default=30.0,
+        help="the window opens when every client has its InitAck, or this long after the start",
+    )
+    args = parser.parse_args()
+    if min(args.clients, args.builds, args.ceiling_jobs, args.ceiling_threads) < 1 or args.duration <= 0:
+        parser.error("--clients, --builds, --ceiling-jobs and --ceiling-threads must be >= 1, --duration > 0")
+    if args.rate is not None and args.rate <= 0:
+        parser.error("--rate must be > 0")
+    url = setup_django()
+    print(f"machine: {describe_machine()}")
+    print(f"database: {urlparse(url).path.lstrip('/')}; Redis: {redis_url()}")
+    run(Config(**vars(args)), url)
+
+
+if __name__ == "__main__":
+    main()
