@@ -73,6 +73,9 @@ RECONNECT_SECS = 1.0
 STATS_FLUSH_SECS = 11.0
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
+# Pushed offers the clients ignore; a frame's `type` comes first (gradient.core.protocol.encode).
+IGNORED = ('"type":"JobOffer"', '"type":"JobListChunk"')
+
 encode = msgspec.json.encode
 decode = msgspec.json.decode
 
@@ -149,11 +152,12 @@ def double_assignments() -> int:
         return int(cursor.fetchone()[0])
 
 
-def server_close_reasons(since: Any) -> Counter[str]:
-    """The sessions closed since `since`, by their recorded reason (the server's side of the story)."""
+def server_close_reasons(since: Any, until: Any) -> Counter[str]:
+    """The sessions closed while the clients ran, by their recorded reason (the server's side of it)."""
     from gradient.workers.models import WorkerSession
 
-    reasons = WorkerSession.objects.filter(closed_at__gte=since).values_list("close_reason", flat=True)
+    closed = WorkerSession.objects.filter(closed_at__gte=since, closed_at__lt=until)
+    reasons = closed.values_list("close_reason", flat=True)
     return Counter(reasons)
 
 
@@ -189,10 +193,13 @@ class Snapshot:
     at: float
     serve_cpu: float
     postgres: dict[int, float]
+    own_cpu: float  # this process: the clients
 
 
 def snapshot(serve_pids: list[int]) -> Snapshot:
-    return Snapshot(time.monotonic(), sum(cpu_seconds(p) for p in serve_pids), postgres_cpu())
+    return Snapshot(
+        time.monotonic(), sum(cpu_seconds(p) for p in serve_pids), postgres_cpu(), cpu_seconds(os.getpid())
+    )
 
 
 COUNTERS = (
@@ -224,6 +231,7 @@ class Bench:
     config: Config
     started: float = 0.0
     stopping: bool = False
+    stopped_at: Any = None  # wall clock (timezone.now()) when the clients stopped
     acks: list[float] = field(default_factory=list)  # seconds from the start to each first InitAck
     handed: list[float] = field(default_factory=list)  # monotonic time of each AssignJob
     latencies: list[tuple[float, float]] = field(default_factory=list)  # (when, ms)
@@ -323,6 +331,8 @@ class Client:
             try:
                 await self.free()
                 async for raw in ws:
+                    if any(tag in raw[:64] for tag in IGNORED):  # pages of 1 000 candidates: not decoded
+                        continue
                     frame = decode(raw)
                     kind = frame.get("type")
                     if kind == "AssignJob":
@@ -457,12 +467,15 @@ class Window:
     handouts: int
     latencies: list[float]
     early: bool
+    acked: int  # clients with their InitAck when it opened
 
 
 async def drive(
     bench: Bench, urls: list[str], credentials: list[tuple[str, str]], serve_pids: list[int], conn: Any
 ) -> tuple[Window, tuple[int, float], tuple[int, float], set[int]]:
     """Run the clients; return the window and the database counters at its start and end."""
+    from django.utils import timezone
+
     config = bench.config
     clients = [Client(bench, urls[i % len(urls)], w, t) for i, (w, t) in enumerate(credentials)]
     bench.started = time.monotonic()
@@ -474,11 +487,12 @@ async def drive(
         await asyncio.wait_for(bench.all_acked.wait(), config.handshake_timeout)
     start = snapshot(serve_pids)
     db_start = await asyncio.to_thread(db_counters, conn)
-    handed_before = len(bench.handed)
+    handed_before, acked_before = len(bench.handed), len(bench.acks)
     with contextlib.suppress(asyncio.TimeoutError):
         await asyncio.wait_for(bench.out_of_builds.wait(), config.duration)
     end = snapshot(serve_pids)
     bench.stopping = True
+    bench.stopped_at = timezone.now()
     handouts = len(bench.handed) - handed_before
     latencies = [ms for at, ms in bench.latencies if start.at <= at <= end.at]
     backends = await asyncio.to_thread(backend_pids, conn)
@@ -488,7 +502,7 @@ async def drive(
     for task in tasks:
         task.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
-    window = Window(start, end, handouts, latencies, bench.out_of_builds.is_set())
+    window = Window(start, end, handouts, latencies, bench.out_of_builds.is_set(), acked_before)
     return window, db_start, db_end, backends
 
 
@@ -537,7 +551,7 @@ def run(config: Config, database_url: str) -> None:
             drive(bench, [s.ws_url for s in servers], credentials, pids, conn)
         )
         doubles = double_assignments()
-        reasons = server_close_reasons(since)
+        reasons = server_close_reasons(since, bench.stopped_at)
         close_old_connections()
         logs_of = [s.log_path for s in servers]
     report(bench, window, ceiling, db_start, db_end, backends, doubles, reasons, logs_of)
@@ -581,12 +595,17 @@ def report(
     )
     print(f"  first hand-out {first:.2f} s after the clients started connecting")
     slowest = max(bench.acks) if bench.acks else float("nan")
-    print(f"  InitAck: {acked} of {config.clients} clients; the slowest after {slowest:.2f} s")
+    print(
+        f"  InitAck: {acked} of {config.clients} clients ({window.acked} when the window opened, "
+        f"{window.start.at - bench.started:.1f} s after the start); the slowest after {slowest:.2f} s"
+    )
     print(f"  serve CPU: {serve_cpu:.1f} s in the window = {per(serve_cpu):.2f} ms per hand-out")
     print(
         f"  PostgreSQL CPU: {pg_all:.1f} s (every postgres process) = {per(pg_all):.2f} ms per hand-out; "
         f"of it the bench database's backends {pg_bench:.1f} s = {per(pg_bench):.2f} ms"
     )
+    clients_cpu = window.end.own_cpu - window.start.own_cpu
+    print(f"  the clients' CPU (this process): {clients_cpu:.1f} s in the window")
     print(f"  commits: {commits} = {commits / n if n else float('nan'):.2f} per hand-out")
     print(f"  lost claims: {lost:.0f}")
     closes = ", ".join(f"{code}: {k}" for code, k in sorted(bench.server_closes.items())) or "none"
