@@ -214,6 +214,18 @@ class DerivationBuild(models.Model):
                 name="idx-derivation_build-queued",
                 condition=Q(status=BuildStatus.QUEUED),
             ),
+            # RequestJob's other two heads of the queue (selectors.queued_build_refs): the prioritized
+            # builds, and those past the WaitTime cap in id order (their tie-break).
+            models.Index(
+                fields=["queued_at", "id"],
+                name="idx-build-queued-prioritized",
+                condition=Q(status=BuildStatus.QUEUED, prioritized=True),
+            ),
+            models.Index(
+                fields=["id"],
+                name="idx-build-queued-id",
+                condition=Q(status=BuildStatus.QUEUED),
+            ),
             models.Index(
                 fields=["updated_at"],
                 name="idx-derivation_build-building",

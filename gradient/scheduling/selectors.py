@@ -142,8 +142,13 @@ def has_idle_eval_only_worker() -> bool:
     )
 
 
-def _not_a_cluster_member(prefix: str = "") -> Q:
-    return Q(**{f"{prefix}cluster_members__isnull": True})
+def _no_member(model: Any) -> Any:
+    """No cluster member names this row, as NOT EXISTS: PostgreSQL then walks the queue's index in order
+    and stops at the LIMIT (the LEFT JOIN ... IS NULL form made it read and sort every Queued build).
+    The member model is reached through the reverse relation: scheduling imports nothing of clusters."""
+    member = model._meta.get_field("cluster_members").related_model
+    column = "derivation_build_id" if model is DerivationBuild else "evaluation_id"
+    return ~Exists(member.objects.filter(**{column: OuterRef("pk")}))
 
 
 def queued_evaluations(state: WorkerState) -> QuerySet[Evaluation]:
@@ -152,7 +157,7 @@ def queued_evaluations(state: WorkerState) -> QuerySet[Evaluation]:
     open_row = DispatchedJob.objects.filter(evaluation_id=OuterRef("pk"), finished_at__isnull=True)
     return (
         Evaluation.objects.filter(status=EvaluationStatus.QUEUED, project_id__in=state.project_ids)
-        .filter(_not_a_cluster_member())
+        .filter(_no_member(Evaluation))
         .exclude(Exists(open_row))
         .order_by("created_at", "id")
     )
@@ -183,7 +188,7 @@ def _queued_builds_for(state: WorkerState, now: datetime) -> QuerySet[Derivation
     return (
         DerivationBuild.objects.filter(status=BuildStatus.QUEUED, system__in=systems)
         .filter(Q(retry_at__isnull=True) | Q(retry_at__lte=now))
-        .filter(_not_a_cluster_member())
+        .filter(_no_member(DerivationBuild))
         .filter(Exists(wanted))
         .order_by("queued_at", "id")
     )
