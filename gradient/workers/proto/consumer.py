@@ -29,6 +29,7 @@ import asyncio
 import logging
 import time
 import weakref
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -111,6 +112,10 @@ BATCHED: tuple[type[Message], ...] = (
     EvalProgress,
     BuildLog,
 )
+# A session's messages queued for its task beyond this many bytes make its socket wait (back-pressure);
+# after the socket closed, what it queued is applied within INBOX_DRAIN_SECS.
+INBOX_MAX_BYTES = 4 * 1024 * 1024
+INBOX_DRAIN_SECS = 10.0
 # Offers take long with a deep queue: their own lane, never in front of a claim or a report.
 OFFER_LANE: tuple[type[Message], ...] = (RequestJobList, RequestJobChunk)
 
@@ -255,6 +260,8 @@ async def _reap_unclosed() -> None:
 # What a close code the server did not send itself most likely means (websockets reports 1006 when the
 # connection ended without a close frame; a keepalive ping that went unanswered ends it so).
 _DISCONNECT_CAUSES = {
+    1005: "the connection ended without a close frame from the worker: the keepalive ping went "
+    "unanswered for ws_ping_timeout (uvicorn then closes with 1011), or the network or the worker failed",
     1006: "no close frame: the keepalive ping went unanswered, or the network or the peer failed",
     1011: "keepalive ping timeout or an internal error",
 }
@@ -282,9 +289,27 @@ def _start_flusher() -> None:
         _flushers[loop] = loop.create_task(_flush_every())
 
 
+# The flusher also watches the event loop: when its sleep ends this much later than asked, the loop has
+# been held up (by work that should be on a lane), and every socket with it; that is logged.
+LOOP_LATE_SECS = 1.0
+_loop_late_logged = 0.0
+
+
 async def _flush_every() -> None:
+    global _loop_late_logged
     while True:
+        asked = time.monotonic()
         await asyncio.sleep(presence.FLUSH_EVERY_SECS)
+        late = time.monotonic() - asked - presence.FLUSH_EVERY_SECS
+        if late >= LOOP_LATE_SECS and time.monotonic() - _loop_late_logged >= 10.0:
+            _loop_late_logged = time.monotonic()
+            log.warning(
+                "the event loop of this process ran %.1f s late (%d calls waiting on the hot lane, %d on "
+                "the offer lane): sockets are read and pinged that much later",
+                late,
+                lanes.HOT.busy,
+                lanes.OFFERS.busy,
+            )
         try:
             await flush_presence()
         except Exception as exc:  # the database away: the entries wait for the next flush
@@ -370,6 +395,11 @@ class WorkerConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]  # channels 
         self._grouped_at = 0.0
         self._offering: asyncio.Task[None] | None = None
         self._offer_again = False
+        self._inbox: deque[tuple[Handler, Message, int]] = deque()
+        self._inbox_bytes = 0
+        self._inbox_room = asyncio.Event()
+        self._inbox_room.set()
+        self._runner: asyncio.Task[None] | None = None
         unauthenticated = sum(1 for c in _live if c.session is None and not c.closing)
         if unauthenticated >= settings.GRADIENT_PROTO_MAX_UNAUTHENTICATED:
             # Refused before the upgrade (HTTP 403): a flood of sockets that never say who they are costs
@@ -412,7 +442,41 @@ class WorkerConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]  # channels 
         if handler is None:
             await self._violation(f"{tag_of(type(message))} is not allowed after InitAck")
             return
-        await self._dispatch(handler, self.session, message)
+        # Handled by the session's own task, in order; this returns at once, so the socket goes on being
+        # read (uvicorn reads no more frames, pongs included, until receive returns) and the keepalive
+        # ping is answered however long a call waits on its lane. A session that sends faster than it is
+        # served waits here once INBOX_MAX_BYTES are queued: back-pressure, never a close.
+        self._inbox.append((handler, message, len(text_data)))
+        self._inbox_bytes += len(text_data)
+        if self._runner is None or self._runner.done():
+            self._runner = asyncio.get_running_loop().create_task(self._run_inbox(self.session))
+        if self._inbox_bytes > INBOX_MAX_BYTES:
+            self._inbox_room.clear()
+            await self._inbox_room.wait()
+
+    async def _run_inbox(self, session: SessionRef) -> None:
+        while self._inbox:
+            handler, message, size = self._inbox[0]
+            try:
+                await self._dispatch(handler, session, message)
+            finally:
+                self._inbox.popleft()
+                self._inbox_bytes -= size
+                if self._inbox_bytes <= INBOX_MAX_BYTES:
+                    self._inbox_room.set()
+
+    async def _drain_inbox(self) -> None:
+        """The socket is gone: what the worker sent before it left is still applied (a JobCompleted
+        just before a disconnect counts), within INBOX_DRAIN_SECS."""
+        runner = getattr(self, "_runner", None)
+        if runner is None or runner.done():
+            return
+        try:
+            await asyncio.wait_for(asyncio.shield(runner), INBOX_DRAIN_SECS)
+        except TimeoutError:
+            log.warning("%s left %d messages unhandled", self._who(), len(self._inbox))
+        except Exception:  # the runner's own failure is logged where it happened
+            log.debug("the inbox of %s ended with an error", self._who(), exc_info=True)
 
     async def _handshake(self, message: InitConnection) -> None:
         self._cancel_handshake_timer()
@@ -547,6 +611,7 @@ class WorkerConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]  # channels 
     async def disconnect(self, code: int) -> None:
         self._cancel_handshake_timer()
         _live.discard(self)
+        await self._drain_inbox()
         session = getattr(self, "session", None)
         if session is not None and not self.closing and code not in (1000, 1001):
             # Not a close we asked for, nor the worker's own: the connection failed under the session
