@@ -7,6 +7,7 @@ pool deletes its rows (forget_sent), which puts it into the next delta.
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -96,18 +97,56 @@ def _offerable_evaluations(state: selectors.WorkerState) -> list[Evaluation]:
     ]
 
 
-def _candidates(evaluations: list[Evaluation], builds: list[DerivationBuild]) -> list[JobCandidate]:
+# A build's candidate message is the same for every worker: the offers of one process share those made
+# in the last RECENT_SECS (an assignment pass's interval; the NAR sizes on it are that old at most), so
+# 300 workers connecting at once cost one message per build, not 300.
+RECENT_SECS = 5.0
+RECENT_MAX = 200_000
+_recent: dict[uuid.UUID, tuple[float, JobCandidate]] = {}
+
+
+def _recent_candidates(build_ids: Iterable[uuid.UUID]) -> dict[uuid.UUID, JobCandidate]:
+    fresh_after = time.monotonic() - RECENT_SECS
+    found: dict[uuid.UUID, JobCandidate] = {}
+    for build_id in build_ids:
+        hit = _recent.get(build_id)
+        if hit is not None and hit[0] >= fresh_after:
+            found[build_id] = hit[1]
+    return found
+
+
+def _remember(made: dict[uuid.UUID, JobCandidate]) -> None:
+    if len(_recent) + len(made) > RECENT_MAX:
+        _recent.clear()
+    stamp = time.monotonic()
+    for build_id, candidate in made.items():
+        _recent[build_id] = (stamp, candidate)
+
+
+def _build_candidates(
+    builds: list[DerivationBuild], sources: list[str]
+) -> tuple[dict[uuid.UUID, JobCandidate], dict[str, int]]:
+    """Candidate messages of `builds` (made, or taken from this pass or the last few seconds), and the
+    NAR sizes of `sources` and of the inputs of the builds that were made."""
     cache = _PASS_CACHE.get()
-    known = cache.builds if cache is not None else {}
+    known = dict(cache.builds) if cache is not None else {}
+    known.update(_recent_candidates(b.id for b in builds if b.id not in known))
     missing = [b for b in builds if b.id not in known]
     inputs = selectors.input_paths([b.id for b in missing])
-    sources = [e.flake_source for e in evaluations if e.followup_pending and e.flake_source]
     sizes = selectors.nar_sizes(sources + [p for paths in inputs.values() for p in paths])
     made = {b.id: jobs.build_candidate(b, inputs.get(b.id, []), sizes) for b in missing}
     if cache is not None:
         cache.builds.update(made)
+    _remember(made)
+    known.update(made)
+    return known, sizes
+
+
+def _candidates(evaluations: list[Evaluation], builds: list[DerivationBuild]) -> list[JobCandidate]:
+    sources = [e.flake_source for e in evaluations if e.followup_pending and e.flake_source]
+    known, sizes = _build_candidates(builds, sources)
     out = [jobs.eval_candidate(e, sizes) for e in evaluations]
-    out.extend(made[b.id] if b.id in made else known[b.id] for b in builds)
+    out.extend(known[b.id] for b in builds)
     return out
 
 
@@ -193,8 +232,14 @@ def _fresh_candidates(state: selectors.WorkerState, now: datetime, limit: int) -
     )
     fresh_evaluations = [e for e in evaluations if e.job_key not in sent_evals][:limit]
     room = limit - len(fresh_evaluations)
-    fresh_builds = list(builds.exclude(Exists(already))[:room]) if room > 0 else []
-    fresh = _candidates(fresh_evaluations, fresh_builds)
+    # Only the ids first: the rows are loaded for the builds whose candidate no recent offer made.
+    fresh_ids = list(builds.exclude(Exists(already)).values_list("id", flat=True)[:room]) if room > 0 else []
+    recent = _recent_candidates(fresh_ids)
+    rows = {b.id: b for b in DerivationBuild.objects.filter(id__in=[i for i in fresh_ids if i not in recent])}
+    fresh = _candidates(fresh_evaluations, [])
+    made, _ = _build_candidates(list(rows.values()), [])
+    made.update(recent)
+    fresh.extend(made[i] for i in fresh_ids if i in made)
     SentCandidate.objects.bulk_create(
         [SentCandidate(worker_id=state.id, job_id=c.job_id, sent_at=now) for c in fresh],
         ignore_conflicts=True,
