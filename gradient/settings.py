@@ -165,7 +165,8 @@ LOGIN_URL = "admin:login"
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        "knox.auth.TokenAuthentication",  # hashed, expiring tokens (gradient.auth)
+        # knox's hashed, expiring tokens (gradient.auth), refusing an undecodable one with 401
+        "gradient.authentication.TokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
