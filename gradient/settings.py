@@ -93,6 +93,8 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # Last, so the first asked about a view's exception: a database that is away is a 503 (Retry-After).
+    "gradient.middleware.DatabaseOutageMiddleware",
 ]
 
 ROOT_URLCONF = "gradient.urls"
