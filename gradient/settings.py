@@ -269,6 +269,10 @@ GRADIENT_RETENTION_DAYS = _env_int("GRADIENT_RETENTION_DAYS", 90)
 # at once.
 # Seconds a connection may take to send a request's headers (serve's uvicorn; gradient.http_protocol).
 GRADIENT_HTTP_REQUEST_TIMEOUT_SECS = _env_int("GRADIENT_HTTP_REQUEST_TIMEOUT_SECS", 10)
+# A whole request (headers and body) within this many seconds of its first byte (gradient.http_protocol).
+GRADIENT_HTTP_BODY_TIMEOUT_SECS = _env_int("GRADIENT_HTTP_BODY_TIMEOUT_SECS", 30)
+# Open HTTP connections per client address and process (not the trusted proxies'; 0: no cap).
+GRADIENT_HTTP_MAX_CONNECTIONS_PER_ADDRESS = _env_int("GRADIENT_HTTP_MAX_CONNECTIONS_PER_ADDRESS", 128)
 GRADIENT_PROTO_HANDSHAKE_TIMEOUT_SECS = _env_int("GRADIENT_PROTO_HANDSHAKE_TIMEOUT_SECS", 10)
 GRADIENT_PROTO_MAX_UNAUTHENTICATED = _env_int("GRADIENT_PROTO_MAX_UNAUTHENTICATED", 256)
 GRADIENT_PROTO_HANDSHAKE_CONCURRENCY = _env_int("GRADIENT_PROTO_HANDSHAKE_CONCURRENCY", 16)

@@ -119,6 +119,11 @@ def _trusted(address: str) -> bool:
     return any(ip in network for network in _networks(spec))
 
 
+def is_trusted_proxy(address: str) -> bool:
+    """`address` is one of GRADIENT_TRUSTED_PROXIES (its connections stand for many clients)."""
+    return _trusted(address)
+
+
 def client_address(request: Any) -> str:
     """Who is asking: the peer, or, behind trusted proxies, the address the nearest one saw."""
     meta = request.META
