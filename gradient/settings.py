@@ -275,6 +275,11 @@ GRADIENT_HTTP_BODY_TIMEOUT_SECS = _env_int("GRADIENT_HTTP_BODY_TIMEOUT_SECS", 30
 GRADIENT_HTTP_MAX_CONNECTIONS_PER_ADDRESS = _env_int("GRADIENT_HTTP_MAX_CONNECTIONS_PER_ADDRESS", 128)
 GRADIENT_PROTO_HANDSHAKE_TIMEOUT_SECS = _env_int("GRADIENT_PROTO_HANDSHAKE_TIMEOUT_SECS", 10)
 GRADIENT_PROTO_MAX_UNAUTHENTICATED = _env_int("GRADIENT_PROTO_MAX_UNAUTHENTICATED", 256)
+# ... and per client address (not a trusted proxy's; 0: no cap of its own). Over either cap the oldest
+# socket that has not sent InitConnection is closed to make room (gradient.workers.proto.admission).
+GRADIENT_PROTO_MAX_UNAUTHENTICATED_PER_ADDRESS = _env_int(
+    "GRADIENT_PROTO_MAX_UNAUTHENTICATED_PER_ADDRESS", 16
+)
 GRADIENT_PROTO_HANDSHAKE_CONCURRENCY = _env_int("GRADIENT_PROTO_HANDSHAKE_CONCURRENCY", 16)
 GRADIENT_BUILD_LOG_MAX_BYTES = _env_int("GRADIENT_BUILD_LOG_MAX_BYTES", 64 * 1024 * 1024)
 # An evaluation's warnings, and its errors, each: at most this many messages and bytes of all its parts.

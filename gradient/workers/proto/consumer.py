@@ -70,7 +70,7 @@ from gradient.core.protocol import (
 from gradient.runtime.boot import current_boot
 from gradient.runtime.outbox import CLOSE_SERVER_DRAINING, remember_serve_loop, worker_group
 from gradient.workers import services
-from gradient.workers.proto import jobloop
+from gradient.workers.proto import admission, jobloop
 from gradient.workers.selectors import workers_with_open_assignments
 from gradient.workers.services import HandshakeRejected, SessionRef
 
@@ -277,6 +277,7 @@ def _forget_channel(layer: Any, channel_name: str | None) -> None:
 class WorkerConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]  # channels is untyped
     session: SessionRef | None
     closing: bool
+    handshaking: bool
     close_reason: str
     group: str | None
 
@@ -328,17 +329,15 @@ class WorkerConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]  # channels 
         self.group = None
         self._seen_at = 0.0
         self._grouped_at = 0.0
-        unauthenticated = sum(1 for c in _live if c.session is None and not c.closing)
-        if unauthenticated >= settings.GRADIENT_PROTO_MAX_UNAUTHENTICATED:
-            # Refused before the upgrade (HTTP 403): a flood of sockets that never say who they are costs
-            # this process at most that many consumers. A worker retries with backoff.
-            log.info(
-                "refused %s: %d connections have not completed the handshake", self._peer(), unauthenticated
-            )
+        self.handshaking = False
+        # Strangers (no handshake yet) are capped; the oldest make room for a newcomer (admission.py).
+        address = str(self.scope["client"][0]) if self.scope.get("client") else ""
+        if not await admission.admit(self, address):
             self.closing = True
-            await self.close()
+            await self.close()  # before the upgrade: HTTP 403; a worker retries with backoff
             return
         await self.accept()
+        admission.register(self, address)
         loop = asyncio.get_running_loop()
         remember_serve_loop(loop)
         _live.add(self)
@@ -374,6 +373,7 @@ class WorkerConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]  # channels 
 
     async def _handshake(self, message: InitConnection) -> None:
         self._cancel_handshake_timer()
+        self.handshaking = True  # never closed to make room now (admission.py)
         if message.protocol != PROTOCOL_VERSION:
             await self._reject(
                 400, f"unsupported protocol {message.protocol}: this server speaks {PROTOCOL_VERSION}"
@@ -464,6 +464,7 @@ class WorkerConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]  # channels 
 
     async def disconnect(self, code: int) -> None:
         self._cancel_handshake_timer()
+        admission.forget(self)
         _live.discard(self)
         await self._leave_group()
         await self._end_session(self.close_reason or f"disconnected ({code})")
@@ -549,6 +550,11 @@ class WorkerConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]  # channels 
         self.closing = True
         self.close_reason = reason
         await self.close(code=code)
+
+    async def make_room(self) -> None:
+        """Closed by admission.py for a newer socket: this one has not sent its InitConnection."""
+        reason = admission.EVICTED_REASON
+        await self._send_and_close(Reject(code=400, reason=reason), 4400, f"rejected: {reason}")
 
     def _on_handshake_timeout(self) -> None:
         self._handshake_timer = None
