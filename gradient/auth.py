@@ -154,7 +154,7 @@ class LogoutView(APIView):
 class TokenScheme(OpenApiAuthenticationExtension):  # type: ignore[no-untyped-call]
     """The OpenAPI scheme of knox's authentication: the `Token` header DRF's had, under its old name."""
 
-    target_class = "knox.auth.TokenAuthentication"
+    target_class = "gradient.authentication.TokenAuthentication"
     name = "tokenAuth"
     priority = 1
 

@@ -15,6 +15,8 @@ from django.conf import settings
 from django.db import DatabaseError, connection
 from django.http import HttpRequest, JsonResponse
 
+from gradient.middleware import OUTAGE_RETRY_AFTER_SECS
+
 log = logging.getLogger("gradient.health")
 
 REDIS_TIMEOUT_SECS = 1.0
@@ -57,4 +59,8 @@ def healthz(request: HttpRequest) -> JsonResponse:
         "embedded": settings.EMBEDDED,
         "channel_layer": ("redis" if settings.REDIS_URL else "in-memory") if channel_layer else "unavailable",
     }
-    return JsonResponse(body, status=200 if database and channel_layer else 503)
+    response = JsonResponse(body, status=200 if database and channel_layer else 503)
+    if response.status_code == 503:
+        response["Retry-After"] = str(OUTAGE_RETRY_AFTER_SECS)
+        response._has_been_logged = True  # type: ignore[attr-defined]  # the warning above says why
+    return response

@@ -4,24 +4,80 @@ closed. uvicorn times out an idle keep-alive connection after a response (5 s), 
 sent nothing yet, or half a request: such connections would stay open for ever, each holding a file
 descriptor (a few hundred made /healthz unreachable under a lowered limit). A WebSocket's upgrade is a
 request like another; after it, the /proto handshake time-out applies (workers.proto.consumer).
+
+Then the whole request, its body too, within GRADIENT_HTTP_BODY_TIMEOUT_SECS of its first byte: a body
+sent one byte every few seconds held its connection for ever. And at most
+GRADIENT_HTTP_MAX_CONNECTIONS_PER_ADDRESS open connections per client address (the peer's; a trusted
+proxy's are not capped): one more is answered 503 and closed. A connection upgraded to a WebSocket
+leaves this count (the /proto caps are the consumer's). Refusals and time-outs are logged at most once
+per address per 10 s, with the count of those left unlogged.
+
+The WebSocket protocol is uvicorn's too (websockets' sans-I/O implementation), with a text frame that
+is no UTF-8 logged as one INFO line instead of an ERROR with its traceback (StrictTextWebSocketProtocol).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
+import time
+from collections import Counter
 from typing import Any
 
 from django.conf import settings
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
+
+from gradient.core.lines import LineEvery
+from gradient.throttling import is_trusted_proxy
+
+log = logging.getLogger("gradient.http")
+
+
+# Open HTTP connections of this process per client address (before any upgrade to a WebSocket).
+_open_by_address: Counter[str] = Counter()
+# Refusals and time-outs: one line per address per this many seconds.
+_lines = LineEvery(every_secs=10.0)
+
+REFUSED = (
+    b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: text/plain; charset=utf-8\r\nretry-after: 5\r\n"
+    b"connection: close\r\ncontent-length: 46\r\n\r\nToo many open connections from this address.\r\n"
+)
+
+
+def _log_line(address: str, message: str, *args: Any) -> None:
+    unlogged = _lines.due(address, time.monotonic())
+    if unlogged is not None:
+        log.info(message + " (%d more like it since the last line)", *args, unlogged)
 
 
 class TimedHttpProtocol(HttpToolsProtocol):
-    """uvicorn's httptools protocol (uvicorn[standard]) with the request time-out."""
+    """uvicorn's httptools protocol (uvicorn[standard]) with the request time-outs (headers, then the
+    whole request) and the cap on a client address's open connections."""
 
     _request_timer: asyncio.TimerHandle | None = None
+    _body_timer: asyncio.TimerHandle | None = None
+    _request_began = 0.0
+    _counted: str | None = None
 
     def connection_made(self, transport: Any) -> None:
         super().connection_made(transport)
+        address = self.client[0] if self.client else ""
+        limit = settings.GRADIENT_HTTP_MAX_CONNECTIONS_PER_ADDRESS
+        if address and limit > 0 and not is_trusted_proxy(address):
+            if _open_by_address[address] >= limit:
+                _log_line(
+                    address,
+                    "refused a connection from %s: %d open already "
+                    "(GRADIENT_HTTP_MAX_CONNECTIONS_PER_ADDRESS)",
+                    address,
+                    _open_by_address[address],
+                )
+                transport.write(REFUSED)
+                transport.close()
+                return
+            _open_by_address[address] += 1
+            self._counted = address
         self._arm()
 
     def on_message_begin(self) -> None:  # the first bytes of a request, the first or a next one
@@ -31,23 +87,91 @@ class TimedHttpProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self._disarm()
         super().on_headers_complete()
+        if not (self.parser.should_upgrade() and self._should_upgrade()):
+            # The rest of the request (its body) within the whole request's time from its first byte.
+            self._body_timer = self.loop.call_at(
+                self._request_began + settings.GRADIENT_HTTP_BODY_TIMEOUT_SECS, self._body_timed_out
+            )
+
+    def on_message_complete(self) -> None:
+        self._disarm()
+        super().on_message_complete()
+
+    def handle_websocket_upgrade(self) -> None:
+        # A WebSocket from here on: the /proto handshake time-out and its caps apply, not these.
+        self._disarm()
+        self._uncount()
+        super().handle_websocket_upgrade()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        self._uncount()
         super().connection_lost(exc)
+
+    def _uncount(self) -> None:
+        address, self._counted = self._counted, None
+        if address is not None:
+            _open_by_address[address] -= 1
+            if _open_by_address[address] <= 0:
+                del _open_by_address[address]
 
     def _arm(self) -> None:
         self._disarm()
+        self._request_began = self.loop.time()
         self._request_timer = self.loop.call_later(
             settings.GRADIENT_HTTP_REQUEST_TIMEOUT_SECS, self._request_timed_out
         )
 
     def _disarm(self) -> None:
-        if self._request_timer is not None:
-            self._request_timer.cancel()
-            self._request_timer = None
+        for name in ("_request_timer", "_body_timer"):
+            timer = getattr(self, name)
+            if timer is not None:
+                timer.cancel()
+                setattr(self, name, None)
 
     def _request_timed_out(self) -> None:
         self._request_timer = None
         if not self.transport.is_closing():
             self.transport.close()
+
+    def _body_timed_out(self) -> None:
+        self._body_timer = None
+        if not self.transport.is_closing():
+            address = self.client[0] if self.client else "a client"
+            _log_line(
+                address,
+                "closed the connection of %s: its request was not complete within %d s "
+                "(GRADIENT_HTTP_BODY_TIMEOUT_SECS)",
+                address,
+                settings.GRADIENT_HTTP_BODY_TIMEOUT_SECS,
+            )
+            self.transport.close()
+
+
+class StrictTextWebSocketProtocol(WebSocketsSansIOProtocol):
+    """uvicorn's WebSocket protocol (websockets' sans-I/O), with a text frame that is no UTF-8 closed
+    with 1007 as before but logged as one INFO line: uvicorn logs it at ERROR with a traceback, so any
+    client could fill the log with them. (A server's own failure still logs its traceback.)"""
+
+    def send_receive_event_to_app(self) -> None:
+        if self.curr_msg_data_type != "text" or self.close_sent:
+            super().send_receive_event_to_app()
+            return
+        data = self.frames[0] if len(self.frames) == 1 else b"".join(self.frames)
+        self.frames = []
+        try:
+            text = data.decode()
+        except UnicodeDecodeError as exc:
+            client = self.client
+            log.info(
+                "closed a /proto socket of %s with 1007: a text frame is no UTF-8 (%s)",
+                f"{client[0]}:{client[1]}" if client else "a client",
+                exc.reason,
+            )
+            self.conn.send_close(1007)
+            self.handle_parser_exception()
+            return
+        self.queue.put_nowait({"type": "websocket.receive", "text": text})
+        if not self.read_paused:
+            self.read_paused = True
+            self.transport.pause_reading()

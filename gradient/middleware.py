@@ -4,16 +4,25 @@
 before any view runs: no text column of PostgreSQL can hold one, so a filter such as `?project=a%00b`
 would otherwise end in a database error (a 500). (Form and JSON fields are refused by Django's and DRF's
 own validators.)
+
+`DatabaseOutageMiddleware`: while the database does not answer, every route answers 503 with
+`Retry-After` (not a 500 with a traceback per request), logged once per interval.
 """
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction
+from django.db import InterfaceError, OperationalError
 from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest, JsonResponse
 from django.utils.decorators import sync_and_async_middleware
+from django.utils.deprecation import MiddlewareMixin
+
+log = logging.getLogger("gradient.http")
 
 NUL = "\x00"
 DETAIL = "A NUL character (%00) is not allowed in a URL."
@@ -46,3 +55,58 @@ def refuse_nul(get_response: Callable[[HttpRequest], Any]) -> Callable[[HttpRequ
         return nul_refusal(request) or get_response(request)
 
     return middleware
+
+
+# --- A database that does not answer -------------------------------------------------------------------
+
+# How long a client is told to wait; the consumers' sessions are back within seconds of the database.
+OUTAGE_RETRY_AFTER_SECS = 5
+# At most one log line per this many seconds for the requests an outage turns away.
+OUTAGE_LOG_EVERY_SECS = 10.0
+OUTAGE_DETAIL = "The database does not answer; try again shortly."
+
+_outage_log = {"at": -OUTAGE_LOG_EVERY_SECS, "suppressed": 0}
+
+
+def is_database_outage(exc: BaseException | None) -> bool:
+    """A database error of the kind a restart, a failover or a stopped server raises: the connection
+    could not be made or was lost (Django's OperationalError and InterfaceError)."""
+    return isinstance(exc, OperationalError | InterfaceError)
+
+
+def outage_response(request: HttpRequest, exc: BaseException) -> HttpResponse:
+    """503 with Retry-After, for any route: the service is not broken, its database is away. One WARNING
+    line per OUTAGE_LOG_EVERY_SECS (the first line of the error; hosts and ports go to the log, never to
+    the client), instead of Django's ERROR with a traceback for each request."""
+    now = time.monotonic()
+    if now - _outage_log["at"] >= OUTAGE_LOG_EVERY_SECS:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        log.warning(
+            "the database does not answer: %s %s answered 503 (%d more since the last line): %s",
+            request.method,
+            request.path,
+            _outage_log["suppressed"],
+            first,
+        )
+        _outage_log.update(at=now, suppressed=0)
+    else:
+        _outage_log["suppressed"] += 1
+    response: HttpResponse
+    if request.path.startswith(("/api/", "/metrics", "/healthz")):
+        response = JsonResponse({"detail": OUTAGE_DETAIL}, status=503)
+    else:
+        response = HttpResponse(OUTAGE_DETAIL, status=503, content_type="text/plain; charset=utf-8")
+    response["Retry-After"] = str(OUTAGE_RETRY_AFTER_SECS)
+    response._has_been_logged = True  # type: ignore[attr-defined]  # Django's log_response: said above
+    return response
+
+
+class DatabaseOutageMiddleware(MiddlewareMixin):
+    """A view (REST, /metrics, the console) whose database does not answer: 503 and Retry-After, not a
+    500. An error raised outside any view (in a middleware) reaches gradient.rest.server_error, which
+    answers the same."""
+
+    def process_exception(self, request: HttpRequest, exception: Exception) -> HttpResponse | None:
+        if is_database_outage(exception):
+            return outage_response(request, exception)
+        return None

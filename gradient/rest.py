@@ -11,6 +11,7 @@ APIView imports them while this module imports DRF's views).
 from __future__ import annotations
 
 import logging
+import sys
 import uuid
 from typing import Any
 
@@ -24,6 +25,7 @@ from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
 from gradient.core.ids import parse_uuid
+from gradient.middleware import is_database_outage, outage_response
 
 log = logging.getLogger("gradient.rest")
 
@@ -125,6 +127,12 @@ def not_found(request: HttpRequest, exception: Exception | None = None) -> HttpR
 
 
 def server_error(request: HttpRequest) -> HttpResponse:
+    # Called while the error is being handled: a database that is away is a 503 here too (an error raised
+    # in a middleware, outside the views that DatabaseOutageMiddleware covers).
+    exc = sys.exc_info()[1]
+    if is_database_outage(exc):
+        assert exc is not None
+        return outage_response(request, exc)
     if _is_api(request):
         return JsonResponse({"detail": "Internal error; it was logged."}, status=500)
     return defaults.server_error(request)

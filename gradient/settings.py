@@ -93,6 +93,8 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # Last, so the first asked about a view's exception: a database that is away is a 503 (Retry-After).
+    "gradient.middleware.DatabaseOutageMiddleware",
 ]
 
 ROOT_URLCONF = "gradient.urls"
@@ -165,7 +167,8 @@ LOGIN_URL = "admin:login"
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        "knox.auth.TokenAuthentication",  # hashed, expiring tokens (gradient.auth)
+        # knox's hashed, expiring tokens (gradient.auth), refusing an undecodable one with 401
+        "gradient.authentication.TokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
@@ -266,10 +269,27 @@ GRADIENT_RETENTION_DAYS = _env_int("GRADIENT_RETENTION_DAYS", 90)
 # at once.
 # Seconds a connection may take to send a request's headers (serve's uvicorn; gradient.http_protocol).
 GRADIENT_HTTP_REQUEST_TIMEOUT_SECS = _env_int("GRADIENT_HTTP_REQUEST_TIMEOUT_SECS", 10)
+# A whole request (headers and body) within this many seconds of its first byte (gradient.http_protocol).
+GRADIENT_HTTP_BODY_TIMEOUT_SECS = _env_int("GRADIENT_HTTP_BODY_TIMEOUT_SECS", 30)
+# Open HTTP connections per client address and process (not the trusted proxies'; 0: no cap).
+GRADIENT_HTTP_MAX_CONNECTIONS_PER_ADDRESS = _env_int("GRADIENT_HTTP_MAX_CONNECTIONS_PER_ADDRESS", 128)
 GRADIENT_PROTO_HANDSHAKE_TIMEOUT_SECS = _env_int("GRADIENT_PROTO_HANDSHAKE_TIMEOUT_SECS", 10)
 GRADIENT_PROTO_MAX_UNAUTHENTICATED = _env_int("GRADIENT_PROTO_MAX_UNAUTHENTICATED", 256)
+# ... and per client address (not a trusted proxy's; 0: no cap of its own). Over either cap the oldest
+# socket that has not sent InitConnection is closed to make room (gradient.workers.proto.admission).
+GRADIENT_PROTO_MAX_UNAUTHENTICATED_PER_ADDRESS = _env_int(
+    "GRADIENT_PROTO_MAX_UNAUTHENTICATED_PER_ADDRESS", 16
+)
 GRADIENT_PROTO_HANDSHAKE_CONCURRENCY = _env_int("GRADIENT_PROTO_HANDSHAKE_CONCURRENCY", 16)
 GRADIENT_BUILD_LOG_MAX_BYTES = _env_int("GRADIENT_BUILD_LOG_MAX_BYTES", 64 * 1024 * 1024)
+# ... of all tries of one build together, and of one worker's logs per hour (0: no such cap; docs/logs.md).
+GRADIENT_BUILD_LOG_MAX_BYTES_PER_BUILD = _env_int("GRADIENT_BUILD_LOG_MAX_BYTES_PER_BUILD", 128 * 1024 * 1024)
+GRADIENT_BUILD_LOG_MAX_BYTES_PER_WORKER_HOUR = _env_int(
+    "GRADIENT_BUILD_LOG_MAX_BYTES_PER_WORKER_HOUR", 1024 * 1024 * 1024
+)
+# An evaluation's warnings, and its errors, each: at most this many messages and bytes of all its parts.
+GRADIENT_EVAL_MESSAGES_MAX_COUNT = _env_int("GRADIENT_EVAL_MESSAGES_MAX_COUNT", 500)
+GRADIENT_EVAL_MESSAGES_MAX_BYTES = _env_int("GRADIENT_EVAL_MESSAGES_MAX_BYTES", 512 * 1024)
 GRADIENT_SCHEDULING_POLICY = os.environ.get("GRADIENT_SCHEDULING_POLICY", "resource-aware")
 # The hand-out path (docs/workers.md): database threads of one serve process for handshakes, RequestJob
 # and report batches ("hot"), and for offers ("offers"); the most candidates one offer delta carries.

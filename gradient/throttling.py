@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import ipaddress
 import random
+import unicodedata
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from functools import lru_cache, wraps
@@ -118,6 +119,11 @@ def _trusted(address: str) -> bool:
     return any(ip in network for network in _networks(spec))
 
 
+def is_trusted_proxy(address: str) -> bool:
+    """`address` is one of GRADIENT_TRUSTED_PROXIES (its connections stand for many clients)."""
+    return _trusted(address)
+
+
 def client_address(request: Any) -> str:
     """Who is asking: the peer, or, behind trusted proxies, the address the nearest one saw."""
     meta = request.META
@@ -187,11 +193,21 @@ class AnonThrottle(_CountedThrottle):
 # --- Logins ---------------------------------------------------------------------------------------------
 
 
+def login_name(username: str) -> str:
+    """The account a login names, as the login itself reads it: trimmed (DRF's field and Django's login
+    form both strip whitespace, Unicode's too: a tab, U+3000) and NFKC-normalized (the admin's form does
+    it, so a full-width `ａｌｉｃｅ` signs in as `alice`). Case is kept: the user model compares names
+    exactly. The account's lock is keyed on this, so no spelling of a locked name that would sign in to
+    the same account escapes it."""
+    return unicodedata.normalize("NFKC", unicodedata.normalize("NFKC", username).strip())
+
+
 def _login_limits(request: Any, username: str) -> list[tuple[str, int, int]]:
     limits = []
     account = parse_rate(settings.GRADIENT_LOGIN_THROTTLE_ACCOUNT)
-    if account is not None and username:
-        limits.append((_key("login-account", username.casefold()), *account))
+    name = login_name(username)
+    if account is not None and name:
+        limits.append((_key("login-account", name), *account))
     address = parse_rate(settings.GRADIENT_LOGIN_THROTTLE_ADDRESS)
     if address is not None:
         limits.append((_key("login-address", client_address(request)), *address))

@@ -42,7 +42,12 @@ def test_a_flood_of_bad_tokens_logs_no_traceback_and_serve_stays_healthy(
     tmp_path: Path, make_worker: Any
 ) -> None:
     worker, _token = make_worker()
-    env = database_env(GRADIENT_PROTO_MAX_UNAUTHENTICATED="1000")  # every one reaches its Reject
+    # Every one reaches its Reject: 400 sockets of one address stand for as many clients here.
+    env = database_env(
+        GRADIENT_PROTO_MAX_UNAUTHENTICATED="1000",
+        GRADIENT_PROTO_MAX_UNAUTHENTICATED_PER_ADDRESS="0",
+        GRADIENT_HTTP_MAX_CONNECTIONS_PER_ADDRESS="0",
+    )
     with serve(env, tmp_path, ["--no-passes"]) as server:
         results = asyncio.run(_flood(server.ws_url, str(worker.id), 400))
         assert results["401"] == 200 and results["left"] == 200, results
@@ -52,22 +57,22 @@ def test_a_flood_of_bad_tokens_logs_no_traceback_and_serve_stays_healthy(
     assert log.count("rejected (401): bad token") >= 200
 
 
-async def test_sockets_that_have_not_completed_the_handshake_are_capped_per_process(
+async def test_sockets_that_have_not_completed_the_handshake_are_capped_per_process_the_oldest_go_first(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     with override_settings(GRADIENT_PROTO_MAX_UNAUTHENTICATED=3):
         idle = [communicator() for _ in range(3)]
         for comm in idle:
             assert (await comm.connect(timeout=TIMEOUT))[0]
-        refused = communicator()
-        connected, _code = await refused.connect(timeout=TIMEOUT)
-        assert not connected
-        await idle[0].disconnect(timeout=TIMEOUT)
-        again = communicator()
-        assert (await again.connect(timeout=TIMEOUT))[0]
-        for comm in [*idle[1:], again]:
+        newer = communicator()
+        assert (await newer.connect(timeout=TIMEOUT))[0]  # taken: the oldest makes room
+        reject, code = await expect_refusal(idle[0], "Reject")
+        assert (reject["code"], code) == (400, 4400) and "room" in reject["reason"]
+        for comm in [*idle[1:], newer]:
+            assert await comm.receive_nothing(timeout=0.2)
             await comm.disconnect(timeout=TIMEOUT)
-    assert any("have not completed the handshake" in r.getMessage() for r in caplog.records)
+        await idle[0].disconnect(timeout=TIMEOUT)
+    assert any("without a handshake to make room" in r.getMessage() for r in caplog.records)
 
 
 async def test_a_socket_that_sends_nothing_is_refused_after_the_handshake_time_out_seconds() -> None:

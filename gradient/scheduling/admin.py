@@ -163,6 +163,14 @@ class EvaluationAdmin(FailedBuildLogsMixin, RecordTimelineMixin, OperatedAdmin):
         "record_timeline",
     )
 
+    def get_queryset(self, request):  # type: ignore[no-untyped-def]
+        # The list shows neither; each can be hundreds of KiB (decisions.messages caps them).
+        queryset = super().get_queryset(request)
+        match = request.resolver_match
+        if match is not None and match.url_name == "scheduling_evaluation_changelist":
+            queryset = queryset.defer("warnings", "errors")
+        return queryset
+
     @admin.display(description="id", ordering="id")
     def short_id(self, obj: Evaluation) -> str:
         return str(obj.id)

@@ -114,8 +114,13 @@ class EvaluationSerializer(serializers.Serializer[Any]):
     waiting_reason = serializers.JSONField(allow_null=True)
     waiting_reason_text = serializers.SerializerMethodField()
     waiting_since = serializers.DateTimeField(allow_null=True)
-    warnings = serializers.ListField(child=serializers.CharField())
-    errors = serializers.ListField(child=serializers.CharField())  # type: ignore[assignment]
+    warnings = serializers.SerializerMethodField(
+        help_text="What the evaluation warned of (capped: GRADIENT_EVAL_MESSAGES_MAX_COUNT and _BYTES; a "
+        "last line says how many were left out). Empty in lists: the evaluation's own route has them."
+    )
+    errors = serializers.SerializerMethodField(  # type: ignore[assignment]
+        help_text="Its errors, capped as the warnings are. Empty in lists."
+    )
     created_at = serializers.DateTimeField()
     finished_at = serializers.DateTimeField(allow_null=True)
     builds = serializers.SerializerMethodField()
@@ -129,6 +134,16 @@ class EvaluationSerializer(serializers.Serializer[Any]):
         help_text='While it waits, what happens next in words ("aborted at 07:13:00 UTC unless a worker '
         'for aarch64-linux connects"); empty otherwise.'
     )
+
+    # Lists leave them out (and never load them: EvaluationsView defers both columns): a page of 100
+    # evaluations with large messages each made `serve` hold hundreds of MiB per request.
+    @extend_schema_field(serializers.ListField(child=serializers.CharField()))
+    def get_warnings(self, obj: Evaluation) -> list[str]:
+        return list(obj.warnings) if self.context.get("with_builds", True) else []
+
+    @extend_schema_field(serializers.ListField(child=serializers.CharField()))
+    def get_errors(self, obj: Evaluation) -> list[str]:
+        return list(obj.errors) if self.context.get("with_builds", True) else []
 
     def get_waiting_next(self, obj: Evaluation) -> str:
         return selectors.evaluation_next_step(obj)
@@ -192,7 +207,9 @@ class EvaluationPageSerializer(serializers.Serializer[Any]):
     count = serializers.IntegerField(help_text="Evaluations matching the filters.")
     next = serializers.URLField(allow_null=True, help_text="The next page, or null on the last one.")
     previous = serializers.URLField(allow_null=True)
-    results = EvaluationSerializer(many=True, help_text="This page; `builds` is left empty in lists.")
+    results = EvaluationSerializer(
+        many=True, help_text="This page; `builds`, `warnings` and `errors` are left empty in lists."
+    )
 
 
 # --- Views -----------------------------------------------------------------------------------------------
@@ -212,7 +229,11 @@ class EvaluationsView(APIView):
     )
     def get(self, request: Request) -> Response:
         check_page_params(request)
-        qs = Evaluation.objects.filter(project__in=visible_projects(request.user)).select_related("project")
+        qs = (
+            Evaluation.objects.filter(project__in=visible_projects(request.user))
+            .select_related("project")
+            .defer("warnings", "errors")
+        )
         wanted_status = request.query_params.get("status")
         if wanted_status:
             if member_of(EvaluationStatus, wanted_status) is None:

@@ -22,7 +22,7 @@ from django.core.management.base import BaseCommand, CommandParser
 from django.db import close_old_connections
 from django.utils import timezone
 
-from gradient.http_protocol import TimedHttpProtocol
+from gradient.http_protocol import StrictTextWebSocketProtocol, TimedHttpProtocol
 from gradient.passrunner import PassRunner
 from gradient.runtime import lanes
 from gradient.runtime.boot import set_current_boot
@@ -165,6 +165,7 @@ class Command(BaseCommand):
             # would believe it from 127.0.0.1 by default, and any local client could forge its address.
             proxy_headers=False,
             http=TimedHttpProtocol,  # a request's headers within GRADIENT_HTTP_REQUEST_TIMEOUT_SECS
+            ws=StrictTextWebSocketProtocol,  # a text frame that is no UTF-8: 1007, one INFO line
             ws_max_size=WS_MAX_SIZE,
             ws_ping_interval=20.0,
             ws_ping_timeout=20.0,

@@ -44,6 +44,20 @@ def cut_line(max_bytes: int) -> str:
     return f"[... the log was cut here: it reached {max_bytes} bytes (GRADIENT_BUILD_LOG_MAX_BYTES) ...]\n"
 
 
+def build_cut_line(max_bytes: int) -> str:
+    return (
+        f"[... the log was cut here: the logs of all tries of this build reached {max_bytes} bytes "
+        "(GRADIENT_BUILD_LOG_MAX_BYTES_PER_BUILD) ...]\n"
+    )
+
+
+def worker_cut_line(max_bytes: int) -> str:
+    return (
+        f"[... the log was cut here: this worker's logs reached {max_bytes} bytes within an hour "
+        "(GRADIENT_BUILD_LOG_MAX_BYTES_PER_WORKER_HOUR) ...]\n"
+    )
+
+
 def _prefix_within(text: str, budget: int) -> str:
     """The longest prefix of `text` whose UTF-8 encoding fits in `budget` bytes."""
     if budget <= 0:
@@ -56,8 +70,11 @@ def _prefix_within(text: str, budget: int) -> str:
     return encoded[:budget].decode(errors="ignore")  # a character cut in two is left out
 
 
-def append_piece(state: LogState, *, offset: int, data: str, max_bytes: int) -> Append:
-    """The piece at `offset` with `data`, applied to `state`."""
+def append_piece(
+    state: LogState, *, offset: int, data: str, max_bytes: int, cut_text: str | None = None
+) -> Append:
+    """The piece at `offset` with `data`, applied to `state`. `cut_text` is the line that ends a cut
+    log (`cut_line(max_bytes)` unless another cap than the log's own is the one reached)."""
     if state.cut or state.received >= MAX_POSITION:
         return Append("", state)
     end = offset + len(data)
@@ -74,7 +91,7 @@ def append_piece(state: LogState, *, offset: int, data: str, max_bytes: int) -> 
     text = marker + kept
     if cut:
         ends_line = text.endswith("\n") or (not text and state.at_line_start)
-        text += ("" if ends_line else "\n") + cut_line(max_bytes)
+        text += ("" if ends_line else "\n") + (cut_text or cut_line(max_bytes))
     kept_bytes = len(kept.encode()) if kept else 0
     at_line_start = text.endswith("\n") if text else state.at_line_start
     return Append(

@@ -23,18 +23,31 @@ import uuid
 from datetime import datetime
 from typing import Any
 
+from django.conf import settings
 from django.db import transaction
 from django.db.models import F
 
 from gradient.core.vocab import EvaluationKind, EvaluationStatus
 from gradient.scheduling import history
+from gradient.scheduling.decisions.messages import MessageCap, with_messages
 from gradient.scheduling.models import DispatchedJob, EvalIngest, EvalIngestInput, Evaluation, EvaluationBuild
 from gradient.scheduling.services import drv_recovery, graph
 from gradient.scheduling.services.ingest import store_part
 
 log = logging.getLogger("gradient.reports")
 
-MAX_MESSAGES = 500  # warnings and errors kept per evaluation, of all parts together
+# A message is cut beyond this (or beyond GRADIENT_EVAL_MESSAGES_MAX_BYTES, if lower).
+MAX_MESSAGE_BYTES = 64 * 1024
+
+
+def message_cap() -> MessageCap:
+    """Warnings and errors kept per evaluation, of all parts together (decisions.messages)."""
+    max_bytes = settings.GRADIENT_EVAL_MESSAGES_MAX_BYTES
+    return MessageCap(
+        max_count=settings.GRADIENT_EVAL_MESSAGES_MAX_COUNT,
+        max_bytes=max_bytes,
+        max_message_bytes=min(MAX_MESSAGE_BYTES, max_bytes),
+    )
 
 
 Outcome = tuple[bool, str]  # a ReportOutcome's (accepted, detail): reports.py calls into this module
@@ -52,8 +65,11 @@ def eval_result_part(
     ingest = EvalIngest.objects.filter(assignment_id=row.id).first()
     if ingest is not None and ingest.decided_at is not None:
         return _outcome(False, "dropped: a part after the final one")
-    evaluation.warnings = [*evaluation.warnings, *update.get("warnings", [])][:MAX_MESSAGES]
-    evaluation.errors = [*evaluation.errors, *update.get("errors", [])][:MAX_MESSAGES]
+    cap = message_cap()
+    evaluation.warnings = with_messages(
+        evaluation.warnings, update.get("warnings", []), what="warnings", cap=cap
+    )
+    evaluation.errors = with_messages(evaluation.errors, update.get("errors", []), what="errors", cap=cap)
     evaluation.save(update_fields=["warnings", "errors", "updated_at"])
     derivations = update.get("derivations", [])
     first = ingest is None
@@ -158,6 +174,6 @@ def incomplete_result(*, row: DispatchedJob, evaluation: Evaluation, now: dateti
         expect=None,
         reason=error,
         now=now,
-        errors=[*evaluation.errors, error][:MAX_MESSAGES],
+        errors=[*evaluation.errors, error],  # the server's own line, past the cap: one, always kept
     )
     return _outcome(True, "completed before the final eval_result part: failed")

@@ -13,17 +13,26 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
+from typing import Any
 
 import zstandard
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
+from django.db.models import Sum
 
 from gradient.core.ids import parse_uuid
 from gradient.core.jobkey import JobKey
 from gradient.core.protocol import BuildLog as BuildLogPiece
 from gradient.core.vocab import JobKeyKind
-from gradient.scheduling.decisions.logs import LogState, append_piece, tail_lines
+from gradient.models import RateCounter
+from gradient.scheduling.decisions.logs import (
+    LogState,
+    append_piece,
+    build_cut_line,
+    tail_lines,
+    worker_cut_line,
+)
 from gradient.scheduling.models import BuildLog, BuildLogChunk, DerivationBuild, DispatchedJob
 from gradient.scheduling.services.fence import DROPPED, fenced_assignment
 from gradient.scheduling.services.lifecycle import ReportOutcome
@@ -72,16 +81,19 @@ def build_log_append_fenced(*, row: DispatchedJob, message: BuildLogPiece, now: 
     build_id = parse_uuid(message.build_id)
     if key is None or build_id is None or key.id != build_id:
         return DROPPED
+    worker_id = row.worker_id
     log = BuildLog.objects.filter(assignment_id=row.id, build_id=build_id).first()
     state = _state(log)
     # PostgreSQL text holds no NUL; one character for one keeps every offset where it was.
     data = message.data.replace("\x00", "\ufffd")
-    step = append_piece(
-        state, offset=message.offset, data=data, max_bytes=settings.GRADIENT_BUILD_LOG_MAX_BYTES
+    max_bytes, cut_text = (
+        (state.size_bytes, None) if state.cut else _log_budget(worker_id, build_id, row.id, state, now)
     )
+    step = append_piece(state, offset=message.offset, data=data, max_bytes=max_bytes, cut_text=cut_text)
     if step.state == state:
         return REPEAT
     new = step.state
+    _count_worker_bytes(worker_id, new.size_bytes - state.size_bytes, now)
     fields = {
         "received": new.received,
         "length": new.length,
@@ -96,6 +108,71 @@ def build_log_append_fenced(*, row: DispatchedJob, message: BuildLogPiece, now: 
     if step.text:
         BuildLogChunk.objects.create(log_id=log.id, start=state.length, data=step.text)
     return ReportOutcome(True, f"log: {len(step.text)} characters stored")
+
+
+# --- The caps beyond one log's own (issue 25, finding 3) ------------------------------------------------
+# A worker that takes a build, logs and fails it `canceled` in a loop (canceled spends no attempt, and
+# each try starts a log of its own) stored 125 MiB in 30 s. So the logs of all tries of one build are
+# capped together, and so are one worker's log bytes per hour, counted in `rate_counter` (the table of
+# gradient.throttling, whose counting is the same: the window starts at its first hit and lasts an
+# hour) so every `serve` process shares the count. Counted in KiB: the column is a 32-bit integer.
+
+_WORKER_KEY = "log-bytes\x1f{worker_id}"
+_HOUR = timedelta(hours=1)
+_COUNT_BYTES = """
+    INSERT INTO rate_counter (key, window_start, hits) VALUES (%(key)s, %(now)s, %(add)s)
+    ON CONFLICT (key) DO UPDATE SET
+        hits = CASE WHEN rate_counter.window_start > %(cutoff)s
+                    THEN rate_counter.hits + %(add)s ELSE %(add)s END,
+        window_start = CASE WHEN rate_counter.window_start > %(cutoff)s
+                            THEN rate_counter.window_start ELSE %(now)s END
+"""
+
+
+def _worker_bytes_this_hour(worker_id: uuid.UUID, now: datetime) -> int:
+    row = (
+        RateCounter.objects.filter(key=_WORKER_KEY.format(worker_id=worker_id), window_start__gt=now - _HOUR)
+        .values_list("hits", flat=True)
+        .first()
+    )
+    return int(row or 0) * 1024
+
+
+def _count_worker_bytes(worker_id: uuid.UUID, size: int, now: datetime) -> None:
+    if size <= 0 or settings.GRADIENT_BUILD_LOG_MAX_BYTES_PER_WORKER_HOUR <= 0:
+        return
+    params: dict[str, Any] = {
+        "key": _WORKER_KEY.format(worker_id=worker_id),
+        "now": now,
+        "cutoff": now - _HOUR,
+        "add": -(-size // 1024),
+    }
+    with connection.cursor() as cursor:
+        cursor.execute(_COUNT_BYTES, params)
+
+
+def _log_budget(
+    worker_id: uuid.UUID, build_id: uuid.UUID, assignment_id: uuid.UUID, state: LogState, now: datetime
+) -> tuple[int, str | None]:
+    """The most this log may hold, and the line that says why it was cut when it is not its own cap:
+    the least of its own cap, what the build's other tries left of the build's, and what it holds plus
+    what this worker has left of its hour (which counts what this log holds already)."""
+    own = settings.GRADIENT_BUILD_LOG_MAX_BYTES
+    limits: list[tuple[int, str | None]] = [(own, None)]
+    per_build = settings.GRADIENT_BUILD_LOG_MAX_BYTES_PER_BUILD
+    if per_build > 0:
+        others = (
+            BuildLog.objects.filter(build_id=build_id)
+            .exclude(assignment_id=assignment_id)
+            .aggregate(total=Sum("size_bytes"))["total"]
+            or 0
+        )
+        limits.append((max(0, per_build - others), build_cut_line(per_build)))
+    per_worker = settings.GRADIENT_BUILD_LOG_MAX_BYTES_PER_WORKER_HOUR
+    if per_worker > 0:
+        left = max(0, per_worker - _worker_bytes_this_hour(worker_id, now))
+        limits.append((state.size_bytes + left, worker_cut_line(per_worker)))
+    return min(limits, key=lambda limit: limit[0])
 
 
 # --- Sealing ------------------------------------------------------------------------------------------

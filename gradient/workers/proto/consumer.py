@@ -1,8 +1,9 @@
 """The /proto WebSocket consumer: transport only.
 
 It decodes each text frame strictly into a typed message (gradient.core.protocol), checks that the
-message is allowed in the session's state, and hands it to one service through
-database_sync_to_async, via the explicit table JOB_LOOP; then it sends what the service returned.
+message is allowed in the session's state, and queues it for the session's own task, which hands it to
+one service on a database lane (gradient.runtime.lanes), via the explicit table JOB_LOOP, or to the
+report batcher; then it sends what the service returned.
 Every protocol violation (too large, invalid JSON, unknown type, unknown or missing field, wrong type,
 not allowed now) is answered with Error{400} and close code 4400 before anything touches the
 database. Before InitAck the only acceptable message is InitConnection: another valid message is
@@ -73,7 +74,7 @@ from gradient.runtime.boot import current_boot
 from gradient.runtime.outbox import CLOSE_SERVER_DRAINING, remember_serve_loop, worker_group
 from gradient.scheduling.services.reports import Failed
 from gradient.workers import presence, services
-from gradient.workers.proto import jobloop
+from gradient.workers.proto import admission, jobloop
 from gradient.workers.proto.batcher import batcher_for
 from gradient.workers.selectors import workers_with_open_assignments
 from gradient.workers.services import HandshakeRejected, SessionRef
@@ -343,6 +344,7 @@ def _forget_channel(layer: Any, channel_name: str | None) -> None:
 class WorkerConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]  # channels is untyped
     session: SessionRef | None
     closing: bool
+    handshaking: bool
     close_reason: str
     group: str | None
 
@@ -400,17 +402,15 @@ class WorkerConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]  # channels 
         self._inbox_room = asyncio.Event()
         self._inbox_room.set()
         self._runner: asyncio.Task[None] | None = None
-        unauthenticated = sum(1 for c in _live if c.session is None and not c.closing)
-        if unauthenticated >= settings.GRADIENT_PROTO_MAX_UNAUTHENTICATED:
-            # Refused before the upgrade (HTTP 403): a flood of sockets that never say who they are costs
-            # this process at most that many consumers. A worker retries with backoff.
-            log.info(
-                "refused %s: %d connections have not completed the handshake", self._peer(), unauthenticated
-            )
+        self.handshaking = False
+        # Strangers (no handshake yet) are capped; the oldest make room for a newcomer (admission.py).
+        address = str(self.scope["client"][0]) if self.scope.get("client") else ""
+        if not await admission.admit(self, address):
             self.closing = True
-            await self.close()
+            await self.close()  # before the upgrade: HTTP 403; a worker retries with backoff
             return
         await self.accept()
+        admission.register(self, address)
         loop = asyncio.get_running_loop()
         remember_serve_loop(loop)
         _live.add(self)
@@ -480,6 +480,7 @@ class WorkerConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]  # channels 
 
     async def _handshake(self, message: InitConnection) -> None:
         self._cancel_handshake_timer()
+        self.handshaking = True  # never closed to make room now (admission.py)
         if message.protocol != PROTOCOL_VERSION:
             await self._reject(
                 400, f"unsupported protocol {message.protocol}: this server speaks {PROTOCOL_VERSION}"
@@ -610,6 +611,7 @@ class WorkerConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]  # channels 
 
     async def disconnect(self, code: int) -> None:
         self._cancel_handshake_timer()
+        admission.forget(self)
         _live.discard(self)
         await self._drain_inbox()
         session = getattr(self, "session", None)
@@ -709,6 +711,11 @@ class WorkerConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]  # channels 
         self.close_reason = reason
         log.info("closing the connection of %s with %s: %s", self._who(), code, reason)
         await self.close(code=code)
+
+    async def make_room(self) -> None:
+        """Closed by admission.py for a newer socket: this one has not sent its InitConnection."""
+        reason = admission.EVICTED_REASON
+        await self._send_and_close(Reject(code=400, reason=reason), 4400, f"rejected: {reason}")
 
     def _on_handshake_timeout(self) -> None:
         self._handshake_timer = None

@@ -1,0 +1,148 @@
+"""Strangers cannot crowd out workers on /proto (issue 25, finding 1): sockets that never say who they
+are are capped per client address and per process, and over a cap the oldest of them makes room for
+the newcomer; refusals are logged once per address per interval.
+
+The decision is a pure function (admission.plan_admission); the whole of it on a real `serve`: 200
+strangers from ten loopback addresses reopening as soon as they are closed, and a real worker that
+still gets its InitAck every time, from an address of its own and from one the strangers use."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import websockets
+
+from gradient.workers.proto.admission import Admission, Stranger, plan_admission
+from tests.support.processes import database_env, http_get, serve
+from tests.support.proto import init_connection
+
+
+def _s(key: str, address: str = "a", handshaking: bool = False) -> Stranger:
+    return Stranger(key, address, handshaking)
+
+
+def test_below_the_caps_a_socket_is_taken_and_nothing_closed() -> None:
+    assert plan_admission([_s("1")], "a", total_cap=3, per_address_cap=2) == Admission(True, ())
+
+
+def test_over_the_address_cap_the_addresses_oldest_makes_room() -> None:
+    strangers = [_s("1", "a"), _s("2", "b"), _s("3", "a")]
+    assert plan_admission(strangers, "a", total_cap=10, per_address_cap=2) == Admission(True, ("1",))
+    assert plan_admission(strangers, "b", total_cap=10, per_address_cap=2) == Admission(True, ())
+
+
+def test_over_the_total_cap_the_oldest_of_the_most_crowded_address_makes_room() -> None:
+    strangers = [_s("1", "a"), _s("2", "b"), _s("3", "c")]
+    assert plan_admission(strangers, "d", total_cap=3, per_address_cap=2) == Admission(True, ("1",))
+    # A worker alone at its address ("w") is the last to go, however old.
+    strangers = [_s("w", "w"), _s("2", "b"), _s("3", "b"), _s("4", "c")]
+    assert plan_admission(strangers, "d", total_cap=4, per_address_cap=None) == Admission(True, ("2",))
+    assert plan_admission(strangers, "d", total_cap=2, per_address_cap=None) == Admission(
+        True, ("2", "w", "3")
+    )
+    # Both caps at once: the address's oldest goes for both.
+    strangers = [_s("1", "a"), _s("2", "b"), _s("3", "b")]
+    assert plan_admission(strangers, "b", total_cap=3, per_address_cap=2) == Admission(True, ("2",))
+
+
+def test_a_socket_in_its_handshake_is_never_closed_and_without_room_the_newcomer_is_refused() -> None:
+    strangers = [_s("1", "a", handshaking=True), _s("2", "a")]
+    assert plan_admission(strangers, "a", total_cap=10, per_address_cap=2) == Admission(True, ("2",))
+    busy = [_s("1", "a", handshaking=True), _s("2", "a", handshaking=True)]
+    assert plan_admission(busy, "a", total_cap=10, per_address_cap=2) == Admission(False, ())
+    assert plan_admission(busy, "b", total_cap=2, per_address_cap=2) == Admission(False, ())
+
+
+def test_an_address_without_its_own_cap_is_capped_in_total_only() -> None:
+    strangers = [_s("1", "p"), _s("2", "p"), _s("3", "p")]
+    assert plan_admission(strangers, "p", total_cap=10, per_address_cap=None) == Admission(True, ())
+
+
+# --- On a real serve -------------------------------------------------------------------------------
+
+STRANGER_ADDRESSES = [f"127.0.0.{n}" for n in range(10, 20)]
+PER_ADDRESS = 20
+FLOOD_SECS = 12.0
+
+
+async def _stranger(url: str, address: str, stop: asyncio.Event, opened: list[int]) -> None:
+    """Open a socket, say nothing, and open another as soon as it is closed (or refused)."""
+    while not stop.is_set():
+        try:
+            async with websockets.connect(
+                url, open_timeout=10, close_timeout=1, ping_interval=None, local_addr=(address, 0)
+            ) as ws:
+                opened[0] += 1
+                with contextlib.suppress(Exception):
+                    while not stop.is_set():
+                        await asyncio.wait_for(ws.recv(), 0.5)
+        except Exception:  # noqa: BLE001 (refused or closed: open the next one)
+            await asyncio.sleep(0.02)
+
+
+async def _worker_in(url: str, worker_id: str, token: str, address: str) -> int:
+    """Open sockets from `address` until one gets its InitAck; returns how many it took (a worker
+    retries a refusal; gives up after 20)."""
+    for attempt in range(1, 21):
+        try:
+            async with websockets.connect(
+                url, open_timeout=5, close_timeout=1, local_addr=(address, 0)
+            ) as ws:
+                await ws.send(json.dumps(init_connection(worker_id, token)))
+                frame = json.loads(await asyncio.wait_for(ws.recv(), 5))
+                if frame["type"] == "InitAck":
+                    return attempt
+        except Exception:  # noqa: BLE001 (refused or closed: a worker retries)
+            pass
+        await asyncio.sleep(0.2)
+    raise AssertionError(f"the worker did not get in from {address} in 20 attempts")
+
+
+async def _flood_and_workers(url: str, worker_id: str, token: str) -> tuple[dict[str, list[int]], int]:
+    stop = asyncio.Event()
+    opened = [0]
+    strangers = [
+        asyncio.create_task(_stranger(url, address, stop, opened))
+        for address in STRANGER_ADDRESSES
+        for _ in range(PER_ADDRESS)
+    ]
+    await asyncio.sleep(3)  # the strangers have filled every slot
+    attempts: dict[str, list[int]] = {"127.0.0.1": [], STRANGER_ADDRESSES[0]: []}
+    started = time.monotonic()
+    while time.monotonic() - started < FLOOD_SECS - 3:
+        for address, tries in attempts.items():
+            tries.append(await _worker_in(url, worker_id, token, address))
+            await asyncio.sleep(0.5)  # its session is closed before the next try
+    stop.set()
+    await asyncio.gather(*strangers, return_exceptions=True)
+    return attempts, opened[0]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_worker_gets_in_at_once_however_many_strangers_keep_reopening(
+    tmp_path: Path, make_worker: Any
+) -> None:
+    worker, token = make_worker()
+    env = database_env(
+        redis=False,
+        GRADIENT_PROTO_MAX_UNAUTHENTICATED="64",
+        GRADIENT_PROTO_MAX_UNAUTHENTICATED_PER_ADDRESS="8",
+    )
+    with serve(env, tmp_path, ["--no-passes"]) as server:
+        attempts, opened = asyncio.run(_flood_and_workers(server.ws_url, str(worker.id), token))
+        assert http_get(f"{server.base_url}/healthz")[0] == 200
+        log = server.log()
+    assert opened > len(STRANGER_ADDRESSES) * PER_ADDRESS, opened  # they did keep reopening
+    # From an address of its own, the worker is in at its first try every time; from one it shares with
+    # strangers, it gets in too (its socket goes only once eight newer ones of that address came first).
+    assert len(attempts["127.0.0.1"]) >= 2 and set(attempts["127.0.0.1"]) == {1}, attempts
+    assert "Traceback" not in log, log[log.find("Traceback") - 300 :][:3000]
+    # One line per address per 10 s for the refusals and the sockets closed to make room.
+    lines = log.count("without a handshake to make room") + log.count("have not completed the handshake")
+    assert 1 <= lines <= (len(STRANGER_ADDRESSES) + 1) * (FLOOD_SECS // 10 + 2), lines
