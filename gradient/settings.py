@@ -166,6 +166,7 @@ LOGIN_URL = "admin:login"
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
         "knox.auth.TokenAuthentication",  # hashed, expiring tokens (gradient.auth)
+        "gradient.authentication.BearerTokenAuthentication",  # the same tokens as `Authorization: Bearer`
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],

@@ -25,10 +25,12 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from gradient.core.vocab import EvaluationStatus, member_of
+from gradient.core.ids import parse_uuid
+from gradient.core.vocab import BuildStatus, EvaluationStatus, member_of
 from gradient.idempotency import scoped_key
 from gradient.records.errors import IdempotencyConflict
 from gradient.rest import (
+    LOCATION,
     ControlReceiptSerializer,
     OperationSerializer,
     Pages,
@@ -36,9 +38,10 @@ from gradient.rest import (
     operation_body,
     uuid_or_404,
 )
+from gradient.rest import created as created_response
 from gradient.scheduling import selectors
 from gradient.scheduling.decisions.waiting import describe
-from gradient.scheduling.models import BuildLog, DerivationBuild, Evaluation, Project
+from gradient.scheduling.models import BuildLog, DerivationBuild, Evaluation, EvaluationBuild, Project
 from gradient.scheduling.services import operations
 from gradient.scheduling.services.evaluations import (
     SubmissionGone,
@@ -234,7 +237,8 @@ class EvaluationsView(APIView):
                 OpenApiParameter.HEADER,
                 description="A repeat with the same key and body returns the same evaluation (200); "
                 "the same key with another body is a 409.",
-            )
+            ),
+            LOCATION,
         ],
         responses={
             201: EvaluationSerializer,
@@ -281,7 +285,9 @@ class EvaluationsView(APIView):
                 status=status.HTTP_409_CONFLICT,
             )
         body = EvaluationSerializer(evaluation).data
-        return Response(body, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
+        if created:
+            return created_response(body, route="evaluation-detail", evaluation_id=evaluation.id)
+        return Response(body, status=status.HTTP_200_OK)
 
 
 class EvaluationDetailView(APIView):
@@ -326,6 +332,75 @@ def build_for(user: Any, build_id: str) -> DerivationBuild:
     if not user.is_staff and not selectors.build_visible_to(build.id, user):
         raise PermissionDenied("No evaluation of your projects needs this build.")
     return build
+
+
+class BuildListItemSerializer(serializers.Serializer[Any]):
+    id = serializers.UUIDField()
+    drv_path = serializers.CharField()
+    system = serializers.CharField()
+    status = serializers.CharField()
+    created_at = serializers.DateTimeField()
+
+
+class BuildPageSerializer(serializers.Serializer[Any]):
+    count = serializers.IntegerField(help_text="Builds matching the filters.")
+    next = serializers.URLField(allow_null=True, help_text="The next page, or null on the last one.")
+    previous = serializers.URLField(allow_null=True)
+    results = BuildListItemSerializer(many=True)
+
+
+class BuildsView(APIView):
+    @extend_schema(
+        parameters=[
+            OpenApiParameter(
+                "status", OpenApiTypes.STR, description="Filter by status, e.g. FailedPermanent."
+            ),
+            OpenApiParameter(
+                "evaluation", OpenApiTypes.UUID, description="Only the builds this evaluation needs."
+            ),
+            OpenApiParameter("project", OpenApiTypes.STR, description="Filter by project name."),
+            OpenApiParameter("limit", OpenApiTypes.INT, description="Page size (default 100, at most 1000)."),
+            OpenApiParameter("offset", OpenApiTypes.INT, description="Builds to skip."),
+        ],
+        responses={200: BuildPageSerializer},
+        summary="List the shared builds you may read, newest first (always paged)",
+        operation_id="v1_builds_list",
+    )
+    def get(self, request: Request) -> Response:
+        check_page_params(request)
+        params = request.query_params
+        qs = DerivationBuild.objects.all()
+        if not request.user.is_staff:
+            qs = qs.filter(
+                id__in=EvaluationBuild.objects.filter(evaluation__project__members=request.user.pk).values(
+                    "build_id"
+                )
+            )
+        errors: dict[str, list[str]] = {}
+        wanted_status = params.get("status")
+        if wanted_status:
+            if member_of(BuildStatus, wanted_status) is None:
+                errors["status"] = [f"Unknown status: {wanted_status}."]
+            qs = qs.filter(status=wanted_status)
+        if params.get("evaluation"):
+            evaluation_id = parse_uuid(params["evaluation"])
+            if evaluation_id is None:
+                errors["evaluation"] = ["evaluation must be an evaluation id (a UUID)."]
+                evaluation_id = uuid.UUID(int=0)
+            qs = qs.filter(
+                id__in=EvaluationBuild.objects.filter(evaluation_id=evaluation_id).values("build_id")
+            )
+        if params.get("project"):
+            qs = qs.filter(
+                id__in=EvaluationBuild.objects.filter(evaluation__project__name=params["project"]).values(
+                    "build_id"
+                )
+            )
+        if errors:
+            raise serializers.ValidationError(errors)
+        paginator = Pages()
+        page = paginator.paginate_queryset(qs.order_by("-created_at", "id"), request, view=self) or []
+        return paginator.get_paginated_response(BuildListItemSerializer(page, many=True).data)
 
 
 class BuildDetailView(APIView):
