@@ -95,6 +95,22 @@ class Operation:
     run: Callable[[Any, str], str]
     refused: tuple[type[Exception], ...] = ()
     summary: Callable[[int], str] | None = None  # the list action's closing message, from how many it did
+    # What it will do to this row beyond `explain`, one line each, listed under the row on the
+    # confirmation page (which shared builds a cluster's abort spares, which failed builds a restart
+    # leaves failed).
+    consequences: Callable[[Any], list[str]] | None = None
+    # A checkbox on the confirmation page ("Also rebuild its failed builds"), offered when `option_applies`
+    # says so for a row; ticked, `run_option` is called instead of `run`.
+    option: str = ""
+    option_applies: Callable[[Any], bool] | None = None
+    run_option: Callable[[Any, str], str] | None = None
+
+    def offers_option(self, rows: list[Any]) -> bool:
+        return (
+            bool(self.option)
+            and self.option_applies is not None
+            and any(self.option_applies(r) for r in rows)
+        )
 
     def confirmation(
         self, modeladmin: admin.ModelAdmin, request: HttpRequest, rows: list[Any], skipped: int, single: bool
@@ -107,6 +123,8 @@ class Operation:
                 "title": f"{self.label}: are you sure?",
                 "opts": modeladmin.model._meta,
                 "rows": rows,
+                "details": [(row, self.consequences(row) if self.consequences else []) for row in rows],
+                "offer_option": self.offers_option(rows),
                 "skipped": skipped,
                 "operation": self,
                 "single": single,
@@ -116,10 +134,12 @@ class Operation:
 
     def carry_out(self, modeladmin: admin.ModelAdmin, request: HttpRequest, rows: Iterable[Any]) -> int:
         actor = actor_of(request)
+        with_option = request.POST.get("option") == "yes" and self.run_option is not None
         done = 0
         for row in rows:
+            run = self.run_option if with_option and self.run_option is not None else self.run
             try:
-                text = self.run(row, actor)
+                text = run(row, actor)
             except self.refused as exc:
                 modeladmin.message_user(request, f"{row}: {exc}", messages.WARNING)
                 continue

@@ -20,10 +20,11 @@ from gradient.clusters.models import (
     ClusterSeat,
     ClusterWorkerPenalty,
 )
+from gradient.clusters.selectors import needed_outside_its_cluster
 from gradient.clusters.services.lifecycle import cluster_request_abort
-from gradient.console import OperatedAdmin, Operation, ReadOnlyAdmin, ReadOnlyInline
+from gradient.console import OperatedAdmin, Operation, ReadOnlyAdmin, ReadOnlyInline, drv_name
 from gradient.core.ids import parse_uuid
-from gradient.core.vocab import CLUSTER_TERMINAL
+from gradient.core.vocab import BUILD_ABORTABLE, CLUSTER_TERMINAL, EVALUATION_ACTIVE
 from gradient.records.admin import RecordTimelineMixin
 from gradient.records.errors import RecordError
 from gradient.workers.models import Worker
@@ -97,16 +98,48 @@ def _abort(cluster: ClusterJob, actor: str) -> str:
     return receipt.message if receipt is not None else "aborted"
 
 
+def _abort_consequences(cluster: ClusterJob) -> list[str]:
+    """Which member jobs end Aborted and which shared builds are spared (needed outside the cluster)."""
+    lines = []
+    members = cluster.members.select_related("evaluation", "derivation_build").order_by("role", "index")
+    for member in members:
+        build = member.derivation_build
+        if build is not None:
+            name = f"{member.role}[{member.index}]: build {drv_name(build.drv_path)}"
+            if build.status not in BUILD_ABORTABLE:
+                lines.append(f"{name} has ended ({build.status}) and stays so")
+            elif needed_outside_its_cluster(build.id):
+                lines.append(
+                    f"{name} is spared: evaluations outside this cluster need it, so it goes back to the "
+                    "queue and is built on its own"
+                )
+            else:
+                lines.append(f"{name} ends Aborted")
+        elif member.evaluation is not None:
+            evaluation = member.evaluation
+            name = (
+                f"{member.role}[{member.index}]: evaluation {evaluation.repository}@{evaluation.commit[:12]}"
+            )
+            if evaluation.status in EVALUATION_ACTIVE:
+                lines.append(f"{name} is cancelled (its shared builds other evaluations need are spared)")
+            else:
+                lines.append(f"{name} has ended ({evaluation.status}) and stays so")
+    return lines
+
+
 ABORT = Operation(
     name="abort_clusters",
     label="Abort",
     description="Abort the selected cluster jobs",
     explain="Abort these cluster jobs? The abort is recorded on each cluster's record as a control intent; "
-    "then the members' running jobs get AbortJob, an open attempt closes Aborted, and the cluster and "
-    "every member job that has not ended end Aborted. This cannot be undone.",
+    "then the members' running jobs get AbortJob, an open attempt closes Aborted, and the cluster ends "
+    "Aborted. A member build that evaluations outside the cluster still need is spared, as an "
+    "evaluation's cancel spares it: it goes back to the queue and is built on its own; every other member "
+    "job that has not ended ends Aborted. This cannot be undone.",
     applies=lambda c: c.status not in CLUSTER_TERMINAL,
     run=_abort,
     refused=(RecordError,),
+    consequences=_abort_consequences,
 )
 
 

@@ -59,6 +59,25 @@ def _restart(evaluation: Evaluation, actor: str) -> str:
     return operations.evaluation_restart(evaluation_id=evaluation.id, actor=actor, now=timezone.now()).message
 
 
+def _restart_and_rebuild(evaluation: Evaluation, actor: str) -> str:
+    result = operations.evaluation_restart(
+        evaluation_id=evaluation.id, actor=actor, now=timezone.now(), rebuild_failed=True
+    )
+    return result.message
+
+
+def _restart_consequences(evaluation: Evaluation) -> list[str]:
+    failed = operations.rebuildable_failed_builds(evaluation.id)
+    if not failed:
+        return []
+    names = ", ".join(drv_name(b.drv_path) for b in failed[:5]) + (" …" if len(failed) > 5 else "")
+    return [
+        f"{len(failed)} failed build{'s' if len(failed) != 1 else ''} it needs ({names}) "
+        f"{'is' if len(failed) == 1 else 'are'} still failed: restarted alone, the new evaluation fails on "
+        "them again. Tick “Also rebuild its failed builds” to queue them afresh first."
+    ]
+
+
 def _prioritize_evaluation(evaluation: Evaluation, actor: str) -> str:
     result = operations.evaluation_prioritize(evaluation_id=evaluation.id, actor=actor, now=timezone.now())
     return result.message
@@ -85,6 +104,10 @@ EVALUATION_OPERATIONS = (
         applies=lambda e: e.status in EVALUATION_TERMINAL and e.kind == EvaluationKind.NORMAL,
         run=_restart,
         refused=(operations.ActionRefused,),
+        consequences=_restart_consequences,
+        option="Also rebuild its failed builds (a rebuild intent beside the restart's on its record)",
+        option_applies=lambda e: bool(operations.rebuildable_failed_builds(e.id)),
+        run_option=_restart_and_rebuild,
     ),
     Operation(
         name="prioritize_evaluations",

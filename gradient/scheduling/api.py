@@ -424,18 +424,35 @@ def _operate(action: Any, **kwargs: Any) -> Response:
 _ACCEPTED = {202: OperationSerializer}
 
 
+class RestartSerializer(serializers.Serializer[Any]):
+    rebuild_failed = serializers.BooleanField(
+        default=False,
+        help_text="Rebuild the evaluation's failed builds first (a `rebuild` intent each), so the new "
+        "evaluation builds them again instead of failing on them at once; staff only.",
+    )
+
+
 class EvaluationRestartView(APIView):
     @extend_schema(
-        request=None,
+        request=RestartSerializer,
         responses=_ACCEPTED,
         summary="Restart a finished evaluation: a new evaluation of the same commit supersedes it",
         description="A `resubmit` intent on its record; the new evaluation's record header names the old "
-        "one and is one generation later. 400 when the evaluation has not finished.",
+        "one and is one generation later. With `rebuild_failed`, its failed builds are rebuilt first. "
+        "400 when the evaluation has not finished.",
     )
     def post(self, request: Request, evaluation_id: str) -> Response:
         evaluation = evaluation_for(request.user, evaluation_id)
+        body = RestartSerializer(data=request.data if isinstance(request.data, dict) else {})
+        body.is_valid(raise_exception=True)
+        rebuild_failed = body.validated_data["rebuild_failed"]
+        if rebuild_failed and not request.user.is_staff:
+            raise PermissionDenied("Only staff may rebuild builds.")
         return _operate(
-            operations.evaluation_restart, evaluation_id=evaluation.id, actor=request.user.get_username()
+            operations.evaluation_restart,
+            evaluation_id=evaluation.id,
+            actor=request.user.get_username(),
+            rebuild_failed=rebuild_failed,
         )
 
 

@@ -236,6 +236,11 @@ class DerivationBuild(models.Model):
         return f"{self.drv_path} ({self.status})"
 
     @property
+    def name(self) -> str:
+        """The derivation's name without its store hash: hello-2.12."""
+        return _name(self.drv_path)
+
+    @property
     def job_key(self) -> str:
         return build_key(self.id)
 

@@ -20,6 +20,7 @@ from gradient.core.vocab import (
     BUILD_LASTING_FAILURE,
     BUILD_SUCCESS,
     BUILTIN_SYSTEM,
+    CLUSTER_TERMINAL,
     EVALUATION_ACTIVE,
     BuildStatus,
     EvaluationStatus,
@@ -140,7 +141,12 @@ def has_idle_eval_only_worker() -> bool:
 
 
 def _not_a_cluster_member(prefix: str = "") -> Q:
-    return Q(**{f"{prefix}cluster_members__isnull": True})
+    """Not a member of a cluster that has not ended: a member of a Queued or Running cluster waits for
+    it; once its cluster ended, the job is a single job again (a build an aborted cluster spared because
+    evaluations outside the cluster need it, or one rebuilt afterwards)."""
+    return Q(**{f"{prefix}cluster_members__isnull": True}) | Q(
+        **{f"{prefix}cluster_members__cluster_job__status__in": CLUSTER_TERMINAL}
+    )
 
 
 def queued_evaluations(state: WorkerState) -> QuerySet[Evaluation]:

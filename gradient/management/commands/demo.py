@@ -259,9 +259,7 @@ class Command(BaseCommand):
                 token = worker_token_reset(worker_id=worker.id) or ""
                 if not worker.active:
                     worker_activate(worker_id=worker.id)
-                    self.stdout.write(
-                        f"{name} was deactivated: the demo activates its own workers again"
-                    )
+                    self.stdout.write(f"{name} was deactivated: the demo activates its own workers again")
             credentials.append((str(worker.id), token, zone, name))
         return credentials
 
