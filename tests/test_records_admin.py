@@ -62,7 +62,7 @@ def test_the_change_page_shows_the_entries_as_a_timeline_of_who_when_what(operat
     page = operator_client.get(reverse("admin:records_jobrecord_change", args=[record.pk]))
     assert page.status_code == 200
     html = page.content.decode()
-    assert "submission 1: assignment 0badc0de claimed for w1, attempt 1" in html
+    assert "submission 1: claimed for w1, attempt 1" in html
     assert "w1 reported failed on 0badc0de: out of memory" in html
     assert "scheduler" in html and "Status (folded)" in html and "dispatched" in html
 
