@@ -171,3 +171,21 @@ def test_metrics_has_builds_by_status_build_durations_and_queue_waits() -> None:
     assert got[("gradient_queue_wait_seconds_bucket", (("kind", "build"), ("le", "1.0")))] == 0
     assert got[("gradient_queue_wait_seconds_bucket", (("kind", "build"), ("le", "5.0")))] == 2
     assert got[("gradient_queue_wait_seconds_bucket", (("kind", "flake"), ("le", "0.5")))] == 1
+
+
+def test_a_build_without_a_log_is_a_204_for_a_page_that_follows_it_and_its_page_hides_the_whole_log_link(
+    staff: User,
+) -> None:
+    """Issue 24, item 6: a build without a log linked "the whole log" to a JSON 404, and its page polled
+    `/log?offset=0` into a 404 in the browser's console every second."""
+    build = DerivationBuildFactory(status=BuildStatus.QUEUED)
+    c = client(staff)
+    assert c.get(f"/api/v1/builds/{build.id}/log").status_code == 404  # rest.md: unchanged
+    followed = c.get(f"/api/v1/builds/{build.id}/log?missing=empty&offset=0")
+    assert followed.status_code == 204 and followed["X-Log-Complete"] == "false"
+    assert c.get(f"/api/v1/builds/{build.id}/log?missing=maybe").status_code == 400
+    console = Client()
+    console.force_login(staff)
+    page = console.get(f"/admin/scheduling/derivationbuild/{build.id}/change/").content.decode()
+    assert '<p id="build-log-whole-line" style="margin:.3em 0 0 0" hidden>' in page
+    assert "missing=empty&offset=" in page

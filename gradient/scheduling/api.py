@@ -531,6 +531,13 @@ class BuildLogView(APIView):
                 "offset", OpenApiTypes.INT, description="The text from this character on (default 0)."
             ),
             OpenApiParameter(
+                "missing",
+                OpenApiTypes.STR,
+                enum=["404", "empty"],
+                description="`empty`: a build without a log (yet) answers 204 instead of 404, for a page "
+                "that follows a build before it starts (default `404`).",
+            ),
+            OpenApiParameter(
                 LOG_OFFSET_HEADER,
                 OpenApiTypes.INT,
                 OpenApiParameter.HEADER,
@@ -558,6 +565,7 @@ class BuildLogView(APIView):
                 OpenApiTypes.STR,
                 description="The log as far as it has arrived (live while the build runs).",
             ),
+            204: OpenApiResponse(description="With `missing=empty`: the build has no log yet."),
             404: OpenApiResponse(description="No such build, or the build has no log (of that assignment)."),
         },
         summary="A build's log, as text; follow it with ?offset=",
@@ -580,9 +588,17 @@ class BuildLogView(APIView):
                 assignment_id = uuid.UUID(raw_assignment)
             except ValueError:
                 errors["assignment"] = ["assignment must be an assignment id (a UUID)."]
+        missing = request.query_params.get("missing", "404")
+        if missing not in ("404", "empty"):
+            errors["missing"] = ["missing must be 404 or empty."]
         if errors:
             raise serializers.ValidationError(errors)
         found = build_log_read(build=build, assignment_id=assignment_id, offset=offset)
+        if found is None and missing == "empty":
+            nothing = HttpResponse(status=204)
+            nothing[LOG_COMPLETE_HEADER] = "false"
+            nothing["Cache-Control"] = "no-store"
+            return nothing
         if found is None:
             raise NotFound(
                 "This build has no log." if assignment_id is None else "No log of this assignment."
