@@ -18,7 +18,7 @@ from gradient.core.vocab import BuildStatus, EvaluationStatus
 from gradient.records.selectors import record_job
 from gradient.records.services import records_check
 from gradient.scheduling import history
-from gradient.scheduling.models import DerivationBuild, Evaluation, EvaluationBuild
+from gradient.scheduling.models import BuildAttempt, DerivationBuild, Evaluation, EvaluationBuild
 from gradient.scheduling.services.evaluations import evaluation_create
 from gradient.workers.models import Worker
 from tests.factories import (
@@ -418,3 +418,24 @@ def test_a_submitter_may_restart_but_not_rebuild_with_it() -> None:
     )
     assert response.status_code == 403
     assert _controls(evaluation.job_key) == []
+
+
+def test_a_rebuilt_builds_tries_are_numbered_across_the_rebuild(console: Client) -> None:
+    """Issue 24, item 5: a rebuilt build's two tries both read "attempt 1"."""
+    build = DerivationBuildFactory(status=BuildStatus.FAILED_PERMANENT)
+    worker = WorkerFactory(name="builder-7")
+    start = timezone.now() - timezone.timedelta(minutes=10)
+    for minutes in (0, 5):  # the first try, then the try after a rebuild (attempts start at 1 again)
+        BuildAttempt.objects.create(
+            build=build,
+            worker=worker,
+            number=1,
+            outcome="Failed",
+            started_at=start + timezone.timedelta(minutes=minutes),
+            finished_at=start + timezone.timedelta(minutes=minutes + 1),
+        )
+    page = console.get(reverse("admin:scheduling_derivationbuild_change", args=[build.id])).content.decode()
+    assert "1 (after a rebuild)" in page
+    assert (
+        "attempt 1 on builder-7 (Failed)" in page and str(build.id) not in page.split("attempts")[-1][:2000]
+    )

@@ -310,7 +310,8 @@ class SharingInline(ReadOnlyInline):
 class AttemptInline(ReadOnlyInline):
     model = BuildAttempt
     fields = readonly_fields = (
-        "number",
+        "try_number",
+        "attempt",
         "worker",
         "started",
         "took",
@@ -320,6 +321,21 @@ class AttemptInline(ReadOnlyInline):
     )
     verbose_name = "attempt"
     verbose_name_plural = "attempts"
+
+    def get_queryset(self, request):  # type: ignore[no-untyped-def]
+        return super().get_queryset(request).select_related("worker").order_by("started_at", "number")
+
+    @admin.display(description="try")
+    def try_number(self, obj: BuildAttempt) -> int:
+        """Every try of the build, counted across rebuilds (a rebuild starts `attempt` at 1 again)."""
+        earlier = BuildAttempt.objects.filter(build_id=obj.build_id, started_at__lt=obj.started_at).count()
+        return earlier + 1
+
+    @admin.display(description="attempt")
+    def attempt(self, obj: BuildAttempt) -> str:
+        if self.try_number(obj) != obj.number:
+            return f"{obj.number} (after a rebuild)"
+        return str(obj.number)
 
     @admin.display(description="started")
     def started(self, obj: BuildAttempt) -> SafeString | str:
