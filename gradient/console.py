@@ -136,15 +136,19 @@ class Operation:
         actor = actor_of(request)
         with_option = request.POST.get("option") == "yes" and self.run_option is not None
         done = 0
+        # "Worker “demo-a”: drained": the admin capitalises a message's first letter, which must not be
+        # a name's; and the row is read again, so its status is the one after the action.
+        noun = modeladmin.model._meta.verbose_name
         for row in rows:
             run = self.run_option if with_option and self.run_option is not None else self.run
             try:
                 text = run(row, actor)
             except self.refused as exc:
-                modeladmin.message_user(request, f"{row}: {exc}", messages.WARNING)
+                modeladmin.message_user(request, format_html("{} “{}”: {}", noun, row, exc), messages.WARNING)
                 continue
             done += 1
-            modeladmin.message_user(request, f"{row}: {text}", messages.SUCCESS)
+            fresh = type(row)._default_manager.filter(pk=row.pk).first() or row
+            modeladmin.message_user(request, format_html("{} “{}”: {}", noun, fresh, text), messages.SUCCESS)
         return done
 
     def bulk(self) -> Callable[..., Any]:
@@ -270,6 +274,18 @@ def since(at: datetime | None, now: datetime | None = None) -> str:
     if at is None:
         return "-"
     return duration(max(timedelta(0), (now or timezone.now()) - at).total_seconds())
+
+
+def assignment_job_link(row: Any) -> SafeString | str:
+    """An assignment's (dispatched_job's) job by name, linked to its page: a build by its derivation's
+    name, an evaluation by repository@commit (select_related them)."""
+    if row.derivation_build_id is not None:
+        url = reverse("admin:scheduling_derivationbuild_change", args=[row.derivation_build_id])
+    elif row.evaluation_id is not None:
+        url = reverse("admin:scheduling_evaluation_change", args=[row.evaluation_id])
+    else:
+        return str(row.job_id)
+    return format_html('<a href="{}">{}</a>', url, row.job_name)
 
 
 def drv_name(drv_path: str) -> str:

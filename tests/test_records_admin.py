@@ -77,7 +77,7 @@ def test_an_admin_action_commits_a_cancel_as_the_signed_in_operator(operator_cli
     assert response.status_code == 200
     entry = RecordEntry.objects.get(record=record, revision=3)
     assert (entry.kind, entry.actor) == ("control", "admin:root")
-    assert "cancelled: the outcome is cancelled" in response.content.decode()
+    assert "cancelled: it ends Aborted, and what it still runs is told to stop" in response.content.decode()
     page = operator_client.get(reverse("admin:records_jobrecord_change", args=[record.pk])).content.decode()
     assert "cancel requested: from the admin" in page and "cancelled" in page
 

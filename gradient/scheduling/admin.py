@@ -10,7 +10,16 @@ from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
-from gradient.console import OperatedAdmin, Operation, ReadOnlyAdmin, ReadOnlyInline, ago, between, drv_name
+from gradient.console import (
+    OperatedAdmin,
+    Operation,
+    ReadOnlyAdmin,
+    ReadOnlyInline,
+    ago,
+    assignment_job_link,
+    between,
+    drv_name,
+)
 from gradient.core.vocab import BUILD_PENDING, EVALUATION_ACTIVE, EVALUATION_TERMINAL, EvaluationKind
 from gradient.names import NameCheckedForm
 from gradient.records.admin import RecordTimelineMixin
@@ -55,15 +64,28 @@ def _cancel(evaluation: Evaluation, actor: str) -> str:
     return receipt.message if receipt is not None else "cancelled"
 
 
-def _restart(evaluation: Evaluation, actor: str) -> str:
-    return operations.evaluation_restart(evaluation_id=evaluation.id, actor=actor, now=timezone.now()).message
+def _restarted(result: operations.ActionResult) -> SafeString | str:
+    """The restart's message with its new evaluation named and linked instead of its id."""
+    successor = Evaluation.objects.filter(id=result.successor).first() if result.successor else None
+    if successor is None:
+        return result.message
+    plain = f"restarted as evaluation {successor.id}"
+    rest = result.message.removeprefix(plain)
+    name = f"{successor.repository}@{successor.commit[:12]}"
+    return format_html("restarted as {}{}", _link(successor, name), rest)
 
 
-def _restart_and_rebuild(evaluation: Evaluation, actor: str) -> str:
+def _restart(evaluation: Evaluation, actor: str) -> SafeString | str:
+    return _restarted(
+        operations.evaluation_restart(evaluation_id=evaluation.id, actor=actor, now=timezone.now())
+    )
+
+
+def _restart_and_rebuild(evaluation: Evaluation, actor: str) -> SafeString | str:
     result = operations.evaluation_restart(
         evaluation_id=evaluation.id, actor=actor, now=timezone.now(), rebuild_failed=True
     )
-    return result.message
+    return _restarted(result)
 
 
 def _restart_consequences(evaluation: Evaluation) -> list[str]:
@@ -142,18 +164,19 @@ class EvaluationBuildInline(ReadOnlyInline):
 
 @admin.register(Evaluation)
 class EvaluationAdmin(FailedBuildLogsMixin, RecordTimelineMixin, OperatedAdmin):
+    # The name links to the page (not the id), and the times come before the long columns, so a
+    # 1 400 px screen shows them.
     list_display = [
-        "short_id",
+        "name",
         "project_name",
         "status",
-        waiting_for,
-        "progress",
-        "kind",
-        "repository",
-        "short_commit",
         "created",
         "took",
+        "progress",
+        waiting_for,
+        "kind",
     ]
+    list_display_links = ["name"]
     list_filter = ["status", WaitingReasonFilter, "kind", "project"]
     search_fields = ["id", "repository", "commit"]
     date_hierarchy = "created_at"
@@ -185,6 +208,11 @@ class EvaluationAdmin(FailedBuildLogsMixin, RecordTimelineMixin, OperatedAdmin):
         "lineage",
         "record_timeline",
     )
+
+    @admin.display(description="evaluation", ordering="repository")
+    def name(self, obj: Evaluation) -> str:
+        repository = obj.repository if len(obj.repository) <= 48 else obj.repository[:47] + "…"
+        return f"{repository}@{obj.commit[:12]}"
 
     @admin.display(description="id", ordering="id")
     def short_id(self, obj: Evaluation) -> str:
@@ -246,8 +274,19 @@ class EvaluationAdmin(FailedBuildLogsMixin, RecordTimelineMixin, OperatedAdmin):
         )
 
     @admin.display(description="lineage")
-    def lineage(self, obj: Evaluation) -> str:
-        return selectors.evaluation_lineage_text(obj.id)
+    def lineage(self, obj: Evaluation) -> SafeString | str:
+        lineage = selectors.evaluation_lineage(obj.id)
+        if lineage is None:
+            return "no readable record"
+        parts = [format_html("generation {}", lineage.generation)]
+        if lineage.restarts is not None:
+            parts.append(format_html("restarts {}", _link(lineage.restarts, self.name(lineage.restarts))))
+        if lineage.restarted_as is not None:
+            other = lineage.restarted_as
+            parts.append(format_html("restarted as {} ({})", _link(other, self.name(other)), other.status))
+        elif lineage.pending:
+            parts.append(format_html("restart pending"))
+        return format_html_join(", ", "{}", ((p,) for p in parts))
 
 
 class DependencyInline(ReadOnlyInline):
@@ -442,10 +481,28 @@ class DerivationBuildAdmin(BuildLogMixin, RecordTimelineMixin, OperatedAdmin):
 
 @admin.register(DispatchedJob)
 class DispatchedJobAdmin(ReadOnlyAdmin):
-    list_display = ["id", "job_id", "kind", "worker", "rounded_score", "dispatched", "took", "outcome"]
+    list_display = [
+        "job_name",
+        "job_page",
+        "kind",
+        "worker",
+        "rounded_score",
+        "dispatched",
+        "took",
+        "outcome",
+    ]
+    list_display_links = ["job_name"]
     list_filter = ["kind", "outcome"]
-    search_fields = ["id", "job_id"]
-    list_select_related = ["worker"]
+    search_fields = ["id", "job_id", "worker__name", "derivation_build__drv_path", "evaluation__repository"]
+    list_select_related = ["worker", "derivation_build", "evaluation"]
+
+    @admin.display(description="assignment", ordering="dispatched_at")
+    def job_name(self, obj: DispatchedJob) -> str:
+        return obj.job_name
+
+    @admin.display(description="job")
+    def job_page(self, obj: DispatchedJob) -> SafeString | str:
+        return assignment_job_link(obj)
 
     @admin.display(description="score", ordering="score")
     def rounded_score(self, obj: DispatchedJob) -> str:

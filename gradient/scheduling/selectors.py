@@ -461,6 +461,33 @@ def build_waiting_text(build: DerivationBuild) -> str:
     )
 
 
+@dataclass(frozen=True)
+class Lineage:
+    generation: int
+    restarts: Evaluation | None  # the evaluation this one restarted
+    restarted_as: Evaluation | None  # the evaluation that restarted this one
+    pending: bool  # a restart is recorded, its evaluation not made yet
+
+
+def evaluation_lineage(evaluation_id: uuid.UUID) -> Lineage | None:
+    """What evaluation_lineage_text says, as rows (the console links them); None without a readable record."""
+    try:
+        job = record_job(job_key=str(JobKey.of(JobKeyKind.EVAL, evaluation_id)), now=timezone.now())
+    except (UnknownRecord, DecodeError, InvalidHistory):
+        return None
+
+    def evaluation(key: str | None) -> Evaluation | None:
+        parsed = JobKey.parse(key) if key else None
+        return Evaluation.objects.filter(id=parsed.id).first() if parsed is not None else None
+
+    return Lineage(
+        generation=job.generation,
+        restarts=evaluation(job.supersedes),
+        restarted_as=evaluation(job.successor),
+        pending=job.successor is None and job.pending_resubmit,
+    )
+
+
 def evaluation_lineage_text(evaluation_id: uuid.UUID) -> str:
     """Which evaluation this one restarted and which restarted it, from its record (header and facts)."""
     try:
@@ -480,6 +507,7 @@ def evaluation_lineage_text(evaluation_id: uuid.UUID) -> str:
 def recent_assignments(worker_id: uuid.UUID, limit: int = 20) -> list[DispatchedJob]:
     """The worker's latest closed assignments, newest first."""
     rows = DispatchedJob.objects.filter(worker_id=worker_id, finished_at__isnull=False)
+    rows = rows.select_related("derivation_build", "evaluation", "worker")
     return list(rows.order_by("-finished_at")[:limit])
 
 

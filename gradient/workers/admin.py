@@ -14,7 +14,15 @@ from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
-from gradient.console import OperatedAdmin, Operation, ReadOnlyAdmin, ReadOnlyInline, actor_of, ago
+from gradient.console import (
+    OperatedAdmin,
+    Operation,
+    ReadOnlyAdmin,
+    ReadOnlyInline,
+    actor_of,
+    ago,
+    assignment_job_link,
+)
 from gradient.names import NameCheckedForm
 from gradient.scheduling import selectors as scheduling
 from gradient.scheduling.services import operations
@@ -164,12 +172,12 @@ class WorkerAdmin(OperatedAdmin):
         return ago(obj.last_seen)
 
     @admin.display(description="connection")
-    def connection(self, obj: Worker) -> str:
+    def connection(self, obj: Worker) -> SafeString | str:
         session = _open_session(obj)
         if session is None:
             return "not connected" + ("" if obj.active else " (deactivated)")
-        return (
-            "connected" + (", draining" if session.draining else "") + f" since {session.opened_at:%H:%M:%S}"
+        return format_html(
+            "connected{} since {}", ", draining" if session.draining else "", ago(session.opened_at)
         )
 
     def _jobs_table(self, rows: Iterable[Any]) -> SafeString | str:
@@ -181,13 +189,17 @@ class WorkerAdmin(OperatedAdmin):
             format_html_join(
                 "",
                 "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
-                ((r.job_id, ago(r.dispatched_at), r.outcome or "running", r.reason or "-") for r in rows),
+                (
+                    (assignment_job_link(r), ago(r.dispatched_at), r.outcome or "running", r.reason or "-")
+                    for r in rows
+                ),
             ),
         )
 
     @admin.display(description="current jobs")
     def current_jobs(self, obj: Worker) -> SafeString | str:
-        return self._jobs_table(scheduling.open_assignments(obj.id))
+        rows = scheduling.open_assignments(obj.id).select_related("derivation_build", "evaluation", "worker")
+        return self._jobs_table(rows)
 
     @admin.display(description="recent jobs")
     def recent_jobs(self, obj: Worker) -> SafeString | str:
