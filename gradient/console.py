@@ -23,7 +23,7 @@ from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils import timezone
-from django.utils.html import format_html
+from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
 
@@ -269,11 +269,54 @@ def ago(at: datetime | None, now: datetime | None = None) -> SafeString | str:
     return format_html('<time datetime="{}" title="{}">{}</time>', at.isoformat(), exact, words)
 
 
+def when(name: str, description: str | None = None) -> Callable[[Any], SafeString | str]:
+    """A column or read-only field showing the datetime `name` as `ago` does (relative, the exact UTC
+    time on hover), sortable by it: the one time style of the console."""
+
+    def show(obj: Any) -> SafeString | str:
+        return ago(getattr(obj, name))
+
+    show.short_description = description or name.removesuffix("_at").replace("_", " ")  # type: ignore[attr-defined]
+    show.admin_order_field = name  # type: ignore[attr-defined]
+    show.__name__ = f"{name}_when"
+    return show
+
+
+def as_list(items: Iterable[Any], empty: str = "none") -> SafeString | str:
+    """A JSON list (errors, warnings, outputs, features) as a bulleted list, not as its JSON."""
+    shown = [str(i) for i in items or []]
+    if not shown:
+        return empty
+    return format_html(
+        '<ul class="plain-list">{}</ul>', format_html_join("", "<li>{}</li>", ((i,) for i in shown))
+    )
+
+
 def since(at: datetime | None, now: datetime | None = None) -> str:
     """How long since `at`, in words, for "running for ..." columns."""
     if at is None:
         return "-"
     return duration(max(timedelta(0), (now or timezone.now()) - at).total_seconds())
+
+
+SCHEDULER_APPS = ("scheduling", "workers", "clusters", "records", "recovery")
+SUPPORT_APP_NAMES = {
+    "gradient": "Accounts · throttling counters",
+    "auth": "Accounts · users and groups",
+    "knox": "Accounts · REST API tokens",
+    "authtoken": "Accounts · legacy DRF tokens (stored hashed)",
+    "django_celery_beat": "Periodic passes under Celery beat",
+}
+
+
+def scheduler_first(app_list: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The admin index: the scheduler's apps first, in the order an operator needs them, then the
+    accounts, tokens and Celery beat tables, each named for what it is (not "Knox", "Auth Token")."""
+    rank = {label: i for i, label in enumerate(SCHEDULER_APPS)}
+    for app in app_list:
+        if app["app_label"] in SUPPORT_APP_NAMES:
+            app["name"] = SUPPORT_APP_NAMES[app["app_label"]]
+    return sorted(app_list, key=lambda app: (rank.get(app["app_label"], len(rank)), app["name"]))
 
 
 def assignment_job_link(row: Any) -> SafeString | str:

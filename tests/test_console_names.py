@@ -19,6 +19,7 @@ from gradient.scheduling.services.evaluations import evaluation_create
 from tests.factories import (
     DerivationBuildFactory,
     DispatchedJobFactory,
+    EvaluationFactory,
     ProjectFactory,
     WorkerFactory,
     WorkerSessionFactory,
@@ -106,3 +107,66 @@ def test_a_drained_workers_message_shows_its_state_after_the_drain_and_its_name_
     url = reverse("admin:workers_worker_operate", args=[worker.id, "drain_workers"])
     done = console.post(url, {"confirmed": "yes"}, follow=True).content.decode()
     assert "Worker “demo-a”" in done and "Demo-a" not in done
+
+
+def test_errors_and_outputs_are_lists_and_a_finished_evaluation_has_no_empty_waiting_row(
+    console: Client,
+) -> None:
+    """Issue 24, item 7: errors and outputs were shown as raw JSON lists, and "Waiting for:" stayed on the
+    page of an evaluation that waits for nothing."""
+    evaluation, _ = evaluation_create(
+        project=ProjectFactory(), repository="sim:diamond", commit="c0ffee", now=timezone.now()
+    )
+    failed = "/nix/store/" + "b" * 32 + "-hello-2.12.1.drv"
+    history.evaluation_transition(
+        evaluation_id=evaluation.id,
+        to=EvaluationStatus.FAILED,
+        expect=None,
+        reason="1 builds failed",
+        now=timezone.now(),
+        errors=[f"{failed}: FailedPermanent"],
+    )
+    page = console.get(reverse("admin:scheduling_evaluation_change", args=[evaluation.id])).content.decode()
+    assert '<ul class="plain-list"><li>hello-2.12.1: FailedPermanent</li></ul>' in page
+    assert '["' not in visible(page) and "Waiting for:" not in visible(page)
+    waiting = EvaluationFactory(
+        status=EvaluationStatus.WAITING,
+        waiting_reason={"reason": "eval_workers", "capability": "evaluate", "connected_workers": 0},
+    )
+    shown = console.get(reverse("admin:scheduling_evaluation_change", args=[waiting.id])).content.decode()
+    assert "Waiting for:" in visible(shown)  # the row is there while it waits
+    build = DerivationBuildFactory(
+        outputs=[{"name": "out", "path": "/nix/store/" + "c" * 32 + "-hello"}], required_features=["kvm"]
+    )
+    page = console.get(reverse("admin:scheduling_derivationbuild_change", args=[build.id])).content.decode()
+    assert "<li>out: /nix/store/" in page and "<li>kvm</li>" in page
+    assert "[{" not in visible(page)
+
+
+def test_a_refused_add_says_why_and_what_to_do_instead(console: Client) -> None:
+    response = console.get(reverse("admin:scheduling_evaluation_add"))
+    assert response.status_code == 403
+    text = response.content.decode()
+    assert "read-only in the console" in text and "POST /api/v1/evaluations" in text
+    assert "use the action on its page" in text
+
+
+def test_the_admin_index_lists_the_scheduler_first_and_names_the_token_and_celery_tables(
+    console: Client,
+) -> None:
+    text = visible(console.get(reverse("admin:index")).content.decode())
+    assert text.index("Scheduling") < text.index("Accounts · users and groups")
+    assert text.index("Job records") < text.index("Accounts · REST API tokens")
+    assert "Periodic passes under Celery beat" in text
+    assert "Knox" not in text and "Auth Token" not in text
+
+
+def test_a_cluster_page_shows_its_times_like_every_other_page(console: Client) -> None:
+    """Issue 24, item 4: cluster pages used Django's absolute format, other pages relative times."""
+    from tests.factories import ClusterJobFactory
+
+    cluster = ClusterJobFactory()
+    page = console.get(reverse("admin:clusters_clusterjob_change", args=[cluster.id])).content.decode()
+    assert re.search(r'<time datetime="[^"]+" title="[^"]+ UTC">[^<]+ ago</time>', page)
+    listing = console.get(reverse("admin:clusters_clusterjob_changelist")).content.decode()
+    assert re.search(r'<time datetime="[^"]+" title="[^"]+ UTC">[^<]+ ago</time>', listing)

@@ -5,6 +5,7 @@ appends the abort intent to each cluster's record as the signed-in operator."""
 from __future__ import annotations
 
 import uuid
+from typing import Any, ClassVar
 
 from django.contrib import admin
 from django.utils import timezone
@@ -22,7 +23,7 @@ from gradient.clusters.models import (
 )
 from gradient.clusters.selectors import needed_outside_its_cluster
 from gradient.clusters.services.lifecycle import cluster_request_abort
-from gradient.console import OperatedAdmin, Operation, ReadOnlyAdmin, ReadOnlyInline, drv_name
+from gradient.console import OperatedAdmin, Operation, ReadOnlyAdmin, ReadOnlyInline, drv_name, when
 from gradient.core.ids import parse_uuid
 from gradient.core.vocab import BUILD_ABORTABLE, CLUSTER_TERMINAL, EVALUATION_ACTIVE
 from gradient.records.admin import RecordTimelineMixin
@@ -48,11 +49,11 @@ class ClusterMemberInline(ReadOnlyInline):
 
 class ClusterAttemptInline(ReadOnlyInline):
     model = ClusterAttempt
-    fields = readonly_fields = (
+    fields = readonly_fields = (  # type: ignore[assignment]
         "number",
-        "created_at",
-        "started_at",
-        "finished_at",
+        when("created_at"),
+        when("started_at"),
+        when("finished_at"),
         "prepare_time",
         "run_time",
         "outcome",
@@ -154,27 +155,27 @@ class ClusterJobAdmin(RecordTimelineMixin, OperatedAdmin):
         "retry_budget",
         "prepare_failures",
         "waiting",
-        "created_at",
+        when("created_at"),
     ]
     list_filter = ["status", "priority", "same_zone"]
     search_fields = ["id"]
     date_hierarchy = "created_at"
     # read-only: the record's plan and the rows must agree, so a cluster changes through its services
-    fields = readonly_fields = (
+    fields = readonly_fields = (  # type: ignore[assignment]
         "same_zone",
         "priority",
         "retry_budget",
         "status",
         "attempts",
         "prepare_failures",
-        "retry_at",
+        when("retry_at", "retry"),
         "waiting_in_words",
         "waiting_reason",
-        "waiting_since",
-        "queued_at",
+        when("waiting_since", "waiting since"),
+        when("queued_at"),
         "created_by",
-        "created_at",
-        "finished_at",
+        when("created_at"),
+        when("finished_at"),
         "record_timeline",
     )
     inlines = [ClusterMemberInline, ClusterAttemptInline]
@@ -211,16 +212,24 @@ class ClusterSeatInline(ReadOnlyInline):
 
 @admin.register(ClusterAttempt)
 class ClusterAttemptAdmin(ReadOnlyAdmin):
-    list_display = ["cluster_job", "number", "created_at", "started_at", "finished_at", "outcome", "verdict"]
-    list_filter = ["outcome", "verdict"]
-    raw_id_fields = ["cluster_job"]
-    readonly_fields = [
+    list_display = [
         "cluster_job",
         "number",
-        "created_at",
-        "prepare_deadline",
-        "started_at",
-        "finished_at",
+        when("created_at"),
+        when("started_at"),
+        when("finished_at"),
+        "outcome",
+        "verdict",
+    ]
+    list_filter = ["outcome", "verdict"]
+    raw_id_fields = ["cluster_job"]
+    readonly_fields: ClassVar[Any] = [
+        "cluster_job",
+        "number",
+        when("created_at"),
+        when("prepare_deadline", "prepare deadline"),
+        when("started_at"),
+        when("finished_at"),
         "outcome",
         "verdict",
         "reason",
@@ -231,11 +240,11 @@ class ClusterAttemptAdmin(ReadOnlyAdmin):
 
 @admin.register(ClusterReservation)
 class ClusterReservationAdmin(ReadOnlyAdmin):
-    list_display = ["cluster_job", "created_at", "expires_at"]
+    list_display = ["cluster_job", when("created_at"), when("expires_at")]
     raw_id_fields = ["cluster_job"]
 
 
 @admin.register(ClusterWorkerPenalty)
 class ClusterWorkerPenaltyAdmin(ReadOnlyAdmin):
-    list_display = ["worker", "at", "reason"]
+    list_display = ["worker", when("at", "at"), "reason"]
     raw_id_fields = ["worker"]

@@ -4,6 +4,8 @@ and evaluations), each behind a confirmation page and signed on the record."""
 
 from __future__ import annotations
 
+import re
+
 from django.contrib import admin
 from django.urls import reverse
 from django.utils import timezone
@@ -16,11 +18,18 @@ from gradient.console import (
     ReadOnlyAdmin,
     ReadOnlyInline,
     ago,
+    as_list,
     assignment_job_link,
     between,
     drv_name,
 )
-from gradient.core.vocab import BUILD_PENDING, EVALUATION_ACTIVE, EVALUATION_TERMINAL, EvaluationKind
+from gradient.core.vocab import (
+    BUILD_PENDING,
+    EVALUATION_ACTIVE,
+    EVALUATION_TERMINAL,
+    EvaluationKind,
+    EvaluationStatus,
+)
 from gradient.names import NameCheckedForm
 from gradient.records.admin import RecordTimelineMixin
 from gradient.scheduling import selectors
@@ -48,6 +57,14 @@ class ProjectAdmin(admin.ModelAdmin):
     list_display = ["name", "created_at"]
     search_fields = ["name"]
     filter_horizontal = ["members"]
+
+
+def _readable_lines(lines: list[str] | None) -> list[str]:
+    """An evaluation's errors and warnings: a derivation named without its store hash."""
+    return [
+        re.sub(r"/nix/store/[0-9a-z]{32}-([^\s:]+?)(\.drv)?(?=[\s:]|$)", r"\1", str(line))
+        for line in lines or []
+    ]
 
 
 def _link(obj: object, label: str) -> SafeString:
@@ -203,11 +220,26 @@ class EvaluationAdmin(FailedBuildLogsMixin, RecordTimelineMixin, OperatedAdmin):
         "finished",
         "took",
         "created_by",
-        "warnings",
-        "errors",
+        "warnings_list",
+        "errors_list",
         "lineage",
         "record_timeline",
     )
+
+    def get_fields(self, request, obj=None):  # type: ignore[no-untyped-def]
+        """No empty rows: what it waits for and what happens next only while it waits."""
+        fields = list(super().get_fields(request, obj))
+        if obj is not None and obj.status != EvaluationStatus.WAITING:
+            fields = [f for f in fields if f not in (waiting_for, "next_step")]
+        return fields
+
+    @admin.display(description="warnings")
+    def warnings_list(self, obj: Evaluation) -> SafeString | str:
+        return as_list(_readable_lines(obj.warnings))
+
+    @admin.display(description="errors")
+    def errors_list(self, obj: Evaluation) -> SafeString | str:
+        return as_list(_readable_lines(obj.errors))
 
     @admin.display(description="evaluation", ordering="repository")
     def name(self, obj: Evaluation) -> str:
@@ -434,7 +466,7 @@ class DerivationBuildAdmin(BuildLogMixin, RecordTimelineMixin, OperatedAdmin):
         "drv_path",
         "id",
         "system",
-        "required_features",
+        "features",
         "status",
         "why_it_waits",
         "is_prioritized",
@@ -442,7 +474,7 @@ class DerivationBuildAdmin(BuildLogMixin, RecordTimelineMixin, OperatedAdmin):
         "max_attempts",
         "failure_kind",
         "last_error",
-        "outputs",
+        "output_paths",
         "queued",
         "finished",
         "took",
@@ -453,6 +485,18 @@ class DerivationBuildAdmin(BuildLogMixin, RecordTimelineMixin, OperatedAdmin):
     @admin.display(description="name", ordering="drv_path")
     def name(self, obj: DerivationBuild) -> str:
         return drv_name(obj.drv_path)
+
+    @admin.display(description="required features")
+    def features(self, obj: DerivationBuild) -> SafeString | str:
+        return as_list(obj.required_features or [])
+
+    @admin.display(description="outputs")
+    def output_paths(self, obj: DerivationBuild) -> SafeString | str:
+        outputs = obj.outputs or []
+        return as_list(
+            f"{o.get('name', '?')}: {o.get('path') or '(not known yet)'}" if isinstance(o, dict) else o
+            for o in outputs
+        )
 
     @admin.display(boolean=True, description=".drv lost", ordering="drv_lost_at")
     def drv_lost(self, obj: DerivationBuild) -> bool:
