@@ -207,7 +207,7 @@ def render_job_timeline(job_key: str) -> SafeString | str:
         return "No record: this job was made outside the services (SQL, a fixture), so it has no history."
     link = reverse("admin:records_jobrecord_change", args=[record.pk])
     return format_html(
-        '<p><a href="{}">{}</a>, revision {}{}</p>{}',
+        '<p><a href="{}" title="{}">The whole record</a>, revision {}{}</p>{}',
         link,
         record.job_key,
         record.revision,

@@ -24,6 +24,7 @@ from gradient.console import (
     assignment_job_link,
 )
 from gradient.names import NameCheckedForm
+from gradient.recovery.models import ServerBoot
 from gradient.scheduling import selectors as scheduling
 from gradient.scheduling.services import operations
 from gradient.workers.models import IdleSlot, Worker, WorkerSession
@@ -41,7 +42,7 @@ def _show_token_once(request: HttpRequest, worker: Worker, token: str) -> None:
 
 class WorkerSessionInline(ReadOnlyInline):
     model = WorkerSession
-    fields = readonly_fields = ("opened", "seen", "closed", "close_reason", "draining", "server_boot")
+    fields = readonly_fields = ("opened", "seen", "closed", "close_reason", "draining", "server")
     show_change_link = True
     verbose_name = "session"
     verbose_name_plural = "sessions (latest first)"
@@ -57,6 +58,12 @@ class WorkerSessionInline(ReadOnlyInline):
     @admin.display(description="closed")
     def closed(self, obj: WorkerSession) -> SafeString | str:
         return ago(obj.closed_at) if obj.closed_at else "open"
+
+    @admin.display(description="server")
+    def server(self, obj: WorkerSession) -> str:
+        """The serve process that held the session, by host and pid (its boot id is no name)."""
+        boot = ServerBoot.objects.filter(id=obj.server_boot).first()
+        return f"{boot.hostname}:{boot.pid}" if boot is not None else "a server no longer known"
 
     def get_queryset(self, request):  # type: ignore[no-untyped-def]
         return super().get_queryset(request).order_by("-opened_at")

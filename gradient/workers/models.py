@@ -92,7 +92,7 @@ class WorkerSession(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"session of {self.worker.name} opened {self.opened_at:%Y-%m-%d %H:%M:%S} UTC"
+        return f"session of {self.worker.name}" + (" (closed)" if self.closed_at else " (open)")
 
 
 class IdleSlot(models.Model):
