@@ -147,7 +147,7 @@ ABORT = Operation(
 @admin.register(ClusterJob)
 class ClusterJobAdmin(RecordTimelineMixin, OperatedAdmin):
     list_display = [
-        "id",
+        "title",
         "status",
         "priority",
         "same_zone",
@@ -181,6 +181,12 @@ class ClusterJobAdmin(RecordTimelineMixin, OperatedAdmin):
     inlines = [ClusterMemberInline, ClusterAttemptInline]
     operations = (ABORT,)
     actions = [ABORT.bulk()]
+
+    list_display_links = ["title"]
+
+    @admin.display(description="cluster")
+    def title(self, obj: ClusterJob) -> str:
+        return obj.name
 
     @admin.display(description="why it waits")
     def waiting_in_words(self, obj: ClusterJob) -> str:
