@@ -165,3 +165,14 @@ class TokenScheme(OpenApiAuthenticationExtension):  # type: ignore[no-untyped-ca
             "name": "Authorization",
             "description": 'Token-based authentication with required prefix "Token"',
         }
+
+
+class BearerScheme(OpenApiAuthenticationExtension):  # type: ignore[no-untyped-call]
+    """The OpenAPI scheme of BearerTokenAuthentication: the same token, `Authorization: Bearer <token>`."""
+
+    target_class = "gradient.authentication.BearerTokenAuthentication"
+    name = "bearerAuth"
+    priority = 1
+
+    def get_security_definition(self, auto_schema: Any) -> dict[str, Any]:
+        return {"type": "http", "scheme": "bearer", "description": "The API token as a bearer token"}

@@ -23,7 +23,7 @@ from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils import timezone
-from django.utils.html import format_html
+from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
 
@@ -95,6 +95,22 @@ class Operation:
     run: Callable[[Any, str], str]
     refused: tuple[type[Exception], ...] = ()
     summary: Callable[[int], str] | None = None  # the list action's closing message, from how many it did
+    # What it will do to this row beyond `explain`, one line each, listed under the row on the
+    # confirmation page (which shared builds a cluster's abort spares, which failed builds a restart
+    # leaves failed).
+    consequences: Callable[[Any], list[str]] | None = None
+    # A checkbox on the confirmation page ("Also rebuild its failed builds"), offered when `option_applies`
+    # says so for a row; ticked, `run_option` is called instead of `run`.
+    option: str = ""
+    option_applies: Callable[[Any], bool] | None = None
+    run_option: Callable[[Any, str], str] | None = None
+
+    def offers_option(self, rows: list[Any]) -> bool:
+        return (
+            bool(self.option)
+            and self.option_applies is not None
+            and any(self.option_applies(r) for r in rows)
+        )
 
     def confirmation(
         self, modeladmin: admin.ModelAdmin, request: HttpRequest, rows: list[Any], skipped: int, single: bool
@@ -107,6 +123,8 @@ class Operation:
                 "title": f"{self.label}: are you sure?",
                 "opts": modeladmin.model._meta,
                 "rows": rows,
+                "details": [(row, self.consequences(row) if self.consequences else []) for row in rows],
+                "offer_option": self.offers_option(rows),
                 "skipped": skipped,
                 "operation": self,
                 "single": single,
@@ -116,15 +134,21 @@ class Operation:
 
     def carry_out(self, modeladmin: admin.ModelAdmin, request: HttpRequest, rows: Iterable[Any]) -> int:
         actor = actor_of(request)
+        with_option = request.POST.get("option") == "yes" and self.run_option is not None
         done = 0
+        # "Worker “demo-a”: drained": the admin capitalises a message's first letter, which must not be
+        # a name's; and the row is read again, so its status is the one after the action.
+        noun = modeladmin.model._meta.verbose_name
         for row in rows:
+            run = self.run_option if with_option and self.run_option is not None else self.run
             try:
-                text = self.run(row, actor)
+                text = run(row, actor)
             except self.refused as exc:
-                modeladmin.message_user(request, f"{row}: {exc}", messages.WARNING)
+                modeladmin.message_user(request, format_html("{} “{}”: {}", noun, row, exc), messages.WARNING)
                 continue
             done += 1
-            modeladmin.message_user(request, f"{row}: {text}", messages.SUCCESS)
+            fresh = type(row)._default_manager.filter(pk=row.pk).first() or row
+            modeladmin.message_user(request, format_html("{} “{}”: {}", noun, fresh, text), messages.SUCCESS)
         return done
 
     def bulk(self) -> Callable[..., Any]:
@@ -245,11 +269,66 @@ def ago(at: datetime | None, now: datetime | None = None) -> SafeString | str:
     return format_html('<time datetime="{}" title="{}">{}</time>', at.isoformat(), exact, words)
 
 
+def when(name: str, description: str | None = None) -> Callable[[Any], SafeString | str]:
+    """A column or read-only field showing the datetime `name` as `ago` does (relative, the exact UTC
+    time on hover), sortable by it: the one time style of the console."""
+
+    def show(obj: Any) -> SafeString | str:
+        return ago(getattr(obj, name))
+
+    show.short_description = description or name.removesuffix("_at").replace("_", " ")  # type: ignore[attr-defined]
+    show.admin_order_field = name  # type: ignore[attr-defined]
+    show.__name__ = f"{name}_when"
+    return show
+
+
+def as_list(items: Iterable[Any], empty: str = "none") -> SafeString | str:
+    """A JSON list (errors, warnings, outputs, features) as a bulleted list, not as its JSON."""
+    shown = [str(i) for i in items or []]
+    if not shown:
+        return empty
+    return format_html(
+        '<ul class="plain-list">{}</ul>', format_html_join("", "<li>{}</li>", ((i,) for i in shown))
+    )
+
+
 def since(at: datetime | None, now: datetime | None = None) -> str:
     """How long since `at`, in words, for "running for ..." columns."""
     if at is None:
         return "-"
     return duration(max(timedelta(0), (now or timezone.now()) - at).total_seconds())
+
+
+SCHEDULER_APPS = ("scheduling", "workers", "clusters", "records", "recovery")
+SUPPORT_APP_NAMES = {
+    "gradient": "Accounts · throttling counters",
+    "auth": "Accounts · users and groups",
+    "knox": "Accounts · REST API tokens",
+    "authtoken": "Accounts · legacy DRF tokens (stored hashed)",
+    "django_celery_beat": "Periodic passes under Celery beat",
+}
+
+
+def scheduler_first(app_list: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The admin index: the scheduler's apps first, in the order an operator needs them, then the
+    accounts, tokens and Celery beat tables, each named for what it is (not "Knox", "Auth Token")."""
+    rank = {label: i for i, label in enumerate(SCHEDULER_APPS)}
+    for app in app_list:
+        if app["app_label"] in SUPPORT_APP_NAMES:
+            app["name"] = SUPPORT_APP_NAMES[app["app_label"]]
+    return sorted(app_list, key=lambda app: (rank.get(app["app_label"], len(rank)), app["name"]))
+
+
+def assignment_job_link(row: Any) -> SafeString | str:
+    """An assignment's (dispatched_job's) job by name, linked to its page: a build by its derivation's
+    name, an evaluation by repository@commit (select_related them)."""
+    if row.derivation_build_id is not None:
+        url = reverse("admin:scheduling_derivationbuild_change", args=[row.derivation_build_id])
+    elif row.evaluation_id is not None:
+        url = reverse("admin:scheduling_evaluation_change", args=[row.evaluation_id])
+    else:
+        return str(row.job_id)
+    return format_html('<a href="{}">{}</a>', url, row.job_name)
 
 
 def drv_name(drv_path: str) -> str:

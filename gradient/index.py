@@ -14,6 +14,7 @@ from rest_framework.views import APIView
 
 ROUTES = {
     "evaluations": "/api/v1/evaluations",
+    "builds": "/api/v1/builds",
     "clusters": "/api/v1/clusters",
     "workers": "/api/v1/workers",
     "projects": "/api/v1/projects",

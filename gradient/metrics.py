@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import hmac
 from collections.abc import Iterator
+from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db.models import Count
+from django.db.models import Count, DurationField, ExpressionWrapper, F, Q, QuerySet, Sum
 from django.http import HttpResponse, JsonResponse
 from drf_spectacular.utils import extend_schema
 from prometheus_client import CollectorRegistry, generate_latest
@@ -36,7 +37,7 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 JOB_KINDS = {JobKind.EVAL.value: "flake", JobKind.BUILD.value: "build"}  # the spec's label values
 
 
-def _by_status(model: type[Evaluation] | type[ClusterJob]) -> dict[str, int]:
+def _by_status(model: type[Evaluation] | type[ClusterJob] | type[DerivationBuild]) -> dict[str, int]:
     return dict(
         model.objects.order_by().values_list("status").annotate(n=Count("id")).values_list("status", "n")
     )
@@ -84,6 +85,30 @@ class ServiceCollector(Collector):
             clusters.add_metric([cluster_status.value], counts.get(cluster_status.value, 0))
         yield clusters
 
+        builds = GaugeMetricFamily("gradient_builds", "Shared builds by status.", labels=["status"])
+        counts = _by_status(DerivationBuild)
+        for build_status in BuildStatus:
+            builds.add_metric([build_status.value], counts.get(build_status.value, 0))
+        yield builds
+
+        yield _rows_histogram(
+            "gradient_build_duration_seconds",
+            "How long each finished try of a shared build took, from its claim to its end.",
+            DispatchedJob.objects.filter(kind=JobKind.BUILD, finished_at__isnull=False),
+            start="dispatched_at",
+            end="finished_at",
+            buckets=BUILD_DURATION_BUCKETS,
+        )
+        yield _rows_histogram(
+            "gradient_queue_wait_seconds",
+            "How long each job waited, from queued to claimed, by kind.",
+            DispatchedJob.objects.filter(queued_at__isnull=False),
+            start="queued_at",
+            end="dispatched_at",
+            buckets=QUEUE_WAIT_BUCKETS,
+            by_kind=True,
+        )
+
         recorded = totals.totals()
         yield _pass_histogram(recorded)
         lost = CounterMetricFamily(
@@ -91,6 +116,46 @@ class ServiceCollector(Collector):
         )
         lost.add_metric([], sum(recorded.get(totals.CLAIMS_LOST, {}).values()))
         yield lost
+
+
+BUILD_DURATION_BUCKETS = (1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0, 7200.0, 21600.0)
+QUEUE_WAIT_BUCKETS = (0.1, 0.5, 1.0, 5.0, 15.0, 30.0, 60.0, 300.0, 900.0, 3600.0)
+
+
+def _rows_histogram(
+    name: str,
+    documentation: str,
+    rows: QuerySet[DispatchedJob],
+    *,
+    start: str,
+    end: str,
+    buckets: tuple[float, ...],
+    by_kind: bool = False,
+) -> HistogramMetricFamily:
+    """A histogram of `end - start` over assignment rows (which are kept, so it only grows), counted by
+    the database in one query per scrape: the whole service's figures, and nothing for the hot path to
+    write. Rows retention has deleted drop out of it."""
+    took = ExpressionWrapper(F(end) - F(start), output_field=DurationField())
+    aggregates: dict[str, Any] = {
+        f"le_{i}": Count("id", filter=Q(took__lte=timedelta(seconds=bound)))
+        for i, bound in enumerate(buckets)
+    }
+    aggregates["n"] = Count("id")
+    aggregates["total"] = Sum("took")
+    grouped = rows.order_by().annotate(took=took)
+    family = HistogramMetricFamily(name, documentation, labels=["kind"] if by_kind else [])
+    if by_kind:
+        found = {row["kind"]: row for row in grouped.values("kind").annotate(**aggregates)}
+        labelled = [([label], found.get(kind)) for kind, label in JOB_KINDS.items()]
+    else:
+        labelled = [([], grouped.aggregate(**aggregates))]
+    for labels, row in labelled:
+        row = row or {}
+        counts = [(repr(bound), float(row.get(f"le_{i}") or 0)) for i, bound in enumerate(buckets)]
+        counts.append(("+Inf", float(row.get("n") or 0)))
+        total = row.get("total")
+        family.add_metric(labels, counts, sum_value=total.total_seconds() if total else 0.0)
+    return family
 
 
 def _pass_histogram(recorded: dict[str, dict[str, float]]) -> HistogramMetricFamily:

@@ -66,6 +66,7 @@ def _clusters() -> dict[str, Any]:
         "waiting": [
             {
                 "id": str(c.id),
+                "name": c.name,
                 "url": reverse("admin:clusters_clusterjob_change", args=[c.id]),
                 "priority": c.priority,
                 "code": str((c.waiting_reason or {}).get("code", "")),
@@ -84,6 +85,7 @@ def _reservation(now: datetime) -> dict[str, Any] | None:
         return None
     return {
         "cluster": str(reservation.cluster_job_id),
+        "name": reservation.cluster_job.name,
         "url": reverse("admin:clusters_clusterjob_change", args=[reservation.cluster_job_id]),
         "seats": reservation.seats,
         "created_at": _iso(reservation.created_at),

@@ -17,8 +17,11 @@ from typing import Any
 
 from django.db import DataError
 from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.urls import reverse
 from django.views import defaults
-from rest_framework import exceptions, serializers
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter
+from rest_framework import exceptions, serializers, status
 from rest_framework.pagination import LimitOffsetPagination
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -76,6 +79,22 @@ def uuid_or_404(value: str) -> uuid.UUID:
     if parsed is None:
         raise exceptions.NotFound("No such id.")
     return parsed
+
+
+LOCATION = OpenApiParameter(
+    "Location",
+    OpenApiTypes.STR,
+    OpenApiParameter.HEADER,
+    description="The path of what was created (`/api/v1/<collection>/<id>`).",
+    response=[201],
+)
+
+
+def created(body: Any, *, route: str, **kwargs: Any) -> Response:
+    """A 201 with `Location`: the path of what it created (rest.md, Auth)."""
+    response = Response(body, status=status.HTTP_201_CREATED)
+    response["Location"] = reverse(route, kwargs={k: str(v) for k, v in kwargs.items()})
+    return response
 
 
 def _first_line(exc: Exception) -> str:

@@ -169,6 +169,7 @@ REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
         # knox's hashed, expiring tokens (gradient.auth), refusing an undecodable one with 401
         "gradient.authentication.TokenAuthentication",
+        "gradient.authentication.BearerTokenAuthentication",  # the same tokens as `Authorization: Bearer`
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],

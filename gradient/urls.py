@@ -3,6 +3,7 @@ from django.urls import include, path
 from django.views.generic import RedirectView
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
+from gradient.console import scheduler_first
 from gradient.health import healthz
 from gradient.index import ApiIndexView
 from gradient.metrics import MetricsView
@@ -15,6 +16,11 @@ admin.site.index_title = "Scheduler console"
 # Failed logins are limited per account and per address (gradient.throttling); set before the admin's
 # URLs are made, which take the view from here.
 admin.site.login = limit_admin_login(admin.site.login)  # type: ignore[method-assign]
+_app_list = admin.site.get_app_list
+# The scheduler's own tables first, then accounts, tokens and Celery beat, named for what they are.
+admin.site.get_app_list = lambda request, app_label=None: scheduler_first(  # type: ignore[method-assign]
+    _app_list(request, app_label)
+)
 
 urlpatterns = [
     path("", RedirectView.as_view(url="/admin/", permanent=False), name="root"),

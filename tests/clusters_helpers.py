@@ -39,6 +39,12 @@ def queued_build(project: Project, **fields: Any) -> DerivationBuild:
     return build
 
 
+def cluster_only_build() -> DerivationBuild:
+    """A Queued shared build that no evaluation outside its cluster needs: a cluster's verdict or abort
+    may end it Aborted (one that other evaluations need is spared and requeued instead)."""
+    return DerivationBuildFactory(status=BuildStatus.QUEUED, queued_at=timezone.now())
+
+
 def queued_evaluation(project: Project) -> Evaluation:
     return EvaluationFactory(project=project, status=EvaluationStatus.QUEUED)
 

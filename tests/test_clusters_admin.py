@@ -9,8 +9,9 @@ from django.test import Client
 from django.urls import reverse
 
 from gradient.clusters.models import ClusterJob, ClusterStatus
+from gradient.core.vocab import BuildStatus
 from gradient.records.selectors import record_job
-from tests.clusters_helpers import make_cluster, queued_build, seat_worker, started
+from tests.clusters_helpers import cluster_only_build, make_cluster, queued_build, seat_worker, started
 from tests.factories import ProjectFactory
 
 pytestmark = pytest.mark.django_db(transaction=True)  # the control hook runs once the intent committed
@@ -76,3 +77,21 @@ def test_the_cluster_page_shows_its_record_as_a_timeline_with_the_operators_inte
     ).content.decode()
     assert "Record (timeline)" in page and f"cluster:{cluster.id}" in page
     assert "cancel requested" in page and "admin:root" in page
+
+
+def test_the_abort_confirmation_names_the_shared_build_it_spares_and_what_ends_aborted(
+    operator_client: Client,
+) -> None:
+    """Issue 24, item 2: a member build that evaluations outside the cluster need is spared (requeued and
+    built on its own), and the confirmation page says so before anything happens."""
+    project = ProjectFactory()
+    shared = queued_build(project)
+    lone = cluster_only_build()
+    cluster = make_cluster([("server", shared), ("client", lone)])
+    url = reverse("admin:clusters_clusterjob_operate", args=[cluster.id, "abort_clusters"])
+    asked = operator_client.get(url).content.decode()
+    assert f"server[0]: build {shared.name} is spared: evaluations outside this cluster need it" in asked
+    assert f"client[0]: build {lone.name} ends Aborted" in asked
+    operator_client.post(url, {"confirmed": "yes"})
+    shared.refresh_from_db(), lone.refresh_from_db()
+    assert (shared.status, lone.status) == (BuildStatus.QUEUED, BuildStatus.ABORTED)

@@ -25,9 +25,31 @@ from gradient.clusters.services.lifecycle import (
 from gradient.records.models import JobRecord
 from gradient.records.schemas import Outcome
 from gradient.records.selectors import record_job, record_read
-from gradient.scheduling.models import BuildStatus, DerivationBuild, DispatchedJob, EvaluationStatus
-from tests.clusters_helpers import claim, make_cluster, queued_build, queued_evaluation, seat_worker, started
-from tests.factories import DerivationBuildFactory, EvaluationFactory, ProjectFactory, WorkerFactory
+from gradient.scheduling.models import (
+    BuildAttempt,
+    BuildStatus,
+    DerivationBuild,
+    DispatchedJob,
+    EvaluationBuild,
+    EvaluationStatus,
+)
+from tests.clusters_helpers import (
+    claim,
+    cluster_only_build,
+    make_cluster,
+    queued_build,
+    queued_evaluation,
+    seat_worker,
+    started,
+)
+from tests.factories import (
+    DerivationBuildFactory,
+    EvaluationFactory,
+    ProjectFactory,
+    WorkerFactory,
+    connected_worker,
+)
+from tests.scheduling_helpers import ask
 
 pytestmark = pytest.mark.django_db
 
@@ -168,7 +190,7 @@ def test_abort_is_a_control_intent_whose_hook_aborts_a_queued_cluster_and_its_me
     django_capture_on_commit_callbacks,
 ) -> None:
     project = ProjectFactory()
-    build, evaluation = queued_build(project), queued_evaluation(project)
+    build, evaluation = cluster_only_build(), queued_evaluation(project)
     cluster = make_cluster([("a", build), ("b", evaluation)])
     with django_capture_on_commit_callbacks(execute=True):
         receipt = cluster_request_abort(cluster_id=cluster.id, actor="ops", now=timezone.now())
@@ -188,7 +210,7 @@ def test_aborting_a_started_attempt_aborts_the_running_members_and_closes_it_abo
     sent, django_capture_on_commit_callbacks
 ) -> None:
     project = ProjectFactory()
-    a, b = queued_build(project), queued_build(project)
+    a, b = cluster_only_build(), cluster_only_build()
     cluster = make_cluster([("a", a), ("b", b)])
     wa, wb = seat_worker(project), seat_worker(project)
     claimed = started(cluster, [wa, wb])
@@ -210,7 +232,7 @@ def test_aborting_a_preparing_attempt_sends_abort_cluster_and_closes_it_aborted(
     sent, django_capture_on_commit_callbacks
 ) -> None:
     project = ProjectFactory()
-    build = queued_build(project)
+    build = cluster_only_build()
     cluster = make_cluster([("a", build)])
     worker = seat_worker(project)
     claimed = claim(cluster, [worker])
@@ -228,3 +250,38 @@ def test_aborting_a_cluster_that_already_ended_changes_nothing() -> None:
     revision = record_job(job_key=cluster.job_key, now=timezone.now()).revision
     assert cluster_abort(cluster_id=cluster.id, reason="second", now=timezone.now()) is None
     assert record_job(job_key=cluster.job_key, now=timezone.now()).revision == revision
+
+
+def test_aborting_a_cluster_spares_a_build_that_evaluations_outside_it_need_which_then_runs_as_a_single_job(  # type: ignore[no-untyped-def]
+    sent, django_capture_on_commit_callbacks
+) -> None:
+    """As an evaluation's cancel spares a shared build another evaluation needs: the build goes back to the
+    queue (its running try closes Aborted, unspent) and is handed out on its own, its cluster ended; a
+    build nothing else needs ends Aborted. No evaluation is left waiting on an aborted build."""
+    project = ProjectFactory()
+    shared, lone = queued_build(project), cluster_only_build()
+    outside = EvaluationBuild.objects.get(build=shared).evaluation
+    cluster = make_cluster([("a", shared), ("b", lone)])
+    wa, wb = seat_worker(project), seat_worker(project)
+    started(cluster, [wa, wb])
+    with django_capture_on_commit_callbacks(execute=True):
+        cluster_request_abort(cluster_id=cluster.id, actor="ops", now=timezone.now())
+    assert sorted(m["type"] for _, m in sent) == ["AbortJob", "AbortJob"]
+    shared.refresh_from_db(), lone.refresh_from_db(), outside.refresh_from_db()
+    assert (shared.status, lone.status) == (BuildStatus.QUEUED, BuildStatus.ABORTED)
+    assert shared.attempts == 0 and outside.status == EvaluationStatus.BUILDING
+    assert set(BuildAttempt.objects.filter(build=shared).values_list("outcome", flat=True)) == {"Aborted"}
+    assert ClusterJob.objects.get(id=cluster.id).status == ClusterStatus.ABORTED
+    worker = connected_worker([project])
+    assignment = ask(worker.id)
+    assert assignment is not None and assignment.job_key == f"build:{shared.id}"
+    assert DispatchedJob.objects.get(id=assignment.assignment_id).cluster_attempt_id is None
+
+
+def test_aborting_a_queued_cluster_leaves_a_build_others_need_queued() -> None:
+    project = ProjectFactory()
+    shared = queued_build(project)
+    cluster = make_cluster([("a", shared)])
+    cluster_abort(cluster_id=cluster.id, reason="aborted by ops", now=timezone.now())
+    assert DerivationBuild.objects.get(id=shared.id).status == BuildStatus.QUEUED
+    assert ClusterJob.objects.get(id=cluster.id).status == ClusterStatus.ABORTED

@@ -42,9 +42,9 @@ from tests.clusters_helpers import (
     answer,
     as_json,
     claim,
+    cluster_only_build,
     make_cluster,
     member_report,
-    queued_build,
     queued_evaluation,
     record_problems,
     seat_worker,
@@ -62,8 +62,8 @@ class Trio:
 
     def __init__(self, retry_budget: int = 2, primary: bool = True) -> None:
         project = ProjectFactory()
-        self.primary = queued_build(project)
-        self.server = queued_build(project)
+        self.primary = cluster_only_build()
+        self.server = cluster_only_build()
         self.client = queued_evaluation(project)
         self.cluster = make_cluster(
             [

@@ -17,8 +17,8 @@ from gradient.scheduling.models import (
 )
 from tests.clusters_helpers import (
     claim,
+    cluster_only_build,
     make_cluster,
-    queued_build,
     queued_evaluation,
     record_problems,
     seat_worker,
@@ -31,7 +31,7 @@ pytestmark = pytest.mark.django_db
 
 def _pair(retry_budget: int = 2):  # type: ignore[no-untyped-def]
     project = ProjectFactory()
-    build, evaluation = queued_build(project), queued_evaluation(project)
+    build, evaluation = cluster_only_build(), queued_evaluation(project)
     cluster = make_cluster([("a", build), ("b", evaluation)], retry_budget=retry_budget)
     workers = [seat_worker(project, idle_for=("build",)), seat_worker(project, idle_for=("eval",))]
     return cluster, build, evaluation, workers

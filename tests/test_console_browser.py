@@ -66,7 +66,7 @@ def test_an_operator_finds_a_waiting_cluster_reads_why_and_aborts_it(page: Any, 
 
     sign_in(page, live_server.url, "/admin/overview/")
     waiting = page.locator("#ov-clusters-waiting")
-    expect(waiting).to_contain_text(str(cluster.id))
+    expect(waiting).to_contain_text(cluster.name)  # by name, not its id
     expect(waiting).to_contain_text(str(reason["code"]))
     page.screenshot(path=str(SHOTS / "overview.png"), full_page=True)
 

@@ -18,7 +18,7 @@ from gradient.core.vocab import BuildStatus, EvaluationStatus
 from gradient.records.selectors import record_job
 from gradient.records.services import records_check
 from gradient.scheduling import history
-from gradient.scheduling.models import DerivationBuild, Evaluation, EvaluationBuild
+from gradient.scheduling.models import BuildAttempt, DerivationBuild, Evaluation, EvaluationBuild
 from gradient.scheduling.services.evaluations import evaluation_create
 from gradient.workers.models import Worker
 from tests.factories import (
@@ -351,3 +351,91 @@ def test_the_actions_are_in_the_openapi_schema(staff: User) -> None:
         "/api/v1/workers/{worker_id}/drain",
     ):
         assert "202" in paths[route]["post"]["responses"], route
+
+
+# --- Restart and its failed builds (issue 24, item 5) ----------------------------------------------------
+
+
+def test_restart_says_which_failed_builds_it_would_fail_on_and_offers_to_rebuild_them(
+    console: Client,
+) -> None:
+    evaluation = _finished(EvaluationStatus.FAILED)
+    failed, dependent = _failed_build_of(evaluation)
+    url = reverse("admin:scheduling_evaluation_operate", args=[evaluation.id, "restart_evaluations"])
+    asked = console.get(url).content.decode()
+    assert "still failed" in asked and failed.name in asked
+    assert 'name="option"' in asked and "Also rebuild its failed builds" in asked
+
+    done = console.post(url, {"confirmed": "yes", "option": "yes"}, follow=True).content.decode()
+    assert "rebuilt first" in done
+    failed.refresh_from_db(), dependent.refresh_from_db()
+    assert (failed.status, failed.attempts) == (BuildStatus.QUEUED, 0)
+    assert dependent.status == BuildStatus.CREATED
+    # one action, two intents on the record: the rebuild, then the restart
+    assert _controls(evaluation.job_key) == [("rebuild", "admin:root"), ("resubmit", "admin:root")]
+    job = record_job(job_key=evaluation.job_key, now=timezone.now())
+    assert job.successor is not None
+
+
+def test_restart_without_rebuilding_says_the_new_evaluation_will_fail_again(console: Client) -> None:
+    evaluation = _finished(EvaluationStatus.FAILED)
+    failed, _ = _failed_build_of(evaluation)
+    url = reverse("admin:scheduling_evaluation_operate", args=[evaluation.id, "restart_evaluations"])
+    done = console.post(url, {"confirmed": "yes"}, follow=True).content.decode()
+    assert "still FailedPermanent" in done and "fails on them again" in done
+    assert DerivationBuild.objects.get(id=failed.id).status == BuildStatus.FAILED_PERMANENT
+    assert _controls(evaluation.job_key) == [("resubmit", "admin:root")]
+
+
+def test_a_restart_with_nothing_failed_offers_no_rebuild(console: Client) -> None:
+    evaluation = _finished(EvaluationStatus.COMPLETED)
+    url = reverse("admin:scheduling_evaluation_operate", args=[evaluation.id, "restart_evaluations"])
+    asked = console.get(url).content.decode()
+    assert 'name="option"' not in asked and "still failed" not in asked
+
+
+def test_restart_in_rest_rebuilds_the_failed_builds_first_when_asked(staff: User) -> None:
+    evaluation = _finished(EvaluationStatus.FAILED)
+    failed, _ = _failed_build_of(evaluation)
+    response = api(staff).post(
+        f"/api/v1/evaluations/{evaluation.id}/restart", {"rebuild_failed": True}, format="json"
+    )
+    assert response.status_code == 202, response.content
+    assert "rebuilt first" in response.json()["message"]
+    assert DerivationBuild.objects.get(id=failed.id).status == BuildStatus.QUEUED
+    assert _controls(evaluation.job_key) == [("rebuild", "ops"), ("resubmit", "ops")]
+
+
+def test_a_submitter_may_restart_but_not_rebuild_with_it() -> None:
+    project = ProjectFactory()
+    member = User.objects.create_user("ci", password="pw-ci-12345")
+    project.members.add(member)
+    evaluation = _finished(EvaluationStatus.FAILED)
+    Evaluation.objects.filter(id=evaluation.id).update(project=project)
+    _failed_build_of(evaluation)
+    response = api(member).post(
+        f"/api/v1/evaluations/{evaluation.id}/restart", {"rebuild_failed": True}, format="json"
+    )
+    assert response.status_code == 403
+    assert _controls(evaluation.job_key) == []
+
+
+def test_a_rebuilt_builds_tries_are_numbered_across_the_rebuild(console: Client) -> None:
+    """Issue 24, item 5: a rebuilt build's two tries both read "attempt 1"."""
+    build = DerivationBuildFactory(status=BuildStatus.FAILED_PERMANENT)
+    worker = WorkerFactory(name="builder-7")
+    start = timezone.now() - timezone.timedelta(minutes=10)
+    for minutes in (0, 5):  # the first try, then the try after a rebuild (attempts start at 1 again)
+        BuildAttempt.objects.create(
+            build=build,
+            worker=worker,
+            number=1,
+            outcome="Failed",
+            started_at=start + timezone.timedelta(minutes=minutes),
+            finished_at=start + timezone.timedelta(minutes=minutes + 1),
+        )
+    page = console.get(reverse("admin:scheduling_derivationbuild_change", args=[build.id])).content.decode()
+    assert "1 (after a rebuild)" in page
+    assert (
+        "attempt 1 on builder-7 (Failed)" in page and str(build.id) not in page.split("attempts")[-1][:2000]
+    )

@@ -141,7 +141,7 @@ def test_an_evaluation_with_a_failed_build_reads_as_a_view_and_restarts_from_its
     expect(page.locator("#confirm-operation")).to_contain_text("supersedes the finished one")
     _shot(page, "console-restart-confirmation.png")
     page.click("input[value='Yes, restart it']")
-    expect(page.locator(".messagelist")).to_contain_text("restarted as evaluation")
+    expect(page.locator(".messagelist")).to_contain_text("restarted as sim:diamond@")
     job = record_job(job_key=evaluation.job_key, now=timezone.now())
     assert [(c.intent, c.actor) for c in job.controls] == [("resubmit", "admin:op")] and job.successor
     response = page.goto(f"{live_server.url}/admin/scheduling/evaluation/add/")

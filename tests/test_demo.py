@@ -3,16 +3,22 @@ repositories of examples/flakes, the workers' Nix configuration, and a clear sto
 
 from __future__ import annotations
 
+import io
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
 from django.core.management import CommandError, call_command
+from django.utils import timezone
 
 from gradient.examples import EXAMPLE_FLAKES, EXAMPLES, example_repository
+from gradient.management.commands import demo
 from gradient.management.commands.demo import Command, demo_nix_config
 from gradient.workers.models import Worker
+from gradient.workers.services import worker_deactivate, worker_register
+from tests.factories import ProjectFactory
 
 
 def test_every_example_flake_is_listed_with_its_wildcards() -> None:
@@ -61,3 +67,93 @@ def test_the_nix_demo_without_nix_says_how_to_get_it_and_writes_nothing(
     with pytest.raises(CommandError, match="apt-get install nix-bin"):
         call_command("demo", "--executor", "nix", "--port", "1")
     assert not User.objects.exists() and not Worker.objects.exists()
+
+
+class FakeProcess:
+    """A stand-in for a demo child: the server or a worker, alive until told otherwise."""
+
+    started: list[FakeProcess] = []
+
+    def __init__(self, argv: list[str], *, cwd: Path, env: dict[str, str], stdout: Any, stderr: Any) -> None:
+        self.argv, self.env, self.log = argv, env, Path(stdout.name)
+        stdout.close()
+        self.code: int | None = None
+        FakeProcess.started.append(self)
+
+    @property
+    def name(self) -> str:
+        return "serve" if "serve" in self.argv else self.log.stem
+
+    def poll(self) -> int | None:
+        return self.code
+
+    def send_signal(self, sig: int) -> None:
+        self.code = -sig
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        return self.code
+
+    def kill(self) -> None:
+        self.code = -9
+
+
+@pytest.mark.django_db
+def test_a_deactivated_worker_stops_alone_the_demo_says_which_and_why_and_starts_it_again(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, settings: Any
+) -> None:
+    """Deactivating demo-b in the console ends its process (403): the demo keeps the server and the other
+    workers running, names the worker and the server's refusal, and starts it again until it stays up.
+    No worker token is on a command line (`ps` shows those to every user); it is in the environment."""
+    (tmp_path / "var").mkdir()
+    settings.BASE_DIR = tmp_path
+    FakeProcess.started = []
+    clock = {"now": 0.0, "ticks": 0}
+    monkeypatch.setattr(demo.subprocess, "Popen", FakeProcess)
+    monkeypatch.setattr(Command, "_wait_for", staticmethod(lambda url, timeout=60.0: None))
+    monkeypatch.setattr(demo.time, "monotonic", lambda: clock["now"])
+
+    def by_name(name: str) -> list[FakeProcess]:
+        return [p for p in FakeProcess.started if p.name == name]
+
+    def tick(_: float) -> None:
+        clock["ticks"] += 1
+        clock["now"] += 3.0
+        if clock["ticks"] == 2:  # the operator deactivates demo-b: the worker logs the refusal, exits 3
+            [b] = by_name("demo-b")
+            b.log.write_text(
+                "2026-12-01 23:00:00,000 ERROR gradient.workers.client.worker: the server refused this "
+                "worker (403): worker deactivated\n"
+            )
+            b.code = 3
+        if clock["ticks"] == 12:
+            by_name("serve")[0].code = 0
+
+    monkeypatch.setattr(demo.time, "sleep", tick)
+    out, err = io.StringIO(), io.StringIO()
+    call_command("demo", "--port", "1", stdout=out, stderr=err)
+
+    said = err.getvalue()
+    assert "worker demo-b stopped (exit 3)" in said
+    assert "the server refused it" in said and "worker deactivated" in said
+    assert said.count("demo-b stopped") == 1  # retried quietly, said once
+    assert "worker demo-b is running again" in said
+    assert "the server stopped (exit 0)" in said
+    assert len(by_name("demo-b")) == 2  # started again, 10 s later
+    assert len(by_name("demo-a")) == len(by_name("demo-c")) == len(by_name("serve")) == 1
+    workers = [p for p in FakeProcess.started if p.name != "serve"]
+    for process in workers:
+        token = process.env["GRADIENT_WORKER_TOKEN"]
+        assert token and token not in " ".join(process.argv) and "--token" not in process.argv
+
+
+@pytest.mark.django_db
+def test_the_demo_activates_its_own_workers_that_an_earlier_run_left_deactivated(tmp_path: Path) -> None:
+    project = ProjectFactory(name="demo")
+    worker, _ = worker_register(name="demo-b", projects=[project])
+    worker_deactivate(worker_id=worker.id, now=timezone.now())
+    out = io.StringIO()
+    command = Command(stdout=out)
+    names = [name for _, _, _, name in command._prepare_workers(project)]
+    assert names == ["demo-a", "demo-b", "demo-c"]
+    assert Worker.objects.get(name="demo-b").active
+    assert "demo-b was deactivated" in out.getvalue()

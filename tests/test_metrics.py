@@ -35,6 +35,9 @@ FAMILIES = {
     "gradient_clusters": "gauge",
     "gradient_pass_duration_seconds": "histogram",
     "gradient_claims_lost": "counter",
+    "gradient_builds": "gauge",
+    "gradient_build_duration_seconds": "histogram",
+    "gradient_queue_wait_seconds": "histogram",
 }
 
 
@@ -165,7 +168,12 @@ def test_the_grafana_dashboard_plots_only_the_families_served() -> None:
     exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
     used = {name for e in exprs for name in re.findall(r"gradient_[a-z_]+", e)}
     served = set(FAMILIES) | {"gradient_assignments_total", "gradient_claims_lost_total"}
-    served |= {f"gradient_pass_duration_seconds_{s}" for s in ("bucket", "sum", "count")}
+    histograms = (
+        "gradient_pass_duration_seconds",
+        "gradient_build_duration_seconds",
+        "gradient_queue_wait_seconds",
+    )
+    served |= {f"{h}_{s}" for h in histograms for s in ("bucket", "sum", "count")}
     assert used and used <= served, used - served
     assert set(FAMILIES) - {"gradient_assignments", "gradient_claims_lost"} <= {
         u.removesuffix("_bucket").removesuffix("_count") for u in used

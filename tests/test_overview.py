@@ -11,7 +11,7 @@ from django.utils import timezone
 from gradient.clusters.models import ClusterReservation
 from gradient.scheduling.models import EvaluationStatus
 from gradient.workers.models import IdleSlot, WorkerSession
-from tests.factories import ClusterJobFactory, EvaluationFactory, WorkerFactory
+from tests.factories import ClusterJobFactory, ClusterMemberFactory, EvaluationFactory, WorkerFactory
 
 pytestmark = pytest.mark.django_db
 
@@ -95,3 +95,29 @@ def test_queues_waiting_reasons_clusters_and_the_reservation_are_shown(operator_
         )
     ]
     assert snapshot["reservation"]["cluster"] == str(cluster.id)
+
+
+def test_the_overview_names_clusters_and_draws_every_time_relative_with_the_exact_utc_time_on_hover(
+    operator_client: Client,
+) -> None:
+    """Issue 24, items 3 and 4: the overview showed raw ISO times with microseconds ("Updated", "last
+    seen") and a waiting cluster by its UUID."""
+    cluster = ClusterJobFactory(waiting_reason={"code": "too_few_workers"}, waiting_since=timezone.now())
+    ClusterMemberFactory(cluster_job=cluster, role="server")
+    ClusterMemberFactory(cluster_job=cluster, role="client")
+    ClusterMemberFactory(cluster_job=cluster, role="client")
+    now = timezone.now()
+    ClusterReservation.objects.create(
+        cluster_job=cluster, seats=[], created_at=now, expires_at=now + timezone.timedelta(minutes=5)
+    )
+    snapshot = operator_client.get(reverse("console-overview-json")).json()
+    [waiting] = snapshot["clusters"]["waiting"]
+    assert waiting["name"] == "cluster 2 client + server"
+    assert snapshot["reservation"]["name"] == "cluster 2 client + server"
+    page = operator_client.get(reverse("console-overview")).content.decode()
+    script = page[page.index("function draw(s)") :]
+    # every time cell goes through when(): relative text, exact UTC in the title; no ISO text is drawn
+    assert 'when(cell(tr, ""), w.last_seen)' in script and "cell(tr, w.last_seen)" not in script
+    assert 'when(cell(tr, ""), c.waiting_since)' in script and 'text("ov-at", s.at)' not in script
+    assert "cell(tr, c.name, c.url)" in script and "cell(tr, c.id, c.url)" not in script
+    assert str(cluster) == "cluster 2 client + server (Queued)"

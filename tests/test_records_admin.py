@@ -62,7 +62,7 @@ def test_the_change_page_shows_the_entries_as_a_timeline_of_who_when_what(operat
     page = operator_client.get(reverse("admin:records_jobrecord_change", args=[record.pk]))
     assert page.status_code == 200
     html = page.content.decode()
-    assert "submission 1: assignment 0badc0de claimed for w1, attempt 1" in html
+    assert "submission 1: claimed for w1, attempt 1" in html
     assert "w1 reported failed on 0badc0de: out of memory" in html
     assert "scheduler" in html and "Status (folded)" in html and "dispatched" in html
 
@@ -77,7 +77,7 @@ def test_an_admin_action_commits_a_cancel_as_the_signed_in_operator(operator_cli
     assert response.status_code == 200
     entry = RecordEntry.objects.get(record=record, revision=3)
     assert (entry.kind, entry.actor) == ("control", "admin:root")
-    assert "cancelled: the outcome is cancelled" in response.content.decode()
+    assert "cancelled: it ends Aborted, and what it still runs is told to stop" in response.content.decode()
     page = operator_client.get(reverse("admin:records_jobrecord_change", args=[record.pk])).content.decode()
     assert "cancel requested: from the admin" in page and "cancelled" in page
 

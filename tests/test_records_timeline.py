@@ -21,7 +21,7 @@ def test_a_cancel_after_success_reads_as_such() -> None:
     )
     rows = timeline(history, fold(make_header(), history, T0))
     assert [(r.revision, r.actor, r.what, r.effect) for r in rows] == [
-        (1, "scheduler", "submission 1: assignment 12345678 claimed for w7, attempt 2", ""),
+        (1, "scheduler", "submission 1: claimed for w7, attempt 2", ""),
         (2, "scheduler", "outcome succeeded: built", ""),
         (3, "admin:alice", "cancel requested: oops", "cancel after outcome"),
     ]

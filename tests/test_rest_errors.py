@@ -41,6 +41,7 @@ class World:
             "build": str(self.build),
             "cluster": str(self.cluster.id),
             "worker": str(self.worker.id),
+            "project": str(self.project.id),
         }
         if unknown is not None:
             ids = dict.fromkeys(ids, unknown)
@@ -87,7 +88,12 @@ def assert_json_error(response: Any, status: int) -> dict[str, Any]:
 
 
 AUTHENTICATED_ROUTES = [
+    ("GET", "/api/v1/users"),
+    ("GET", "/api/v1/users/1"),
     ("POST", "/api/v1/users"),
+    ("GET", "/api/v1/projects/{project}"),
+    ("GET", "/api/v1/builds"),
+    ("GET", "/api/v1/clusters"),
     ("GET", "/api/v1/projects"),
     ("POST", "/api/v1/projects"),
     ("GET", "/api/v1/workers"),
@@ -116,6 +122,9 @@ def test_every_route_but_the_login_is_401_without_a_valid_token(world: World, me
 
 
 STAFF_ROUTES = [
+    ("GET", "/api/v1/users", None),
+    ("GET", "/api/v1/users/1", None),
+    ("GET", "/api/v1/projects/{project}", None),
     ("POST", "/api/v1/users", {"username": "x", "password": "pw-x-12345"}),
     ("GET", "/api/v1/projects", None),
     ("POST", "/api/v1/projects", {"name": "p"}),
@@ -165,6 +174,7 @@ def test_a_member_may_not_group_another_projects_job_or_prioritize(world: World)
 
 
 ID_ROUTES = [
+    ("GET", "/api/v1/projects/{project}"),
     ("GET", "/api/v1/workers/{worker}"),
     ("POST", "/api/v1/workers/{worker}/deactivate"),
     ("POST", "/api/v1/workers/{worker}/activate"),

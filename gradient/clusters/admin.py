@@ -5,6 +5,7 @@ appends the abort intent to each cluster's record as the signed-in operator."""
 from __future__ import annotations
 
 import uuid
+from typing import Any, ClassVar
 
 from django.contrib import admin
 from django.utils import timezone
@@ -20,10 +21,11 @@ from gradient.clusters.models import (
     ClusterSeat,
     ClusterWorkerPenalty,
 )
+from gradient.clusters.selectors import needed_outside_its_cluster
 from gradient.clusters.services.lifecycle import cluster_request_abort
-from gradient.console import OperatedAdmin, Operation, ReadOnlyAdmin, ReadOnlyInline
+from gradient.console import OperatedAdmin, Operation, ReadOnlyAdmin, ReadOnlyInline, drv_name, when
 from gradient.core.ids import parse_uuid
-from gradient.core.vocab import CLUSTER_TERMINAL
+from gradient.core.vocab import BUILD_ABORTABLE, CLUSTER_TERMINAL, EVALUATION_ACTIVE
 from gradient.records.admin import RecordTimelineMixin
 from gradient.records.errors import RecordError
 from gradient.workers.models import Worker
@@ -47,11 +49,11 @@ class ClusterMemberInline(ReadOnlyInline):
 
 class ClusterAttemptInline(ReadOnlyInline):
     model = ClusterAttempt
-    fields = readonly_fields = (
+    fields = readonly_fields = (  # type: ignore[assignment]
         "number",
-        "created_at",
-        "started_at",
-        "finished_at",
+        when("created_at"),
+        when("started_at"),
+        when("finished_at"),
         "prepare_time",
         "run_time",
         "outcome",
@@ -97,23 +99,55 @@ def _abort(cluster: ClusterJob, actor: str) -> str:
     return receipt.message if receipt is not None else "aborted"
 
 
+def _abort_consequences(cluster: ClusterJob) -> list[str]:
+    """Which member jobs end Aborted and which shared builds are spared (needed outside the cluster)."""
+    lines = []
+    members = cluster.members.select_related("evaluation", "derivation_build").order_by("role", "index")
+    for member in members:
+        build = member.derivation_build
+        if build is not None:
+            name = f"{member.role}[{member.index}]: build {drv_name(build.drv_path)}"
+            if build.status not in BUILD_ABORTABLE:
+                lines.append(f"{name} has ended ({build.status}) and stays so")
+            elif needed_outside_its_cluster(build.id):
+                lines.append(
+                    f"{name} is spared: evaluations outside this cluster need it, so it goes back to the "
+                    "queue and is built on its own"
+                )
+            else:
+                lines.append(f"{name} ends Aborted")
+        elif member.evaluation is not None:
+            evaluation = member.evaluation
+            name = (
+                f"{member.role}[{member.index}]: evaluation {evaluation.repository}@{evaluation.commit[:12]}"
+            )
+            if evaluation.status in EVALUATION_ACTIVE:
+                lines.append(f"{name} is cancelled (its shared builds other evaluations need are spared)")
+            else:
+                lines.append(f"{name} has ended ({evaluation.status}) and stays so")
+    return lines
+
+
 ABORT = Operation(
     name="abort_clusters",
     label="Abort",
     description="Abort the selected cluster jobs",
     explain="Abort these cluster jobs? The abort is recorded on each cluster's record as a control intent; "
-    "then the members' running jobs get AbortJob, an open attempt closes Aborted, and the cluster and "
-    "every member job that has not ended end Aborted. This cannot be undone.",
+    "then the members' running jobs get AbortJob, an open attempt closes Aborted, and the cluster ends "
+    "Aborted. A member build that evaluations outside the cluster still need is spared, as an "
+    "evaluation's cancel spares it: it goes back to the queue and is built on its own; every other member "
+    "job that has not ended ends Aborted. This cannot be undone.",
     applies=lambda c: c.status not in CLUSTER_TERMINAL,
     run=_abort,
     refused=(RecordError,),
+    consequences=_abort_consequences,
 )
 
 
 @admin.register(ClusterJob)
 class ClusterJobAdmin(RecordTimelineMixin, OperatedAdmin):
     list_display = [
-        "id",
+        "title",
         "status",
         "priority",
         "same_zone",
@@ -121,32 +155,38 @@ class ClusterJobAdmin(RecordTimelineMixin, OperatedAdmin):
         "retry_budget",
         "prepare_failures",
         "waiting",
-        "created_at",
+        when("created_at"),
     ]
     list_filter = ["status", "priority", "same_zone"]
     search_fields = ["id"]
     date_hierarchy = "created_at"
     # read-only: the record's plan and the rows must agree, so a cluster changes through its services
-    fields = readonly_fields = (
+    fields = readonly_fields = (  # type: ignore[assignment]
         "same_zone",
         "priority",
         "retry_budget",
         "status",
         "attempts",
         "prepare_failures",
-        "retry_at",
+        when("retry_at", "retry"),
         "waiting_in_words",
         "waiting_reason",
-        "waiting_since",
-        "queued_at",
+        when("waiting_since", "waiting since"),
+        when("queued_at"),
         "created_by",
-        "created_at",
-        "finished_at",
+        when("created_at"),
+        when("finished_at"),
         "record_timeline",
     )
     inlines = [ClusterMemberInline, ClusterAttemptInline]
     operations = (ABORT,)
     actions = [ABORT.bulk()]
+
+    list_display_links = ["title"]
+
+    @admin.display(description="cluster")
+    def title(self, obj: ClusterJob) -> str:
+        return obj.name
 
     @admin.display(description="why it waits")
     def waiting_in_words(self, obj: ClusterJob) -> str:
@@ -178,16 +218,24 @@ class ClusterSeatInline(ReadOnlyInline):
 
 @admin.register(ClusterAttempt)
 class ClusterAttemptAdmin(ReadOnlyAdmin):
-    list_display = ["cluster_job", "number", "created_at", "started_at", "finished_at", "outcome", "verdict"]
-    list_filter = ["outcome", "verdict"]
-    raw_id_fields = ["cluster_job"]
-    readonly_fields = [
+    list_display = [
         "cluster_job",
         "number",
-        "created_at",
-        "prepare_deadline",
-        "started_at",
-        "finished_at",
+        when("created_at"),
+        when("started_at"),
+        when("finished_at"),
+        "outcome",
+        "verdict",
+    ]
+    list_filter = ["outcome", "verdict"]
+    raw_id_fields = ["cluster_job"]
+    readonly_fields: ClassVar[Any] = [
+        "cluster_job",
+        "number",
+        when("created_at"),
+        when("prepare_deadline", "prepare deadline"),
+        when("started_at"),
+        when("finished_at"),
         "outcome",
         "verdict",
         "reason",
@@ -198,11 +246,11 @@ class ClusterAttemptAdmin(ReadOnlyAdmin):
 
 @admin.register(ClusterReservation)
 class ClusterReservationAdmin(ReadOnlyAdmin):
-    list_display = ["cluster_job", "created_at", "expires_at"]
+    list_display = ["cluster_job", when("created_at"), when("expires_at")]
     raw_id_fields = ["cluster_job"]
 
 
 @admin.register(ClusterWorkerPenalty)
 class ClusterWorkerPenaltyAdmin(ReadOnlyAdmin):
-    list_display = ["worker", "at", "reason"]
+    list_display = ["worker", when("at", "at"), "reason"]
     raw_id_fields = ["worker"]

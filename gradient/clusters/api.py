@@ -11,6 +11,7 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
+from django.db.models import Q, QuerySet
 from django.utils import timezone
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, extend_schema_field
@@ -29,7 +30,8 @@ from gradient.clusters.services.lifecycle import (
     cluster_create,
     cluster_request_abort,
 )
-from gradient.rest import ControlReceiptSerializer, uuid_or_404
+from gradient.core.vocab import ClusterStatus, member_of
+from gradient.rest import LOCATION, ControlReceiptSerializer, Pages, check_page_params, created, uuid_or_404
 from gradient.scheduling.models import DerivationBuild, Evaluation, EvaluationBuild, Project
 
 # --- Serializers -----------------------------------------------------------------------------------------
@@ -171,7 +173,60 @@ def _check_jobs_readable(user: Any, members: list[dict[str, Any]]) -> None:
 # --- Views -----------------------------------------------------------------------------------------------
 
 
+def readable_clusters(user: Any) -> QuerySet[ClusterJob]:
+    """The clusters `user` may read (as _can_read says of one)."""
+    if user.is_staff:
+        return ClusterJob.objects.all()
+    projects = Project.objects.filter(members=user).values("id")
+    members = ClusterMember.objects.filter(
+        Q(evaluation__project_id__in=projects)
+        | Q(
+            derivation_build_id__in=EvaluationBuild.objects.filter(
+                evaluation__project_id__in=projects
+            ).values("build_id")
+        )
+    )
+    return ClusterJob.objects.filter(Q(created_by_id=user.pk) | Q(id__in=members.values("cluster_job_id")))
+
+
+class ClusterListItemSerializer(serializers.Serializer[Any]):
+    id = serializers.UUIDField()
+    status = serializers.CharField()
+    same_zone = serializers.BooleanField()
+    attempts = serializers.IntegerField(help_text="Started attempts.")
+    created_at = serializers.DateTimeField()
+
+
+class ClusterPageSerializer(serializers.Serializer[Any]):
+    count = serializers.IntegerField(help_text="Clusters matching the filters.")
+    next = serializers.URLField(allow_null=True, help_text="The next page, or null on the last one.")
+    previous = serializers.URLField(allow_null=True)
+    results = ClusterListItemSerializer(many=True)
+
+
 class ClustersView(APIView):
+    @extend_schema(
+        parameters=[
+            OpenApiParameter("status", OpenApiTypes.STR, description="Filter by status, e.g. Queued."),
+            OpenApiParameter("limit", OpenApiTypes.INT, description="Page size (default 100, at most 1000)."),
+            OpenApiParameter("offset", OpenApiTypes.INT, description="Clusters to skip."),
+        ],
+        responses={200: ClusterPageSerializer},
+        summary="List the cluster jobs you may read, newest first (always paged)",
+        operation_id="v1_clusters_list",
+    )
+    def get(self, request: Request) -> Response:
+        check_page_params(request)
+        qs = readable_clusters(request.user)
+        wanted_status = request.query_params.get("status")
+        if wanted_status:
+            if member_of(ClusterStatus, wanted_status) is None:
+                raise serializers.ValidationError({"status": [f"Unknown status: {wanted_status}."]})
+            qs = qs.filter(status=wanted_status)
+        paginator = Pages()
+        page = paginator.paginate_queryset(qs.order_by("-created_at", "id"), request, view=self) or []
+        return paginator.get_paginated_response(ClusterListItemSerializer(page, many=True).data)
+
     @extend_schema(
         request=ClusterCreateSerializer,
         responses={
@@ -179,6 +234,7 @@ class ClustersView(APIView):
             400: OpenApiResponse(description="Bad members: unknown job, job already in a cluster, ..."),
             403: OpenApiResponse(description="A job of another project, or priority without staff"),
         },
+        parameters=[LOCATION],
         summary="Create a cluster job: existing jobs started together on distinct workers, all or nothing",
     )
     def post(self, request: Request) -> Response:
@@ -210,7 +266,7 @@ class ClustersView(APIView):
             )
         except ClusterInputError as exc:
             raise serializers.ValidationError(exc.errors) from None
-        return Response(ClusterSerializer(cluster).data, status=status.HTTP_201_CREATED)
+        return created(ClusterSerializer(cluster).data, route="cluster-detail", cluster_id=cluster.id)
 
 
 class ClusterDetailView(APIView):

@@ -8,15 +8,17 @@ class ClustersConfig(AppConfig):
 
     def ready(self) -> None:
         from gradient.clusters.record_providers import cluster_discovery
+        from gradient.clusters.record_providers import names_of_ids as cluster_names
         from gradient.clusters.services.lifecycle import on_control
         from gradient.records.schemas import JobKind
-        from gradient.records.selectors import register_discovery_provider
+        from gradient.records.selectors import register_discovery_provider, register_name_provider
         from gradient.records.services import register_control_hook
 
         # An operator's abort (admin, REST) lands on the cluster's record; this carries it out on the rows.
         register_control_hook(kind=JobKind.CLUSTER, hook=on_control)
         # What the rows show about a cluster job: records reads no clusters table itself.
         register_discovery_provider(kind=JobKind.CLUSTER, provider=cluster_discovery)
+        register_name_provider(cluster_names)
 
         from gradient.clusters.selectors import worker_reserved_for
         from gradient.clusters.services.dispatch import cluster_idle_kick

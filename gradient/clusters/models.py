@@ -79,7 +79,17 @@ class ClusterJob(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"cluster {self.id} ({self.status})"
+        return f"{self.name} ({self.status})"
+
+    @property
+    def name(self) -> str:
+        """What an operator calls it: its roles, how many of each: "cluster server + 2 client"."""
+        roles: dict[str, int] = {}
+        for role in self.members.order_by("role", "index").values_list("role", flat=True):
+            roles[role] = roles.get(role, 0) + 1
+        if not roles:
+            return "cluster without members"
+        return "cluster " + " + ".join(role if n == 1 else f"{n} {role}" for role, n in roles.items())
 
     @property
     def job_key(self) -> str:
@@ -202,7 +212,7 @@ class ClusterAttempt(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"attempt {self.number} of {self.cluster_job_id}"
+        return f"attempt {self.number} of {self.cluster_job.name}"
 
 
 class ClusterReservation(models.Model):
@@ -225,7 +235,7 @@ class ClusterReservation(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"reservation for {self.cluster_job_id} until {self.expires_at:%H:%M:%S}"
+        return f"reservation for {self.cluster_job.name} until {self.expires_at:%H:%M:%S} UTC"
 
 
 class ClusterSeat(models.Model):
@@ -288,7 +298,7 @@ class ClusterSeat(models.Model):
         indexes = [models.Index(fields=["assignment"], name="idx-cluster_seat-assignment")]
 
     def __str__(self) -> str:
-        return f"{self.role}[{self.index}] on {self.worker_id}"
+        return f"{self.role}[{self.index}] on {self.worker.name}"
 
 
 class ClusterWorkerPenalty(models.Model):
@@ -306,4 +316,4 @@ class ClusterWorkerPenalty(models.Model):
         indexes = [models.Index(fields=["at"], name="idx-cluster_worker_penalty-at")]
 
     def __str__(self) -> str:
-        return f"{self.worker_id} penalised at {self.at:%H:%M:%S}"
+        return f"{self.worker.name} penalised at {self.at:%H:%M:%S} UTC"

@@ -31,3 +31,11 @@ def cluster_discovery(
     return Discovery(
         observed_at=now, objects=objects, row_status=RowStatus(status) if status is not None else None
     )
+
+
+def names_of_ids(ids: set[uuid.UUID]) -> dict[str, str]:
+    """A cluster attempt, in a record's timeline, by its number: #2."""
+    return {
+        str(attempt_id): f"#{number}"
+        for attempt_id, number in ClusterAttempt.objects.filter(id__in=ids).values_list("id", "number")
+    }

@@ -127,6 +127,21 @@ def cluster_membership(*, job_keys: Iterable[str]) -> dict[str, Membership]:
     return out
 
 
+def needed_outside_its_cluster(build_id: uuid.UUID) -> bool:
+    """Whether an active evaluation that is not a member of the build's cluster needs the build."""
+    cluster_ids = ClusterMember.objects.filter(derivation_build_id=build_id).values("cluster_job_id")
+    in_cluster = ClusterMember.objects.filter(
+        cluster_job_id__in=cluster_ids, evaluation_id__isnull=False
+    ).values("evaluation_id")
+    return (
+        EvaluationBuild.objects.filter(
+            build_id=build_id, blocks_evaluation=True, evaluation__status__in=EVALUATION_ACTIVE
+        )
+        .exclude(evaluation_id__in=in_cluster)
+        .exists()
+    )
+
+
 # --- Reservations ---------------------------------------------------------------------------------------
 
 

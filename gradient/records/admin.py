@@ -13,6 +13,7 @@ from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
+from gradient.console import ago
 from gradient.records.decisions.fold import fold
 from gradient.records.decisions.project import project
 from gradient.records.errors import DecodeError, InvalidHistory, RecordError
@@ -28,7 +29,7 @@ from gradient.records.schemas import (
     Resubmit,
     decode_header,
 )
-from gradient.records.selectors import record_discovery, record_entries
+from gradient.records.selectors import names_in, record_discovery, record_entries
 from gradient.records.services import commit_control
 from gradient.records.timeline import timeline
 
@@ -167,17 +168,19 @@ def render_timeline(record: JobRecord) -> SafeString | str:
         job = fold(decode_header(record.header, schema=record.header_schema), entries, timezone.now())
     except (DecodeError, InvalidHistory):
         job = None
+    names = names_in(e.body for e in entries)
+    now = timezone.now()
     rows = [
         (
             row.revision,
-            row.at.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3],
+            ago(row.at, now),
             row.actor or "-",
             row.kind,
             row.what,
             row.effect,
             row.body,
         )
-        for row in timeline(entries, job)
+        for row in timeline(entries, job, names)
     ]
     return format_html(
         "<table><tr><th>#</th><th>when</th><th>who</th><th>kind</th><th>what</th><th>effect</th>"
@@ -195,10 +198,16 @@ def render_job_timeline(job_key: str) -> SafeString | str:
     """The timeline of the record named by `job_key`, with a link to the record's own page."""
     record = JobRecord.objects.filter(job_key=job_key).first()
     if record is None:
-        return "no record (made outside the services)"
+        if job_key.startswith("build:"):
+            # Not an error: shared builds have no record of their own (yet).
+            return (
+                "Shared builds have no record of their own yet: what happened to this build (its tries, "
+                "rebuilds, prioritizing) is on the records of the evaluations that need it, listed above."
+            )
+        return "No record: this job was made outside the services (SQL, a fixture), so it has no history."
     link = reverse("admin:records_jobrecord_change", args=[record.pk])
     return format_html(
-        '<p><a href="{}">{}</a>, revision {}{}</p>{}',
+        '<p><a href="{}" title="{}">The whole record</a>, revision {}{}</p>{}',
         link,
         record.job_key,
         record.revision,

@@ -13,8 +13,9 @@ A kind without a provider fails loudly with ProviderMissing.
 from __future__ import annotations
 
 import enum
+import re
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from datetime import datetime
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
@@ -86,6 +87,29 @@ def register_discovery_provider(*, kind: JobKind, provider: DiscoveryProvider) -
 def register_read_access(*, kind: JobKind, provider: ReadAccessProvider) -> None:
     """Make `provider` decide who may read the records of jobs of this kind (one per kind)."""
     _register(_read_access_providers, "read access", kind, provider)
+
+
+NameProvider = Callable[[set[uuid.UUID]], dict[str, str]]
+_name_providers: list[NameProvider] = []
+_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+
+
+def register_name_provider(provider: NameProvider) -> None:
+    """Let an app name the ids it owns (workers, builds, evaluations, assignments, cluster attempts) where a
+    record's timeline mentions them. Registering it again is a no-op."""
+    if provider not in _name_providers:
+        _name_providers.append(provider)
+
+
+def names_in(texts: Iterable[str]) -> dict[str, str]:
+    """The names of the ids found in `texts` (the entries' stored JSON), from every registered provider:
+    id -> name. An id nobody names is absent."""
+    ids = {uuid.UUID(m) for text in texts for m in _UUID.findall(text)}
+    names: dict[str, str] = {}
+    if ids:
+        for provider in _name_providers:
+            names.update(provider(ids))
+    return names
 
 
 def discovery_provider(kind: JobKind) -> DiscoveryProvider:

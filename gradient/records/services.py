@@ -303,7 +303,7 @@ def _receipt_message(intent: str, effect: Effect | None, job: Job | None, proble
         return f"{intent} appended; this build could not fold the record ({problem})"
     outcome = job.outcome.value
     messages = {
-        Effect.CANCELLED: "cancelled: the outcome is cancelled and clean-up is pending",
+        Effect.CANCELLED: "cancelled: it ends Aborted, and what it still runs is told to stop",
         Effect.CANCEL_AFTER_OUTCOME: f"cancel after the job ended: the outcome stays {outcome}",
         Effect.HELD: "held: no new submission until released",
         Effect.HOLD_IGNORED: "nothing to hold: the job "

@@ -4,14 +4,32 @@ and evaluations), each behind a confirmation page and signed on the record."""
 
 from __future__ import annotations
 
+import re
+
 from django.contrib import admin
 from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
-from gradient.console import OperatedAdmin, Operation, ReadOnlyAdmin, ReadOnlyInline, ago, between, drv_name
-from gradient.core.vocab import BUILD_PENDING, EVALUATION_ACTIVE, EVALUATION_TERMINAL, EvaluationKind
+from gradient.console import (
+    OperatedAdmin,
+    Operation,
+    ReadOnlyAdmin,
+    ReadOnlyInline,
+    ago,
+    as_list,
+    assignment_job_link,
+    between,
+    drv_name,
+)
+from gradient.core.vocab import (
+    BUILD_PENDING,
+    EVALUATION_ACTIVE,
+    EVALUATION_TERMINAL,
+    EvaluationKind,
+    EvaluationStatus,
+)
 from gradient.names import NameCheckedForm
 from gradient.records.admin import RecordTimelineMixin
 from gradient.scheduling import selectors
@@ -41,6 +59,14 @@ class ProjectAdmin(admin.ModelAdmin):
     filter_horizontal = ["members"]
 
 
+def _readable_lines(lines: list[str] | None) -> list[str]:
+    """An evaluation's errors and warnings: a derivation named without its store hash."""
+    return [
+        re.sub(r"/nix/store/[0-9a-z]{32}-([^\s:]+?)(\.drv)?(?=[\s:]|$)", r"\1", str(line))
+        for line in lines or []
+    ]
+
+
 def _link(obj: object, label: str) -> SafeString:
     meta = obj._meta  # type: ignore[attr-defined]
     url = reverse(f"admin:{meta.app_label}_{meta.model_name}_change", args=[obj.pk])  # type: ignore[attr-defined]
@@ -55,8 +81,40 @@ def _cancel(evaluation: Evaluation, actor: str) -> str:
     return receipt.message if receipt is not None else "cancelled"
 
 
-def _restart(evaluation: Evaluation, actor: str) -> str:
-    return operations.evaluation_restart(evaluation_id=evaluation.id, actor=actor, now=timezone.now()).message
+def _restarted(result: operations.ActionResult) -> SafeString | str:
+    """The restart's message with its new evaluation named and linked instead of its id."""
+    successor = Evaluation.objects.filter(id=result.successor).first() if result.successor else None
+    if successor is None:
+        return result.message
+    plain = f"restarted as evaluation {successor.id}"
+    rest = result.message.removeprefix(plain)
+    name = f"{successor.repository}@{successor.commit[:12]}"
+    return format_html("restarted as {}{}", _link(successor, name), rest)
+
+
+def _restart(evaluation: Evaluation, actor: str) -> SafeString | str:
+    return _restarted(
+        operations.evaluation_restart(evaluation_id=evaluation.id, actor=actor, now=timezone.now())
+    )
+
+
+def _restart_and_rebuild(evaluation: Evaluation, actor: str) -> SafeString | str:
+    result = operations.evaluation_restart(
+        evaluation_id=evaluation.id, actor=actor, now=timezone.now(), rebuild_failed=True
+    )
+    return _restarted(result)
+
+
+def _restart_consequences(evaluation: Evaluation) -> list[str]:
+    failed = operations.rebuildable_failed_builds(evaluation.id)
+    if not failed:
+        return []
+    names = ", ".join(drv_name(b.drv_path) for b in failed[:5]) + (" …" if len(failed) > 5 else "")
+    return [
+        f"{len(failed)} failed build{'s' if len(failed) != 1 else ''} it needs ({names}) "
+        f"{'is' if len(failed) == 1 else 'are'} still failed: restarted alone, the new evaluation fails on "
+        "them again. Tick “Also rebuild its failed builds” to queue them afresh first."
+    ]
 
 
 def _prioritize_evaluation(evaluation: Evaluation, actor: str) -> str:
@@ -85,6 +143,10 @@ EVALUATION_OPERATIONS = (
         applies=lambda e: e.status in EVALUATION_TERMINAL and e.kind == EvaluationKind.NORMAL,
         run=_restart,
         refused=(operations.ActionRefused,),
+        consequences=_restart_consequences,
+        option="Also rebuild its failed builds (a rebuild intent beside the restart's on its record)",
+        option_applies=lambda e: bool(operations.rebuildable_failed_builds(e.id)),
+        run_option=_restart_and_rebuild,
     ),
     Operation(
         name="prioritize_evaluations",
@@ -119,18 +181,19 @@ class EvaluationBuildInline(ReadOnlyInline):
 
 @admin.register(Evaluation)
 class EvaluationAdmin(FailedBuildLogsMixin, RecordTimelineMixin, OperatedAdmin):
+    # The name links to the page (not the id), and the times come before the long columns, so a
+    # 1 400 px screen shows them.
     list_display = [
-        "short_id",
+        "name",
         "project_name",
         "status",
-        waiting_for,
-        "progress",
-        "kind",
-        "repository",
-        "short_commit",
         "created",
         "took",
+        "progress",
+        waiting_for,
+        "kind",
     ]
+    list_display_links = ["name"]
     list_filter = ["status", WaitingReasonFilter, "kind", "project"]
     search_fields = ["id", "repository", "commit"]
     date_hierarchy = "created_at"
@@ -157,8 +220,8 @@ class EvaluationAdmin(FailedBuildLogsMixin, RecordTimelineMixin, OperatedAdmin):
         "finished",
         "took",
         "created_by",
-        "warnings",
-        "errors",
+        "warnings_list",
+        "errors_list",
         "lineage",
         "record_timeline",
     )
@@ -170,6 +233,26 @@ class EvaluationAdmin(FailedBuildLogsMixin, RecordTimelineMixin, OperatedAdmin):
         if match is not None and match.url_name == "scheduling_evaluation_changelist":
             queryset = queryset.defer("warnings", "errors")
         return queryset
+
+    def get_fields(self, request, obj=None):  # type: ignore[no-untyped-def]
+        """No empty rows: what it waits for and what happens next only while it waits."""
+        fields = list(super().get_fields(request, obj))
+        if obj is not None and obj.status != EvaluationStatus.WAITING:
+            fields = [f for f in fields if f not in (waiting_for, "next_step")]
+        return fields
+
+    @admin.display(description="warnings")
+    def warnings_list(self, obj: Evaluation) -> SafeString | str:
+        return as_list(_readable_lines(obj.warnings))
+
+    @admin.display(description="errors")
+    def errors_list(self, obj: Evaluation) -> SafeString | str:
+        return as_list(_readable_lines(obj.errors))
+
+    @admin.display(description="evaluation", ordering="repository")
+    def name(self, obj: Evaluation) -> str:
+        repository = obj.repository if len(obj.repository) <= 48 else obj.repository[:47] + "…"
+        return f"{repository}@{obj.commit[:12]}"
 
     @admin.display(description="id", ordering="id")
     def short_id(self, obj: Evaluation) -> str:
@@ -231,8 +314,19 @@ class EvaluationAdmin(FailedBuildLogsMixin, RecordTimelineMixin, OperatedAdmin):
         )
 
     @admin.display(description="lineage")
-    def lineage(self, obj: Evaluation) -> str:
-        return selectors.evaluation_lineage_text(obj.id)
+    def lineage(self, obj: Evaluation) -> SafeString | str:
+        lineage = selectors.evaluation_lineage(obj.id)
+        if lineage is None:
+            return "no readable record"
+        parts = [format_html("generation {}", lineage.generation)]
+        if lineage.restarts is not None:
+            parts.append(format_html("restarts {}", _link(lineage.restarts, self.name(lineage.restarts))))
+        if lineage.restarted_as is not None:
+            other = lineage.restarted_as
+            parts.append(format_html("restarted as {} ({})", _link(other, self.name(other)), other.status))
+        elif lineage.pending:
+            parts.append(format_html("restart pending"))
+        return format_html_join(", ", "{}", ((p,) for p in parts))
 
 
 class DependencyInline(ReadOnlyInline):
@@ -295,7 +389,8 @@ class SharingInline(ReadOnlyInline):
 class AttemptInline(ReadOnlyInline):
     model = BuildAttempt
     fields = readonly_fields = (
-        "number",
+        "try_number",
+        "attempt",
         "worker",
         "started",
         "took",
@@ -305,6 +400,21 @@ class AttemptInline(ReadOnlyInline):
     )
     verbose_name = "attempt"
     verbose_name_plural = "attempts"
+
+    def get_queryset(self, request):  # type: ignore[no-untyped-def]
+        return super().get_queryset(request).select_related("worker").order_by("started_at", "number")
+
+    @admin.display(description="try")
+    def try_number(self, obj: BuildAttempt) -> int:
+        """Every try of the build, counted across rebuilds (a rebuild starts `attempt` at 1 again)."""
+        earlier = BuildAttempt.objects.filter(build_id=obj.build_id, started_at__lt=obj.started_at).count()
+        return earlier + 1
+
+    @admin.display(description="attempt")
+    def attempt(self, obj: BuildAttempt) -> str:
+        if self.try_number(obj) != obj.number:
+            return f"{obj.number} (after a rebuild)"
+        return str(obj.number)
 
     @admin.display(description="started")
     def started(self, obj: BuildAttempt) -> SafeString | str:
@@ -364,7 +474,7 @@ class DerivationBuildAdmin(BuildLogMixin, RecordTimelineMixin, OperatedAdmin):
         "drv_path",
         "id",
         "system",
-        "required_features",
+        "features",
         "status",
         "why_it_waits",
         "is_prioritized",
@@ -372,7 +482,7 @@ class DerivationBuildAdmin(BuildLogMixin, RecordTimelineMixin, OperatedAdmin):
         "max_attempts",
         "failure_kind",
         "last_error",
-        "outputs",
+        "output_paths",
         "queued",
         "finished",
         "took",
@@ -383,6 +493,18 @@ class DerivationBuildAdmin(BuildLogMixin, RecordTimelineMixin, OperatedAdmin):
     @admin.display(description="name", ordering="drv_path")
     def name(self, obj: DerivationBuild) -> str:
         return drv_name(obj.drv_path)
+
+    @admin.display(description="required features")
+    def features(self, obj: DerivationBuild) -> SafeString | str:
+        return as_list(obj.required_features or [])
+
+    @admin.display(description="outputs")
+    def output_paths(self, obj: DerivationBuild) -> SafeString | str:
+        outputs = obj.outputs or []
+        return as_list(
+            f"{o.get('name', '?')}: {o.get('path') or '(not known yet)'}" if isinstance(o, dict) else o
+            for o in outputs
+        )
 
     @admin.display(boolean=True, description=".drv lost", ordering="drv_lost_at")
     def drv_lost(self, obj: DerivationBuild) -> bool:
@@ -411,10 +533,28 @@ class DerivationBuildAdmin(BuildLogMixin, RecordTimelineMixin, OperatedAdmin):
 
 @admin.register(DispatchedJob)
 class DispatchedJobAdmin(ReadOnlyAdmin):
-    list_display = ["id", "job_id", "kind", "worker", "rounded_score", "dispatched", "took", "outcome"]
+    list_display = [
+        "job_name",
+        "job_page",
+        "kind",
+        "worker",
+        "rounded_score",
+        "dispatched",
+        "took",
+        "outcome",
+    ]
+    list_display_links = ["job_name"]
     list_filter = ["kind", "outcome"]
-    search_fields = ["id", "job_id"]
-    list_select_related = ["worker"]
+    search_fields = ["id", "job_id", "worker__name", "derivation_build__drv_path", "evaluation__repository"]
+    list_select_related = ["worker", "derivation_build", "evaluation"]
+
+    @admin.display(description="assignment", ordering="dispatched_at")
+    def job_name(self, obj: DispatchedJob) -> str:
+        return obj.job_name
+
+    @admin.display(description="job")
+    def job_page(self, obj: DispatchedJob) -> SafeString | str:
+        return assignment_job_link(obj)
 
     @admin.display(description="score", ordering="score")
     def rounded_score(self, obj: DispatchedJob) -> str:

@@ -25,10 +25,12 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from gradient.core.vocab import EvaluationStatus, member_of
+from gradient.core.ids import parse_uuid
+from gradient.core.vocab import BuildStatus, EvaluationStatus, member_of
 from gradient.idempotency import scoped_key
 from gradient.records.errors import IdempotencyConflict
 from gradient.rest import (
+    LOCATION,
     ControlReceiptSerializer,
     OperationSerializer,
     Pages,
@@ -36,9 +38,10 @@ from gradient.rest import (
     operation_body,
     uuid_or_404,
 )
+from gradient.rest import created as created_response
 from gradient.scheduling import selectors
 from gradient.scheduling.decisions.waiting import describe
-from gradient.scheduling.models import BuildLog, DerivationBuild, Evaluation, Project
+from gradient.scheduling.models import BuildLog, DerivationBuild, Evaluation, EvaluationBuild, Project
 from gradient.scheduling.services import operations
 from gradient.scheduling.services.evaluations import (
     SubmissionGone,
@@ -255,7 +258,8 @@ class EvaluationsView(APIView):
                 OpenApiParameter.HEADER,
                 description="A repeat with the same key and body returns the same evaluation (200); "
                 "the same key with another body is a 409.",
-            )
+            ),
+            LOCATION,
         ],
         responses={
             201: EvaluationSerializer,
@@ -302,7 +306,9 @@ class EvaluationsView(APIView):
                 status=status.HTTP_409_CONFLICT,
             )
         body = EvaluationSerializer(evaluation).data
-        return Response(body, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
+        if created:
+            return created_response(body, route="evaluation-detail", evaluation_id=evaluation.id)
+        return Response(body, status=status.HTTP_200_OK)
 
 
 class EvaluationDetailView(APIView):
@@ -349,6 +355,75 @@ def build_for(user: Any, build_id: str) -> DerivationBuild:
     return build
 
 
+class BuildListItemSerializer(serializers.Serializer[Any]):
+    id = serializers.UUIDField()
+    drv_path = serializers.CharField()
+    system = serializers.CharField()
+    status = serializers.CharField()
+    created_at = serializers.DateTimeField()
+
+
+class BuildPageSerializer(serializers.Serializer[Any]):
+    count = serializers.IntegerField(help_text="Builds matching the filters.")
+    next = serializers.URLField(allow_null=True, help_text="The next page, or null on the last one.")
+    previous = serializers.URLField(allow_null=True)
+    results = BuildListItemSerializer(many=True)
+
+
+class BuildsView(APIView):
+    @extend_schema(
+        parameters=[
+            OpenApiParameter(
+                "status", OpenApiTypes.STR, description="Filter by status, e.g. FailedPermanent."
+            ),
+            OpenApiParameter(
+                "evaluation", OpenApiTypes.UUID, description="Only the builds this evaluation needs."
+            ),
+            OpenApiParameter("project", OpenApiTypes.STR, description="Filter by project name."),
+            OpenApiParameter("limit", OpenApiTypes.INT, description="Page size (default 100, at most 1000)."),
+            OpenApiParameter("offset", OpenApiTypes.INT, description="Builds to skip."),
+        ],
+        responses={200: BuildPageSerializer},
+        summary="List the shared builds you may read, newest first (always paged)",
+        operation_id="v1_builds_list",
+    )
+    def get(self, request: Request) -> Response:
+        check_page_params(request)
+        params = request.query_params
+        qs = DerivationBuild.objects.all()
+        if not request.user.is_staff:
+            qs = qs.filter(
+                id__in=EvaluationBuild.objects.filter(evaluation__project__members=request.user.pk).values(
+                    "build_id"
+                )
+            )
+        errors: dict[str, list[str]] = {}
+        wanted_status = params.get("status")
+        if wanted_status:
+            if member_of(BuildStatus, wanted_status) is None:
+                errors["status"] = [f"Unknown status: {wanted_status}."]
+            qs = qs.filter(status=wanted_status)
+        if params.get("evaluation"):
+            evaluation_id = parse_uuid(params["evaluation"])
+            if evaluation_id is None:
+                errors["evaluation"] = ["evaluation must be an evaluation id (a UUID)."]
+                evaluation_id = uuid.UUID(int=0)
+            qs = qs.filter(
+                id__in=EvaluationBuild.objects.filter(evaluation_id=evaluation_id).values("build_id")
+            )
+        if params.get("project"):
+            qs = qs.filter(
+                id__in=EvaluationBuild.objects.filter(evaluation__project__name=params["project"]).values(
+                    "build_id"
+                )
+            )
+        if errors:
+            raise serializers.ValidationError(errors)
+        paginator = Pages()
+        page = paginator.paginate_queryset(qs.order_by("-created_at", "id"), request, view=self) or []
+        return paginator.get_paginated_response(BuildListItemSerializer(page, many=True).data)
+
+
 class BuildDetailView(APIView):
     @extend_schema(responses={200: BuildSerializer}, summary="One shared build, with its dependencies")
     def get(self, request: Request, build_id: str) -> Response:
@@ -370,18 +445,35 @@ def _operate(action: Any, **kwargs: Any) -> Response:
 _ACCEPTED = {202: OperationSerializer}
 
 
+class RestartSerializer(serializers.Serializer[Any]):
+    rebuild_failed = serializers.BooleanField(
+        default=False,
+        help_text="Rebuild the evaluation's failed builds first (a `rebuild` intent each), so the new "
+        "evaluation builds them again instead of failing on them at once; staff only.",
+    )
+
+
 class EvaluationRestartView(APIView):
     @extend_schema(
-        request=None,
+        request=RestartSerializer,
         responses=_ACCEPTED,
         summary="Restart a finished evaluation: a new evaluation of the same commit supersedes it",
         description="A `resubmit` intent on its record; the new evaluation's record header names the old "
-        "one and is one generation later. 400 when the evaluation has not finished.",
+        "one and is one generation later. With `rebuild_failed`, its failed builds are rebuilt first. "
+        "400 when the evaluation has not finished.",
     )
     def post(self, request: Request, evaluation_id: str) -> Response:
         evaluation = evaluation_for(request.user, evaluation_id)
+        body = RestartSerializer(data=request.data if isinstance(request.data, dict) else {})
+        body.is_valid(raise_exception=True)
+        rebuild_failed = body.validated_data["rebuild_failed"]
+        if rebuild_failed and not request.user.is_staff:
+            raise PermissionDenied("Only staff may rebuild builds.")
         return _operate(
-            operations.evaluation_restart, evaluation_id=evaluation.id, actor=request.user.get_username()
+            operations.evaluation_restart,
+            evaluation_id=evaluation.id,
+            actor=request.user.get_username(),
+            rebuild_failed=rebuild_failed,
         )
 
 
@@ -460,6 +552,13 @@ class BuildLogView(APIView):
                 "offset", OpenApiTypes.INT, description="The text from this character on (default 0)."
             ),
             OpenApiParameter(
+                "missing",
+                OpenApiTypes.STR,
+                enum=["404", "empty"],
+                description="`empty`: a build without a log (yet) answers 204 instead of 404, for a page "
+                "that follows a build before it starts (default `404`).",
+            ),
+            OpenApiParameter(
                 LOG_OFFSET_HEADER,
                 OpenApiTypes.INT,
                 OpenApiParameter.HEADER,
@@ -487,6 +586,7 @@ class BuildLogView(APIView):
                 OpenApiTypes.STR,
                 description="The log as far as it has arrived (live while the build runs).",
             ),
+            204: OpenApiResponse(description="With `missing=empty`: the build has no log yet."),
             404: OpenApiResponse(description="No such build, or the build has no log (of that assignment)."),
         },
         summary="A build's log, as text; follow it with ?offset=",
@@ -509,9 +609,17 @@ class BuildLogView(APIView):
                 assignment_id = uuid.UUID(raw_assignment)
             except ValueError:
                 errors["assignment"] = ["assignment must be an assignment id (a UUID)."]
+        missing = request.query_params.get("missing", "404")
+        if missing not in ("404", "empty"):
+            errors["missing"] = ["missing must be 404 or empty."]
         if errors:
             raise serializers.ValidationError(errors)
         found = build_log_read(build=build, assignment_id=assignment_id, offset=offset)
+        if found is None and missing == "empty":
+            nothing = HttpResponse(status=204)
+            nothing[LOG_COMPLETE_HEADER] = "false"
+            nothing["Cache-Control"] = "no-store"
+            return nothing
         if found is None:
             raise NotFound(
                 "This build has no log." if assignment_id is None else "No log of this assignment."

@@ -11,9 +11,17 @@ class SchedulingConfig(AppConfig):
 
     def ready(self) -> None:
         from gradient.records.schemas import JobKind
-        from gradient.records.selectors import register_discovery_provider, register_read_access
+        from gradient.records.selectors import (
+            register_discovery_provider,
+            register_name_provider,
+            register_read_access,
+        )
         from gradient.records.services import register_control_hook
-        from gradient.scheduling.record_providers import evaluation_discovery, evaluation_read_access
+        from gradient.scheduling.record_providers import (
+            evaluation_discovery,
+            evaluation_read_access,
+            names_of_ids,
+        )
         from gradient.scheduling.services import operations
         from gradient.scheduling.services.evaluations import on_control
 
@@ -24,6 +32,7 @@ class SchedulingConfig(AppConfig):
         # What the rows show about an evaluation, and who may read its record: records reads no
         # scheduling table itself.
         register_discovery_provider(kind=JobKind.EVALUATION, provider=evaluation_discovery)
+        register_name_provider(names_of_ids)
         register_read_access(kind=JobKind.EVALUATION, provider=evaluation_read_access)
 
         from gradient.scheduling.services.lifecycle import worker_jobs_return_lost

@@ -248,6 +248,11 @@ class DerivationBuild(models.Model):
         return f"{self.drv_path} ({self.status})"
 
     @property
+    def name(self) -> str:
+        """The derivation's name without its store hash: hello-2.12."""
+        return _name(self.drv_path)
+
+    @property
     def job_key(self) -> str:
         return build_key(self.id)
 
@@ -405,7 +410,17 @@ class DispatchedJob(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"{self.job_id} -> {self.worker_id} ({self.outcome or 'open'})"
+        return f"{self.job_name} on {self.worker.name} ({self.outcome or 'open'})"
+
+    @property
+    def job_name(self) -> str:
+        """The job by name: a derivation's name, or an evaluation's repository@commit."""
+        build, evaluation = self.derivation_build, self.evaluation
+        if build is not None:
+            return f"build {build.name}"
+        if evaluation is not None:
+            return f"evaluation {evaluation.repository}@{evaluation.commit[:12]}"
+        return self.job_id
 
 
 class BuildAttempt(models.Model):
@@ -442,7 +457,8 @@ class BuildAttempt(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"attempt {self.number} of {self.build_id} ({self.outcome})"
+        worker = self.worker
+        return f"attempt {self.number} on {worker.name if worker is not None else '-'} ({self.outcome})"
 
 
 # --- Offer state: what each worker was offered and how it scored it ---------------------------------

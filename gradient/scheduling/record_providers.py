@@ -13,8 +13,8 @@ from django.db.models import Exists, OuterRef
 from gradient.records.decisions.discovery import Discovery, ObservedObject
 from gradient.records.schemas import ObjectRef, ObjectTable, RowStatus
 from gradient.records.selectors import ReadAccess
-from gradient.scheduling.models import DispatchedJob, Evaluation
-from gradient.workers.models import WorkerSession
+from gradient.scheduling.models import DerivationBuild, DispatchedJob, Evaluation
+from gradient.workers.models import Worker, WorkerSession
 
 if TYPE_CHECKING:
     from django.contrib.auth.models import AnonymousUser, User
@@ -59,3 +59,20 @@ def evaluation_read_access(*, job_id: uuid.UUID, user: User | AnonymousUser) -> 
     if evaluation.project.members.filter(pk=user.pk).exists():
         return ReadAccess.ALLOWED
     return ReadAccess.DENIED
+
+
+def names_of_ids(ids: set[uuid.UUID]) -> dict[str, str]:
+    """What a record's timeline calls the scheduling ids it mentions: a worker by its name, a build by its
+    derivation's name, an evaluation by repository@commit, an assignment by its worker's name."""
+    names: dict[str, str] = {}
+    for worker_id, name in Worker.objects.filter(id__in=ids).values_list("id", "name"):
+        names[str(worker_id)] = name
+    for build in DerivationBuild.objects.filter(id__in=ids).only("id", "drv_path"):
+        names[str(build.id)] = build.name
+    for evaluation_id, repository, commit in Evaluation.objects.filter(id__in=ids).values_list(
+        "id", "repository", "commit"
+    ):
+        names[str(evaluation_id)] = f"{repository}@{commit[:12]}"
+    for row_id, worker_name in DispatchedJob.objects.filter(id__in=ids).values_list("id", "worker__name"):
+        names[str(row_id)] = worker_name
+    return names

@@ -20,6 +20,7 @@ from gradient.core.vocab import (
     BUILD_LASTING_FAILURE,
     BUILD_SUCCESS,
     BUILTIN_SYSTEM,
+    CLUSTER_TERMINAL,
     EVALUATION_ACTIVE,
     BuildStatus,
     EvaluationStatus,
@@ -143,12 +144,17 @@ def has_idle_eval_only_worker() -> bool:
 
 
 def _no_member(model: Any) -> Any:
-    """No cluster member names this row, as NOT EXISTS: PostgreSQL then walks the queue's index in order
-    and stops at the LIMIT (the LEFT JOIN ... IS NULL form made it read and sort every Queued build).
-    The member model is reached through the reverse relation: scheduling imports nothing of clusters."""
+    """Not a member of a cluster that has not ended, as NOT EXISTS: a member of a Queued or Running
+    cluster waits for it; once its cluster ended, the job is a single job again (a build an aborted
+    cluster spared because evaluations outside the cluster need it, or one rebuilt afterwards).
+
+    NOT EXISTS, so that PostgreSQL walks the queue's index in order and stops at the LIMIT (the LEFT
+    JOIN ... IS NULL form made it read and sort every Queued build). The member model is reached
+    through the reverse relation: scheduling imports nothing of clusters."""
     member = model._meta.get_field("cluster_members").related_model
     column = "derivation_build_id" if model is DerivationBuild else "evaluation_id"
-    return ~Exists(member.objects.filter(**{column: OuterRef("pk")}))
+    live = member.objects.filter(**{column: OuterRef("pk")}).exclude(cluster_job__status__in=CLUSTER_TERMINAL)
+    return ~Exists(live)
 
 
 def queued_evaluations(state: WorkerState) -> QuerySet[Evaluation]:
@@ -463,6 +469,33 @@ def build_waiting_text(build: DerivationBuild) -> str:
     )
 
 
+@dataclass(frozen=True)
+class Lineage:
+    generation: int
+    restarts: Evaluation | None  # the evaluation this one restarted
+    restarted_as: Evaluation | None  # the evaluation that restarted this one
+    pending: bool  # a restart is recorded, its evaluation not made yet
+
+
+def evaluation_lineage(evaluation_id: uuid.UUID) -> Lineage | None:
+    """What evaluation_lineage_text says, as rows (the console links them); None without a readable record."""
+    try:
+        job = record_job(job_key=str(JobKey.of(JobKeyKind.EVAL, evaluation_id)), now=timezone.now())
+    except (UnknownRecord, DecodeError, InvalidHistory):
+        return None
+
+    def evaluation(key: str | None) -> Evaluation | None:
+        parsed = JobKey.parse(key) if key else None
+        return Evaluation.objects.filter(id=parsed.id).first() if parsed is not None else None
+
+    return Lineage(
+        generation=job.generation,
+        restarts=evaluation(job.supersedes),
+        restarted_as=evaluation(job.successor),
+        pending=job.successor is None and job.pending_resubmit,
+    )
+
+
 def evaluation_lineage_text(evaluation_id: uuid.UUID) -> str:
     """Which evaluation this one restarted and which restarted it, from its record (header and facts)."""
     try:
@@ -482,6 +515,7 @@ def evaluation_lineage_text(evaluation_id: uuid.UUID) -> str:
 def recent_assignments(worker_id: uuid.UUID, limit: int = 20) -> list[DispatchedJob]:
     """The worker's latest closed assignments, newest first."""
     rows = DispatchedJob.objects.filter(worker_id=worker_id, finished_at__isnull=False)
+    rows = rows.select_related("derivation_build", "evaluation", "worker")
     return list(rows.order_by("-finished_at")[:limit])
 
 

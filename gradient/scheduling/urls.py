@@ -22,6 +22,7 @@ urlpatterns = [
         api.EvaluationPrioritizeView.as_view(),
         name="evaluation-prioritize",
     ),
+    path("builds", api.BuildsView.as_view(), name="builds"),
     path("builds/<str:build_id>", api.BuildDetailView.as_view(), name="build-detail"),
     path("builds/<str:build_id>/rebuild", api.BuildRebuildView.as_view(), name="build-rebuild"),
     path("builds/<str:build_id>/prioritize", api.BuildPrioritizeView.as_view(), name="build-prioritize"),

@@ -14,8 +14,17 @@ from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
-from gradient.console import OperatedAdmin, Operation, ReadOnlyAdmin, ReadOnlyInline, actor_of, ago
+from gradient.console import (
+    OperatedAdmin,
+    Operation,
+    ReadOnlyAdmin,
+    ReadOnlyInline,
+    actor_of,
+    ago,
+    assignment_job_link,
+)
 from gradient.names import NameCheckedForm
+from gradient.recovery.models import ServerBoot
 from gradient.scheduling import selectors as scheduling
 from gradient.scheduling.services import operations
 from gradient.workers.models import IdleSlot, Worker, WorkerSession
@@ -33,7 +42,7 @@ def _show_token_once(request: HttpRequest, worker: Worker, token: str) -> None:
 
 class WorkerSessionInline(ReadOnlyInline):
     model = WorkerSession
-    fields = readonly_fields = ("opened", "seen", "closed", "close_reason", "draining", "server_boot")
+    fields = readonly_fields = ("opened", "seen", "closed", "close_reason", "draining", "server")
     show_change_link = True
     verbose_name = "session"
     verbose_name_plural = "sessions (latest first)"
@@ -49,6 +58,12 @@ class WorkerSessionInline(ReadOnlyInline):
     @admin.display(description="closed")
     def closed(self, obj: WorkerSession) -> SafeString | str:
         return ago(obj.closed_at) if obj.closed_at else "open"
+
+    @admin.display(description="server")
+    def server(self, obj: WorkerSession) -> str:
+        """The serve process that held the session, by host and pid (its boot id is no name)."""
+        boot = ServerBoot.objects.filter(id=obj.server_boot).first()
+        return f"{boot.hostname}:{boot.pid}" if boot is not None else "a server no longer known"
 
     def get_queryset(self, request):  # type: ignore[no-untyped-def]
         return super().get_queryset(request).order_by("-opened_at")
@@ -164,12 +179,12 @@ class WorkerAdmin(OperatedAdmin):
         return ago(obj.last_seen)
 
     @admin.display(description="connection")
-    def connection(self, obj: Worker) -> str:
+    def connection(self, obj: Worker) -> SafeString | str:
         session = _open_session(obj)
         if session is None:
             return "not connected" + ("" if obj.active else " (deactivated)")
-        return (
-            "connected" + (", draining" if session.draining else "") + f" since {session.opened_at:%H:%M:%S}"
+        return format_html(
+            "connected{} since {}", ", draining" if session.draining else "", ago(session.opened_at)
         )
 
     def _jobs_table(self, rows: Iterable[Any]) -> SafeString | str:
@@ -181,13 +196,17 @@ class WorkerAdmin(OperatedAdmin):
             format_html_join(
                 "",
                 "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
-                ((r.job_id, ago(r.dispatched_at), r.outcome or "running", r.reason or "-") for r in rows),
+                (
+                    (assignment_job_link(r), ago(r.dispatched_at), r.outcome or "running", r.reason or "-")
+                    for r in rows
+                ),
             ),
         )
 
     @admin.display(description="current jobs")
     def current_jobs(self, obj: Worker) -> SafeString | str:
-        return self._jobs_table(scheduling.open_assignments(obj.id))
+        rows = scheduling.open_assignments(obj.id).select_related("derivation_build", "evaluation", "worker")
+        return self._jobs_table(rows)
 
     @admin.display(description="recent jobs")
     def recent_jobs(self, obj: Worker) -> SafeString | str:

@@ -33,7 +33,15 @@ from gradient.auth import issue_token
 from gradient.core.ids import parse_uuid
 from gradient.names import refuse_invisible_characters
 from gradient.parsers import JSONParser
-from gradient.rest import OperationSerializer, Pages, check_page_params, operation_body, wants_pages
+from gradient.rest import (
+    LOCATION,
+    OperationSerializer,
+    Pages,
+    check_page_params,
+    created,
+    operation_body,
+    wants_pages,
+)
 from gradient.scheduling.models import Project
 from gradient.scheduling.services import operations, projects
 from gradient.throttling import AnonThrottle, UserThrottle, login_failed, login_refused_for
@@ -220,10 +228,41 @@ def _user_data(user: Any) -> dict[str, Any]:
     }
 
 
+def _user_or_404(user_id: str) -> Any:
+    user = (
+        get_user_model().objects.filter(id=int(user_id)).first()
+        if user_id.isascii() and user_id.isdigit() and len(user_id) <= 18
+        else None
+    )
+    if user is None:
+        raise NotFound("No user with this id.")
+    return user
+
+
 class UsersView(APIView):
     permission_classes = [IsAdminUser]
 
-    @extend_schema(request=UserCreateSerializer, responses={201: UserSerializer}, summary="Create a user")
+    @extend_schema(
+        parameters=PAGE_PARAMETERS,
+        responses={200: _array_or_page("UserList", UserSerializer)},
+        summary="List users (an array; with limit or offset, a page)",
+        operation_id="api_v1_users_list",
+    )
+    def get(self, request: Request) -> Response:
+        rows = get_user_model().objects.order_by("username").prefetch_related("gradient_projects")
+        if wants_pages(request):
+            check_page_params(request)
+            paginator = Pages()
+            page = paginator.paginate_queryset(rows, request, view=self) or []
+            return paginator.get_paginated_response([_user_data(u) for u in page])
+        return Response([_user_data(u) for u in rows])
+
+    @extend_schema(
+        request=UserCreateSerializer,
+        responses={201: UserSerializer},
+        parameters=[LOCATION],
+        summary="Create a user",
+    )
     def post(self, request: Request) -> Response:
         serializer = UserCreateSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
@@ -239,7 +278,7 @@ class UsersView(APIView):
             raise serializers.ValidationError(
                 {"username": ["A user with that username already exists."]}
             ) from None
-        return Response(_user_data(user), status=status.HTTP_201_CREATED)
+        return created(_user_data(user), route="user-detail", user_id=user.id)
 
 
 class ProjectsView(APIView):
@@ -261,7 +300,10 @@ class ProjectsView(APIView):
         return Response([{"id": p.id, "name": p.name} for p in rows])
 
     @extend_schema(
-        request=ProjectCreateSerializer, responses={201: ProjectSerializer}, summary="Create a project"
+        request=ProjectCreateSerializer,
+        responses={201: ProjectSerializer},
+        parameters=[LOCATION],
+        summary="Create a project",
     )
     def post(self, request: Request) -> Response:
         serializer = ProjectCreateSerializer(data=request.data)
@@ -272,7 +314,35 @@ class ProjectsView(APIView):
             raise serializers.ValidationError(
                 {"name": ["A project with that name already exists."]}
             ) from None
-        return Response({"id": project.id, "name": project.name}, status=status.HTTP_201_CREATED)
+        return created(
+            {"id": project.id, "name": project.name}, route="project-detail", project_id=project.id
+        )
+
+
+class UserDetailView(APIView):
+    permission_classes = [IsAdminUser]
+
+    @extend_schema(
+        parameters=[
+            OpenApiParameter("user_id", OpenApiTypes.INT, OpenApiParameter.PATH, description="The user's id.")
+        ],
+        responses={200: UserSerializer},
+        summary="One user",
+    )
+    def get(self, request: Request, user_id: str) -> Response:
+        return Response(_user_data(_user_or_404(user_id)))
+
+
+class ProjectDetailView(APIView):
+    permission_classes = [IsAdminUser]
+
+    @extend_schema(responses={200: ProjectSerializer}, summary="One project")
+    def get(self, request: Request, project_id: str) -> Response:
+        parsed = parse_uuid(project_id)
+        project = Project.objects.filter(id=parsed).first() if parsed is not None else None
+        if project is None:
+            raise NotFound("No project with this id.")
+        return Response({"id": project.id, "name": project.name})
 
 
 def _worker_or_404(worker_id: str) -> Worker:
@@ -304,6 +374,7 @@ class WorkersView(APIView):
     @extend_schema(
         request=WorkerCreateSerializer,
         responses={201: WorkerCreatedSerializer},
+        parameters=[LOCATION],
         summary="Register a worker; its token is shown only in this answer",
     )
     def post(self, request: Request) -> Response:
@@ -315,7 +386,7 @@ class WorkersView(APIView):
             )
         except IntegrityError:
             raise serializers.ValidationError({"name": ["A worker with that name already exists."]}) from None
-        return Response({"id": worker.id, "token": token}, status=status.HTTP_201_CREATED)
+        return created({"id": worker.id, "token": token}, route="worker-detail", worker_id=worker.id)
 
 
 class WorkerDetailView(APIView):

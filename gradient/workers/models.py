@@ -92,7 +92,7 @@ class WorkerSession(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"{self.worker_id} session {self.id}"
+        return f"session of {self.worker.name}" + (" (closed)" if self.closed_at else " (open)")
 
 
 class IdleSlot(models.Model):

@@ -38,6 +38,7 @@ from gradient.clusters.models import (
     ClusterReservation,
     ClusterSeat,
 )
+from gradient.clusters.selectors import needed_outside_its_cluster
 from gradient.clusters.services.attempts import close_cluster_attempt, member_rows, parse_member_key
 from gradient.clusters.services.common import Push, abort_job_message, attempt_seats, push
 from gradient.core.jobkey import build_key, eval_key
@@ -254,6 +255,13 @@ def _settle_build(
         status = _BUILD_FAILURE_STATUS.get(kind, BuildStatus.FAILED_PERMANENT)
         error = disposition.error or note
     else:
+        if needed_outside_its_cluster(build_id):
+            # Spared, as an evaluation's cancel spares a shared build another evaluation needs: it goes
+            # back to the queue (its running try closes Aborted, unspent) and, its cluster ended, is
+            # handed out as a single job; aborting it would leave those evaluations waiting on it.
+            if row is not None:
+                lifecycle.requeue_job(row, now=now, refund=True, reason=disposition.error or note)
+            return
         kind, status, error = FailureKind.ABORTED, BuildStatus.ABORTED, disposition.error or note
     lifecycle.end_build(build_id=build_id, status=status, kind=kind.value, error=error, now=now, row=row)
 

@@ -19,6 +19,8 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +35,7 @@ from gradient.scheduling.services.evaluations import evaluation_create
 from gradient.workers.executors import ExecutorUnavailable, make_executor
 from gradient.workers.executors.nix_parse import OFFLINE_NIX_CONFIG
 from gradient.workers.models import Worker
-from gradient.workers.services import worker_register, worker_token_reset
+from gradient.workers.services import worker_activate, worker_register, worker_token_reset
 
 SAMPLES = (
     "sim:diamond?duration_ms=3000",
@@ -44,6 +46,85 @@ SAMPLES = (
 )
 WORKERS = (("demo-a", "zone-a"), ("demo-b", "zone-a"), ("demo-c", "zone-b"))
 NIX_ARM_WORKER = "demo-c"
+# A worker that stopped is started again after this long: a deactivated one is refused (403) and stops
+# at once, so the demo retries it until an operator activates it again, and keeps everything else running.
+RESTART_AFTER_SECS = 10.0
+UP_AFTER_SECS = 5.0  # a restarted worker still running after this long has been let in
+WORKER_EXIT_MEANINGS = {
+    2: "its configuration was refused",
+    3: "the server refused it (deactivated, or its token reissued)",
+}
+
+
+def last_error(log: Path) -> str:
+    """The last ERROR line of a log (without its timestamp), or "" when there is none."""
+    try:
+        lines = log.read_text(errors="replace").splitlines()[-200:]
+    except OSError:
+        return ""
+    for line in reversed(lines):
+        if " ERROR " in line:
+            return line.split(" ERROR ", 1)[1].strip()
+    return ""
+
+
+@dataclass
+class DemoWorker:
+    """One demo worker process, started again after it stops (see RESTART_AFTER_SECS)."""
+
+    name: str
+    argv: list[str]
+    env: dict[str, str]
+    cwd: Path
+    log: Path
+    process: subprocess.Popen[bytes] | None = None
+    restart_at: float | None = None
+    stopped: int = 0
+    last_reason: str = field(default="")
+    started_at: float = 0.0
+
+    def start(self, *, now: float = 0.0) -> None:
+        self.restart_at = None
+        self.started_at = now
+        self.process = subprocess.Popen(
+            self.argv,
+            cwd=self.cwd,
+            env=self.env,
+            # A fresh log on the first start (an earlier demo's errors are not this one's), then appended.
+            stdout=open(self.log, "ab" if self.stopped else "wb"),  # noqa: SIM115 (lives with the child)
+            stderr=subprocess.STDOUT,
+        )
+
+    def why_stopped(self, code: int) -> str:
+        meaning = WORKER_EXIT_MEANINGS.get(code, "it stopped")
+        detail = last_error(self.log)
+        return f"{meaning}: {detail}" if detail else f"{meaning} (see {self.log.name})"
+
+
+def supervise(workers: list[DemoWorker], *, now: float) -> Iterator[str]:
+    """One look at the demo's workers: says which stopped and why, and starts each again when its wait
+    is over. Yields the messages for the operator."""
+    for worker in workers:
+        if worker.restart_at is not None:
+            if now >= worker.restart_at:
+                worker.start(now=now)
+            continue
+        code = worker.process.poll() if worker.process is not None else 0
+        if code is None:
+            if worker.last_reason and now - worker.started_at >= UP_AFTER_SECS:
+                worker.last_reason = ""
+                yield f"worker {worker.name} is running again"
+            continue
+        worker.stopped += 1
+        worker.restart_at = now + RESTART_AFTER_SECS
+        reason = worker.why_stopped(code)
+        if reason == worker.last_reason:
+            continue  # still refused: said once, retried quietly
+        worker.last_reason = reason
+        yield (
+            f"worker {worker.name} stopped (exit {code}): {reason}; "
+            f"the demo keeps running and starts it again every {RESTART_AFTER_SECS:.0f} s until it stays up"
+        )
 
 
 def demo_nix_config(*extra: str) -> str:
@@ -84,16 +165,10 @@ class Command(BaseCommand):
         if not user_model.objects.filter(username="admin").exists():
             user_model.objects.create_superuser("admin", "admin@example.invalid", "admin")
         project, _ = Project.objects.get_or_create(name="demo")
-        credentials = []
-        for name, zone in WORKERS:
-            worker = Worker.objects.filter(name=name).first()
-            if worker is None:
-                worker, token = worker_register(name=name, projects=[project])
-            else:
-                token = worker_token_reset(worker_id=worker.id) or ""
-            credentials.append((str(worker.id), token, zone, name))
+        credentials = self._prepare_workers(project)
 
-        children: list[subprocess.Popen[bytes]] = []
+        serve: subprocess.Popen[bytes] | None = None
+        workers: list[DemoWorker] = []
         logs = root / "var"
         try:
             # The workers share this machine with the server, so their CPU figures are the server's too:
@@ -102,23 +177,22 @@ class Command(BaseCommand):
                 **os.environ,
                 "GRADIENT_SCHEDULING_POLICY": os.environ.get("GRADIENT_SCHEDULING_POLICY", "simple"),
             }
-            children.append(
-                subprocess.Popen(
-                    [sys.executable, "manage.py", "serve", "--port", str(port)],
-                    cwd=root,
-                    env=serve_env,
-                    stdout=open(logs / "demo-serve.log", "wb"),  # noqa: SIM115 (lives as long as the child)
-                    stderr=subprocess.STDOUT,
-                )
+            serve = subprocess.Popen(
+                [sys.executable, "manage.py", "serve", "--port", str(port)],
+                cwd=root,
+                env=serve_env,
+                stdout=open(logs / "demo-serve.log", "wb"),  # noqa: SIM115 (lives as long as the child)
+                stderr=subprocess.STDOUT,
             )
             self._wait_for(f"http://127.0.0.1:{port}/healthz")
             for worker_id, token, zone, name in credentials:
                 # sim: every worker an x86_64-linux builder; nix: what the local Nix says, but demo-c
                 # stands in for an aarch64-linux machine.
                 arch = "aarch64-linux" if executor == "nix" and name == NIX_ARM_WORKER else "x86_64-linux"
-                children.append(
-                    subprocess.Popen(
-                        [
+                workers.append(
+                    DemoWorker(
+                        name=name,
+                        argv=[
                             sys.executable,
                             "-m",
                             "gradient.workers.client",
@@ -126,8 +200,6 @@ class Command(BaseCommand):
                             f"ws://127.0.0.1:{port}/proto",
                             "--worker-id",
                             worker_id,
-                            "--token",
-                            token,
                             "--executor",
                             executor,
                             *(["--arch", arch] if executor == "sim" or arch != "x86_64-linux" else []),
@@ -136,12 +208,15 @@ class Command(BaseCommand):
                             "--zone",
                             zone,
                         ],
+                        # The token travels in the environment, not on the command line, where `ps`
+                        # would show it to every user of the machine.
+                        env={**worker_env[name], "GRADIENT_WORKER_TOKEN": token},
                         cwd=root,
-                        env=worker_env[name],
-                        stdout=open(logs / f"{name}.log", "wb"),  # noqa: SIM115
-                        stderr=subprocess.STDOUT,
+                        log=logs / f"{name}.log",
                     )
                 )
+            for worker in workers:
+                worker.start(now=time.monotonic())
             for url, commit, wildcards in self._samples(executor, logs / "demo-flakes"):
                 evaluation_create(
                     project=project, repository=url, commit=commit, wildcards=wildcards, now=timezone.now()
@@ -151,12 +226,18 @@ class Command(BaseCommand):
                 f"Evaluations: http://127.0.0.1:{port}/admin/scheduling/evaluation/ ; "
                 f"workers log to var/demo-*.log. Ctrl-C stops everything."
             )
-            while all(child.poll() is None for child in children):
+            while (code := serve.poll()) is None:
+                for message in supervise(workers, now=time.monotonic()):
+                    self.stderr.write(message)
                 time.sleep(1)
-            self.stderr.write("a demo process exited; stopping")
+            why = last_error(logs / "demo-serve.log") or "see var/demo-serve.log"
+            self.stderr.write(f"the server stopped (exit {code}): {why}; stopping the workers")
         except KeyboardInterrupt:
             pass
         finally:
+            children = [w.process for w in workers if w.process is not None]
+            if serve is not None:
+                children.insert(0, serve)
             for child in reversed(children):
                 if child.poll() is None:
                     child.send_signal(signal.SIGTERM)
@@ -165,6 +246,22 @@ class Command(BaseCommand):
                     child.wait(25)
                 except subprocess.TimeoutExpired:
                     child.kill()
+
+    def _prepare_workers(self, project: Project) -> list[tuple[str, str, str, str]]:
+        """(id, token, zone, name) of each demo worker, registered on first use. A demo worker an operator
+        deactivated in an earlier run is active again: the demo starts its own workers, and says so."""
+        credentials = []
+        for name, zone in WORKERS:
+            worker = Worker.objects.filter(name=name).first()
+            if worker is None:
+                worker, token = worker_register(name=name, projects=[project])
+            else:
+                token = worker_token_reset(worker_id=worker.id) or ""
+                if not worker.active:
+                    worker_activate(worker_id=worker.id)
+                    self.stdout.write(f"{name} was deactivated: the demo activates its own workers again")
+            credentials.append((str(worker.id), token, zone, name))
+        return credentials
 
     @staticmethod
     def _samples(executor: str, flakes: Path) -> list[tuple[str, str, list[str]]]:

@@ -35,6 +35,7 @@ from gradient.core.vocab import (
     BUILD_PENDING,
     EVALUATION_ACTIVE,
     EVALUATION_TERMINAL,
+    BuildStatus,
     EvaluationKind,
 )
 from gradient.records.decisions.fold import fold
@@ -88,10 +89,29 @@ def _commit_on(job_keys: Iterable[str], intent: AnyControl, actor: str, now: dat
 # --- Evaluations ------------------------------------------------------------------------------------------
 
 
-def evaluation_restart(*, evaluation_id: uuid.UUID, actor: str, now: datetime) -> ActionResult:
+def rebuildable_failed_builds(evaluation_id: uuid.UUID) -> list[DerivationBuild]:
+    """The evaluation's builds that failed for good on their own (their dependents that failed because of
+    them come back with them): a restart without rebuilding them fails again on them at once."""
+    return list(
+        DerivationBuild.objects.filter(
+            evaluation_links__evaluation_id=evaluation_id,
+            evaluation_links__blocks_evaluation=True,
+            status__in=FAILED_FOR_GOOD,
+        ).order_by("drv_path")
+    )
+
+
+FAILED_FOR_GOOD = (BuildStatus.FAILED_PERMANENT, BuildStatus.FAILED_TIMEOUT, BuildStatus.ABORTED)
+
+
+def evaluation_restart(
+    *, evaluation_id: uuid.UUID, actor: str, now: datetime, rebuild_failed: bool = False
+) -> ActionResult:
     """A finished evaluation runs again as a new evaluation of the same commit that supersedes it: a
     resubmit intent on the old record, then the successor (the control hook makes it too; whichever
-    comes first, there is one successor)."""
+    comes first, there is one successor). With `rebuild_failed`, its failed builds are rebuilt first
+    (a `rebuild` intent each, beside the `resubmit`), so the successor builds them again instead of
+    failing on them at once; without it, the answer says which failed builds it will fail on."""
     evaluation = Evaluation.objects.filter(id=evaluation_id).first()
     if evaluation is None:
         raise ActionRefused("No evaluation with this id.")
@@ -103,6 +123,18 @@ def evaluation_restart(*, evaluation_id: uuid.UUID, actor: str, now: datetime) -
         before = record_job(job_key=evaluation.job_key, now=now)
         if before.successor is not None or before.pending_resubmit:
             raise ActionRefused(f"Restarted already, as {before.successor or 'a pending resubmit'}.")
+    except (UnknownRecord, RecordTombstoned, DecodeError, InvalidHistory) as exc:
+        raise ActionRefused(f"The evaluation's record takes no intent: {exc}") from None
+    failed = rebuildable_failed_builds(evaluation.id)
+    rebuilt = 0
+    if rebuild_failed:
+        for build in failed:
+            try:
+                build_rebuild(build_id=build.id, actor=actor, now=now)
+            except ActionRefused:
+                continue  # it changed meanwhile (another operator rebuilt it): nothing to do
+            rebuilt += 1
+    try:
         commit_control(
             job_key=evaluation.job_key, intent=Resubmit(reason=f"restarted by {actor}"), actor=actor, now=now
         )
@@ -111,13 +143,26 @@ def evaluation_restart(*, evaluation_id: uuid.UUID, actor: str, now: datetime) -
     successor = evaluation_resubmit(evaluation_id=evaluation.id, actor=actor, now=now)
     if successor is None:
         raise ActionRefused("The evaluation was resubmitted already.")
+    message = f"restarted as evaluation {successor.id}"
+    if rebuilt:
+        message += f"; {_builds(rebuilt)} rebuilt first"
+    elif failed:
+        message += (
+            f"; {_builds(len(failed), 'is', 'are')} still {failed[0].status}: the new evaluation fails on "
+            "them again unless they are rebuilt (rebuild them, or restart with “also rebuild its failed "
+            "builds”)"
+        )
     return ActionResult(
         id=evaluation.id,
         status=evaluation.status,
-        message=f"restarted as evaluation {successor.id}",
+        message=message,
         records=(evaluation.job_key,),
         successor=successor.id,
     )
+
+
+def _builds(n: int, one: str = "was", many: str = "were") -> str:
+    return f"its failed build {one}" if n == 1 else f"its {n} failed builds {many}"
 
 
 def evaluation_resubmit(*, evaluation_id: uuid.UUID, actor: str, now: datetime) -> Evaluation | None:
