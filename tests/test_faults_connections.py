@@ -282,23 +282,22 @@ def _session_of(worker: Worker) -> SessionRef:
     return SessionRef(session_id=session.id, worker_id=worker.id)
 
 
-@pytest.mark.django_db(transaction=True)
-def test_a_claim_whose_commit_went_unheard_is_handed_out_rather_than_left_open(
-    monkeypatch: pytest.MonkeyPatch,
+def _assert_handed_out_although_unheard(
+    monkeypatch: pytest.MonkeyPatch, worker: Worker, kind: str, job_key: str, pause: float = 0.0
 ) -> None:
-    project = ProjectFactory()
-    evaluation = EvaluationFactory(project=project)
-    worker = connected_worker([project])
+    """The claim of a RequestJob commits and the connection dies before the caller hears so: the job
+    loop hands that claim out instead of leaving it open on a worker that never heard of it."""
     real = assignment.request_job
 
     def committed_then_lost(**kwargs: Any) -> Any:
+        time.sleep(pause)  # the row is locked (and the claim stamped) after the request's `now`
         real(**kwargs)  # the claim commits...
         raise OperationalError("server closed the connection unexpectedly")  # ...and the caller never hears
 
     monkeypatch.setattr(assignment, "request_job", committed_then_lost)
-    replies = jobloop.request_job(session=_session_of(worker), message=RequestJob(kind="flake"))
+    replies = jobloop.request_job(session=_session_of(worker), message=RequestJob(kind=kind))
 
-    row = DispatchedJob.objects.get(job_id=f"eval:{evaluation.id}")
+    row = DispatchedJob.objects.get(job_id=job_key)
     assert [msgspec.to_builtins(r) for r in replies] == [
         {
             "type": "AssignJob",
@@ -309,6 +308,16 @@ def test_a_claim_whose_commit_went_unheard_is_handed_out_rather_than_left_open(
         }
     ]
     assert row.finished_at is None and row.worker_id == worker.id
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_claim_whose_commit_went_unheard_is_handed_out_rather_than_left_open(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    project = ProjectFactory()
+    evaluation = EvaluationFactory(project=project)
+    worker = connected_worker([project])
+    _assert_handed_out_although_unheard(monkeypatch, worker, "flake", f"eval:{evaluation.id}")
 
 
 @pytest.mark.django_db(transaction=True)
@@ -322,27 +331,7 @@ def test_a_build_claim_whose_commit_went_unheard_is_handed_out_rather_than_left_
     build = DerivationBuildFactory(status="Queued", queued_at=timezone.now())
     EvaluationBuild.objects.create(evaluation=evaluation, build=build)
     worker = connected_worker([project], can_build=True, architectures=[build.system])
-    real = assignment.request_job
-
-    def committed_then_lost(**kwargs: Any) -> Any:
-        time.sleep(0.01)  # the row is locked (and the claim stamped) after the request's `now`
-        real(**kwargs)  # the claim commits...
-        raise OperationalError("server closed the connection unexpectedly")  # ...and the caller never hears
-
-    monkeypatch.setattr(assignment, "request_job", committed_then_lost)
-    replies = jobloop.request_job(session=_session_of(worker), message=RequestJob(kind="build"))
-
-    row = DispatchedJob.objects.get(job_id=f"build:{build.id}")
-    assert [msgspec.to_builtins(r) for r in replies] == [
-        {
-            "type": "AssignJob",
-            "job_id": row.job_id,
-            "assignment_id": str(row.id),
-            "job": row.job,
-            "cluster": None,
-        }
-    ]
-    assert row.finished_at is None and row.worker_id == worker.id
+    _assert_handed_out_although_unheard(monkeypatch, worker, "build", f"build:{build.id}", pause=0.01)
 
 
 @pytest.mark.django_db(transaction=True)
