@@ -402,6 +402,7 @@ class WorkerConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]  # channels 
         self._inbox_room = asyncio.Event()
         self._inbox_room.set()
         self._runner: asyncio.Task[None] | None = None
+        self._build_slots = 1
         self.handshaking = False
         # Strangers (no handshake yet) are capped; the oldest make room for a newcomer (admission.py).
         address = str(self.scope["client"][0]) if self.scope.get("client") else ""
@@ -446,6 +447,12 @@ class WorkerConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]  # channels 
         # read (uvicorn reads no more frames, pongs included, until receive returns) and the keepalive
         # ping is answered however long a call waits on its lane. A session that sends faster than it is
         # served waits here once INBOX_MAX_BYTES are queued: back-pressure, never a close.
+        if isinstance(message, RequestJob) and self._requests_waiting(message.kind) >= self._slots(
+            message.kind
+        ):
+            # A worker asks again every 10 s while a slot is idle: while as many requests as it has slots
+            # still wait here, unanswered, the repeat would find its slots taken; it is dropped.
+            return
         self._inbox.append((handler, message, len(text_data)))
         self._inbox_bytes += len(text_data)
         if self._runner is None or self._runner.done():
@@ -453,6 +460,15 @@ class WorkerConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]  # channels 
         if self._inbox_bytes > INBOX_MAX_BYTES:
             self._inbox_room.clear()
             await self._inbox_room.wait()
+
+    def _requests_waiting(self, kind: str) -> int:
+        """RequestJobs of this kind queued and not yet started (the first entry is being handled)."""
+        return sum(1 for _, m, _ in list(self._inbox)[1:] if isinstance(m, RequestJob) and m.kind == kind)
+
+    def _slots(self, kind: str) -> int:
+        """The worker's build slots as its last WorkerCapabilities said (one before it said any); one for
+        evaluations (the worker limits those itself, so only exact repeats are dropped)."""
+        return max(1, self._build_slots) if kind == "build" else 1
 
     async def _run_inbox(self, session: SessionRef) -> None:
         while self._inbox:
@@ -550,6 +566,7 @@ class WorkerConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]  # channels 
         for reply in replies:
             await self._send(reply)
         if isinstance(message, WorkerCapabilities):
+            self._build_slots = message.max_concurrent_builds
             self._offer_soon(session)
 
     async def _renew_group(self, session: SessionRef) -> None:
