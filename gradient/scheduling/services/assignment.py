@@ -215,6 +215,10 @@ def _assign_eval(state: selectors.WorkerState, now: datetime, tried: list[uuid.U
         evaluation, steps = evaluations[choice.job_id]
         if _lock_if_free(Evaluation, evaluation.id, EvaluationStatus.QUEUED) is None:
             continue
+        # Stamped when the row was locked, as a build's claim is: an evaluation whose last assignment a
+        # report batch closed (and requeued) while this request was on its way is never shown dispatched
+        # again before that assignment's close.
+        claimed_at = max(now, timezone.now())
         tried.append(assignment_id := uuid.uuid4())
         claimed = lifecycle.claim_evaluation(
             assignment_id=assignment_id,
@@ -223,7 +227,7 @@ def _assign_eval(state: selectors.WorkerState, now: datetime, tried: list[uuid.U
             worker_id=state.id,
             worker_name=state.worker.name,
             reason=f"assigned to {state.worker.name}: {', '.join(steps)}",
-            now=now,
+            now=claimed_at,
             terms=ClaimTerms(score=choice.total, breakdown=choice.breakdown),
         )
         if claimed is not None:
