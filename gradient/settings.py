@@ -292,8 +292,10 @@ GRADIENT_BUILD_LOG_MAX_BYTES_PER_WORKER_HOUR = _env_int(
 GRADIENT_EVAL_MESSAGES_MAX_COUNT = _env_int("GRADIENT_EVAL_MESSAGES_MAX_COUNT", 500)
 GRADIENT_EVAL_MESSAGES_MAX_BYTES = _env_int("GRADIENT_EVAL_MESSAGES_MAX_BYTES", 512 * 1024)
 GRADIENT_SCHEDULING_POLICY = os.environ.get("GRADIENT_SCHEDULING_POLICY", "resource-aware")
-# The hand-out path (docs/workers.md): database threads of one serve process for handshakes, RequestJob
-# and report batches ("hot"), and for offers ("offers"); the most candidates one offer delta carries.
+# The hand-out path (docs/workers.md): database threads of one serve process for handshakes, closes and
+# the presence flush ("sessions"), RequestJob and report batches ("hot"), and offers ("offers"); the most
+# candidates one offer delta carries.
+GRADIENT_SESSION_LANE_THREADS = _env_int("GRADIENT_SESSION_LANE_THREADS", 2)
 GRADIENT_HOT_LANE_THREADS = _env_int("GRADIENT_HOT_LANE_THREADS", 4)
 GRADIENT_OFFER_LANE_THREADS = _env_int("GRADIENT_OFFER_LANE_THREADS", 1)
 GRADIENT_OFFER_MAX_CANDIDATES = _env_int("GRADIENT_OFFER_MAX_CANDIDATES", 1000)

@@ -6,9 +6,12 @@ connection health check (`CONN_HEALTH_CHECKS`: a `SELECT 1` before the first que
 "request"); a connection is checked only when it failed: the caller that sees an OperationalError or
 InterfaceError outside a transaction drops it (`drop_connection`) and the next query opens a new one.
 
-Two lanes, so that slow work cannot hold up fast work:
+Three lanes, so that slow work cannot hold up fast work:
 
-- `HOT`: handshakes, RequestJob, the batched reports (gradient.workers.proto.batcher), session closes.
+- `SESSIONS`: handshakes, session closes and the presence flush (gradient.workers.presence): however
+  deep the job traffic's queue, a worker connects, a closed session is closed at once (its worker may
+  reconnect), and "seen" reaches the database long before the liveness timeout.
+- `HOT`: RequestJob and the batched reports (gradient.workers.proto.batcher).
 - `OFFERS`: the offer pass of one worker (JobOffer deltas, JobListChunk pages) and score uploads, which
   with a deep queue take far longer than a claim; they queue behind each other, never behind a claim.
 
@@ -94,9 +97,14 @@ def _offer_threads() -> int:
     return int(getattr(settings, "GRADIENT_OFFER_LANE_THREADS", 1))
 
 
+def _session_threads() -> int:
+    return int(getattr(settings, "GRADIENT_SESSION_LANE_THREADS", 2))
+
+
+SESSIONS = Lane("sessions", _session_threads)
 HOT = Lane("hot", _hot_threads)
 OFFERS = Lane("offers", _offer_threads)
-LANES = (HOT, OFFERS)
+LANES = (SESSIONS, HOT, OFFERS)
 
 
 async def run(lane: Lane, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:

@@ -243,7 +243,7 @@ async def _reap_unclosed() -> None:
         await asyncio.sleep(pause)
         for session_id, (session, reason) in list(_unclosed.items()):
             try:
-                await lanes.run(lanes.HOT, _close_unclosed_once, session, reason)
+                await lanes.run(lanes.SESSIONS, _close_unclosed_once, session, reason)
             except (OperationalError, InterfaceError):
                 pause = min(pause * 2, REAP_MAX_PAUSE_SECS)
                 break
@@ -277,7 +277,7 @@ def _offers_handler(*, session: SessionRef, message: object) -> list[ServerMessa
 
 
 # The presence flush of this process: what every session showed (seen, metrics) written together every
-# presence.FLUSH_EVERY_SECS, on the hot lane, from a task on the serve loop.
+# presence.FLUSH_EVERY_SECS, on the sessions lane, from a task on the serve loop.
 _flushers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Task[None]] = (
     weakref.WeakKeyDictionary()
 )
@@ -305,11 +305,10 @@ async def _flush_every() -> None:
         if late >= LOOP_LATE_SECS and time.monotonic() - _loop_late_logged >= 10.0:
             _loop_late_logged = time.monotonic()
             log.warning(
-                "the event loop of this process ran %.1f s late (%d calls waiting on the hot lane, %d on "
-                "the offer lane): sockets are read and pinged that much later",
+                "the event loop of this process ran %.1f s late (calls on the lanes: %s): sockets are "
+                "read and pinged that much later",
                 late,
-                lanes.HOT.busy,
-                lanes.OFFERS.busy,
+                ", ".join(f"{lane.name} {lane.busy}" for lane in lanes.LANES),
             )
         try:
             await flush_presence()
@@ -320,7 +319,7 @@ async def _flush_every() -> None:
 async def flush_presence() -> int:
     """Write what every session of this process showed since the last flush, now (the flusher does it
     every few seconds; tests that read last_seen or metrics right after a message call it first)."""
-    return await lanes.run(lanes.HOT, _handle_flush)
+    return await lanes.run(lanes.SESSIONS, _handle_flush)
 
 
 def _handle_flush() -> int:
@@ -505,7 +504,7 @@ class WorkerConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]  # channels 
         try:
             async with _handshake_slots():
                 result = await lanes.run(
-                    lanes.HOT,
+                    lanes.SESSIONS,
                     services.worker_session_open,
                     worker_id=message.worker_id,
                     token=message.token,
@@ -666,7 +665,7 @@ class WorkerConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]  # channels 
         self._session_ended = True
         try:
             presence.forget(session.session_id)
-            await lanes.run(lanes.HOT, _close_session, session, reason)
+            await lanes.run(lanes.SESSIONS, _close_session, session, reason)
         except (OperationalError, InterfaceError) as exc:
             log.warning(
                 "closing the session of %s failed (%s); closing it again as soon as the database answers",
