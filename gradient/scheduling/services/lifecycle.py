@@ -47,7 +47,7 @@ from gradient.core.vocab import (
     JobKind,
 )
 from gradient.records.schemas import ReportKind
-from gradient.runtime import metrics
+from gradient.runtime import metrics, savepoints
 from gradient.scheduling import history, jobs
 from gradient.scheduling.decisions.failures import (
     BuildVerdict,
@@ -224,25 +224,19 @@ def _claim_and_start(
 ) -> Claimed | None:
     """The claim and the job's own transition in one savepoint; a claimed job drops out of every
     worker's sent set (a job returned to the pool is offered afresh; its scores go when it finishes)."""
-    # A savepoint in the caller's transaction (a RequestJob's, a cluster claim's), not a transaction of
-    # its own: a refused start rolls back this claim alone.
-    savepoint = transaction.savepoint()
+    # A part of the caller's transaction (a RequestJob's, a cluster claim's), not a transaction of its
+    # own: a refused start rolls back this claim alone.
     try:
-        assignment_id = claim_assignment(request=request, now=now)
-        if assignment_id is None:
-            transaction.savepoint_commit(savepoint)
-            metrics.count(metrics.CLAIMS_LOST)
-            return None
-        start(assignment_id)
-        forget_sent(request.job_key)
+        with savepoints.part():
+            assignment_id = claim_assignment(request=request, now=now)
+            if assignment_id is not None:
+                start(assignment_id)
+                forget_sent(request.job_key)
     except _StartRefused:
-        transaction.savepoint_rollback(savepoint)
+        assignment_id = None
+    if assignment_id is None:
         metrics.count(metrics.CLAIMS_LOST)
         return None
-    except BaseException:
-        transaction.savepoint_rollback(savepoint)
-        raise
-    transaction.savepoint_commit(savepoint)
     return Claimed(assignment_id, job)
 
 

@@ -43,6 +43,7 @@ from gradient.core.protocol import (
 )
 from gradient.core.vocab import DispatchOutcome, JobKind
 from gradient.records.schemas import ReportKind
+from gradient.runtime import savepoints
 from gradient.scheduling.models import DispatchedJob
 from gradient.scheduling.services import lifecycle, logs
 from gradient.scheduling.services.claims import assignment_close
@@ -209,11 +210,12 @@ def _contained(
             raise
         except Exception as exc:
             raise _Contain from exc
-    sid = transaction.savepoint()
     try:
-        outcome = apply()
+        with savepoints.part():
+            outcome = apply()
+    except (OperationalError, InterfaceError):
+        raise  # the connection: the whole batch rolled back, and its caller tries it again
     except (DataError, IntegrityError) as exc:
-        transaction.savepoint_rollback(sid)
         if effects is not None:
             del effects.completed[mark:]
         detail = _first_line(exc)
@@ -227,14 +229,10 @@ def _contained(
         if row is None or now is None or effects is None or not isinstance(message, RESULT_REPORTS):
             return ReportOutcome(False, f"refused by the database: {detail}")
         return _fail_transient(row, message, detail, effects, now)
-    except (OperationalError, InterfaceError):
-        raise  # the connection: the whole batch rolled back, and its caller tries it again
     except Exception as exc:
-        transaction.savepoint_rollback(sid)
         if effects is not None:
             del effects.completed[mark:]
         return Failed(exc)
-    transaction.savepoint_commit(sid)
     return outcome
 
 
@@ -248,15 +246,13 @@ def _fail_transient(
         kind=BuildFailureKind.TRANSIENT,
         elapsed_ms=getattr(message, "elapsed_ms", 0),
     )
-    savepoint = transaction.savepoint()
     try:
-        outcome = _apply(row, failed, now, effects)
-        record_evidence(row, failed, outcome, now)
+        with savepoints.part():
+            outcome = _apply(row, failed, now, effects)
+            record_evidence(row, failed, outcome, now)
     except (DataError, IntegrityError):
-        transaction.savepoint_rollback(savepoint)
         log.error("failing assignment %s of worker %s failed too", row.id, row.worker_id)
         return ReportOutcome(False, "refused by the database")
-    transaction.savepoint_commit(savepoint)
     return outcome
 
 
