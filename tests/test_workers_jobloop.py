@@ -170,7 +170,7 @@ def test_a_draining_session_records_no_idle_slot() -> None:
 def test_scores_replace_earlier_ones_and_ignore_what_is_not_a_job_key() -> None:
     worker = WorkerFactory()
     session = _connected(worker)
-    job = build_key(uuid.uuid4())
+    job = build_key(DerivationBuildFactory(status=BuildStatus.QUEUED).id)  # a job that can be handed out
 
     for missing in (3, 1):
         jobloop.request_job_chunk(
@@ -388,3 +388,24 @@ def test_no_dispatch_pass_runs_on_an_unanswered_request_job_when_no_cluster_wait
     jobloop.request_job(session=_session_of(workers[0]), message=RequestJob(kind="build"))
 
     assert not PassState.objects.filter(name="cluster-dispatch").exists()
+
+
+def test_scores_for_jobs_that_do_not_exist_or_have_finished_are_not_stored() -> None:
+    """Issue 25, finding 9: 100 000 scores for made-up ids were stored as 100 000 rows."""
+    session = _connected(WorkerFactory())
+    queued = DerivationBuildFactory(status=BuildStatus.QUEUED)
+    finished = DerivationBuildFactory(status=BuildStatus.COMPLETED)
+    made_up = [build_key(uuid.uuid4()) for _ in range(500)] + [f"eval:{uuid.uuid4()}" for _ in range(500)]
+
+    jobloop.request_job_chunk(
+        session=session,
+        message=RequestJobChunk(
+            scores=[
+                Score(job_id=job, missing_count=1, missing_nar_size=10, outputs_present=False)
+                for job in [*made_up, build_key(finished.id), build_key(queued.id)]
+            ],
+            is_final=True,
+        ),
+    )
+
+    assert list(CandidateScore.objects.values_list("job_id", flat=True)) == [build_key(queued.id)]

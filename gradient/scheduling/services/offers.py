@@ -23,7 +23,7 @@ from django.db.models.functions import Cast, Concat, Substr
 from gradient.core.jobkey import SINGLE_JOB_KEYS, JobKey
 from gradient.core.protocol import CandidateScore as CandidateScoreMessage
 from gradient.core.protocol import JobCandidate, JobListChunk, JobOffer
-from gradient.core.vocab import BuildStatus, JobKeyKind
+from gradient.core.vocab import BUILD_ABORTABLE, EVALUATION_TERMINAL, BuildStatus, JobKeyKind
 from gradient.scheduling import jobs, selectors
 from gradient.scheduling.models import CandidateScore, DerivationBuild, Evaluation, SentCandidate
 from gradient.workers.models import WorkerSession
@@ -262,12 +262,36 @@ def connected_worker_ids() -> list[uuid.UUID]:
     )
 
 
+# A build a worker's score can still matter for: one that may yet be handed out.
+_SCORABLE_BUILDS = (*BUILD_ABORTABLE, BuildStatus.FAILED_TRANSIENT)
+
+
 def candidate_scores_store(
     *, worker_id: uuid.UUID, scores: Iterable[CandidateScoreMessage], now: datetime
 ) -> int:
     """Keep a worker's RequestJobChunk answer, one row per (worker, job); a later score replaces an
-    earlier one. Scores for anything that is not a job key are ignored."""
-    latest = {s.job_id: s for s in scores if JobKey.parse(s.job_id, kinds=SINGLE_JOB_KEYS) is not None}
+    earlier one. Scores for anything that is not the key of a job that can still be handed out (a
+    build not finished, an evaluation not ended) are ignored: made-up or finished ids store nothing."""
+    keyed = {s.job_id: (s, key) for s in scores if (key := JobKey.parse(s.job_id, kinds=SINGLE_JOB_KEYS))}
+    if not keyed:
+        return 0
+    kinds = {key.kind for _, key in keyed.values()}
+    live: set[uuid.UUID] = set()
+    if JobKeyKind.BUILD in kinds:
+        builds = [key.id for _, key in keyed.values() if key.kind == JobKeyKind.BUILD]
+        live |= set(
+            DerivationBuild.objects.filter(id__in=builds, status__in=_SCORABLE_BUILDS).values_list(
+                "id", flat=True
+            )
+        )
+    if JobKeyKind.EVAL in kinds:
+        evaluations = [key.id for _, key in keyed.values() if key.kind == JobKeyKind.EVAL]
+        live |= set(
+            Evaluation.objects.filter(id__in=evaluations)
+            .exclude(status__in=EVALUATION_TERMINAL)
+            .values_list("id", flat=True)
+        )
+    latest = {job_id: s for job_id, (s, key) in keyed.items() if key.id in live}
     if not latest:
         return 0
     CandidateScore.objects.bulk_create(
