@@ -407,7 +407,9 @@ async def test_a_draining_worker_is_marked_and_offers_no_idle_slot(make_worker: 
 async def test_scores_are_stored_per_worker_and_candidate(make_worker: MakeWorker) -> None:
     worker, token = await _worker(make_worker)
     comm, _ = await handshake(str(worker.id), token)
-    job = f"build:{uuid.uuid4()}"
+    # A job that can still be handed out: scores of made-up or finished jobs are not kept.
+    build = await database_sync_to_async(lambda: DerivationBuildFactory(status="Queued"))()
+    job = build_key(build.id)
 
     for missing in (5, 2):
         await comm.send_json_to(
