@@ -70,7 +70,7 @@ def test_an_operator_finds_a_waiting_cluster_reads_why_and_aborts_it(page: Any, 
     expect(waiting).to_contain_text(str(reason["code"]))
     page.screenshot(path=str(SHOTS / "overview.png"), full_page=True)
 
-    page.click(f"#ov-clusters-waiting a:has-text('{cluster.id}')")
+    page.locator("#ov-clusters-waiting a", has_text=cluster.name).first.click()
     expect(page.locator(".field-waiting_in_words")).to_contain_text("No seat for every member")
     page.screenshot(path=str(SHOTS / "cluster-waiting.png"), full_page=True)
 
