@@ -159,7 +159,7 @@ def run(pending: int, cycles: int, workers: int) -> None:
         ):
             step(name, lambda m=msg: message(REPORT, m))
         step(HEARTBEAT, lambda: message(jobloop.worker_metrics, WorkerMetrics(cpu_usage_pct=1.0)))
-        if time.monotonic() - flushed[0] >= presence.FLUSH_EVERY_SECS:
+        if time.monotonic() - flushed[0] >= presence.flush_every_secs():
             flushed[0] = time.monotonic()
             step(FLUSH, jobloop.presence_flush)
 
@@ -181,7 +181,7 @@ def run(pending: int, cycles: int, workers: int) -> None:
         trips = statistics.fmean(s[3] for s in samples)
         p50 = percentile([s[4] for s in samples], 50)
         print(f"  {name:<28} {statements:>10.1f} {commits:>8.1f} {checks:>7.1f} {trips:>12.1f} {p50:>8.2f}")
-        if name == FLUSH:  # once every FLUSH_EVERY_SECS for every session of the process, not per cycle
+        if name == FLUSH:  # once every few seconds for every session of the process, not per cycle
             flushes = len(samples)
             print(f"  ({flushes} flushes in {cycles} cycles: {flushes / cycles:.3f} per cycle, all sessions)")
             continue

@@ -296,6 +296,8 @@ GRADIENT_SCHEDULING_POLICY = os.environ.get("GRADIENT_SCHEDULING_POLICY", "resou
 # the presence flush ("sessions"), RequestJob and report batches ("hot"), and offers ("offers"); the most
 # candidates one offer delta carries.
 GRADIENT_SESSION_LANE_THREADS = _env_int("GRADIENT_SESSION_LANE_THREADS", 2)
+# How often the presence flush writes every session's seen and metrics (gradient.workers.presence).
+GRADIENT_PRESENCE_FLUSH_SECS = float(os.environ.get("GRADIENT_PRESENCE_FLUSH_SECS", "2") or 2)
 GRADIENT_HOT_LANE_THREADS = _env_int("GRADIENT_HOT_LANE_THREADS", 4)
 GRADIENT_OFFER_LANE_THREADS = _env_int("GRADIENT_OFFER_LANE_THREADS", 1)
 GRADIENT_OFFER_MAX_CANDIDATES = _env_int("GRADIENT_OFFER_MAX_CANDIDATES", 1000)

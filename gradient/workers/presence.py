@@ -2,7 +2,7 @@
 
 Every message marks its worker seen, and the 10 s heartbeat carries its metrics; writing either per
 message cost a commit each. Here the consumer notes them in memory (no I/O, on the event loop) and a
-flush writes what changed for every session of this process in one statement every FLUSH_EVERY_SECS
+flush writes what changed for every session of this process in one statement every few seconds
 (services.presence_flush), far below the liveness timeout (120 s by default). The liveness pass reads
 what was flushed; a process that dies loses at most one flush interval of "seen", which the timeout
 allows for. A session's metrics belong to it: they are written to its worker's row only while the
@@ -16,9 +16,14 @@ import uuid
 from dataclasses import dataclass
 from datetime import datetime
 
+from django.conf import settings
+
 from gradient.core.protocol import WorkerMetrics
 
-FLUSH_EVERY_SECS = 2.0
+
+def flush_every_secs() -> float:
+    """GRADIENT_PRESENCE_FLUSH_SECS (2 s; tests' servers flush more often)."""
+    return max(0.05, float(getattr(settings, "GRADIENT_PRESENCE_FLUSH_SECS", 2.0)))
 
 
 @dataclass

@@ -88,6 +88,9 @@ def base_env(**overrides: str | None) -> dict[str, str]:
     # the resource-aware policy the tests' own load would read as saturation and nothing would be handed
     # out. End-to-end runs score with `simple`; ResourceSaturation has its own tests.
     env.setdefault("GRADIENT_SCHEDULING_POLICY", "simple")
+    # Seen is written by the presence flush (every 2 s in production); end-to-end tests judge liveness
+    # with time-outs of a few seconds, so their servers flush more often.
+    env.setdefault("GRADIENT_PRESENCE_FLUSH_SECS", "0.25")
     for key, value in overrides.items():
         if value is None:
             env.pop(key, None)

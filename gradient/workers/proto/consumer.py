@@ -40,6 +40,7 @@ from django.conf import settings
 from django.db import DataError, InterfaceError, OperationalError, connection
 from django.utils import timezone
 
+from gradient.core.ids import parse_uuid
 from gradient.core.protocol import (
     CLOSE_PROTOCOL_ERROR,
     PROTOCOL_VERSION,
@@ -134,6 +135,11 @@ DB_RETRY_PAUSE_SECS = 0.1
 CHANNEL_LAYER_TIMEOUT_SECS = 2.0
 
 _live: weakref.WeakSet[WorkerConsumer] = weakref.WeakSet()
+# The consumer holding each worker's session in this process, until that session has ended: a worker
+# that reconnects while its last socket's close is still being handled waits for it (a few milliseconds)
+# instead of being refused with 496 by the session it has just lost.
+_held: weakref.WeakValueDictionary[str, WorkerConsumer] = weakref.WeakValueDictionary()
+RECONNECT_WAIT_SECS = 10.0
 _handshake_semaphores: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = (
     weakref.WeakKeyDictionary()
 )
@@ -277,7 +283,7 @@ def _offers_handler(*, session: SessionRef, message: object) -> list[ServerMessa
 
 
 # The presence flush of this process: what every session showed (seen, metrics) written together every
-# presence.FLUSH_EVERY_SECS, on the sessions lane, from a task on the serve loop.
+# presence.flush_every_secs(), on the sessions lane, from a task on the serve loop.
 _flushers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Task[None]] = (
     weakref.WeakKeyDictionary()
 )
@@ -300,8 +306,9 @@ async def _flush_every() -> None:
     global _loop_late_logged
     while True:
         asked = time.monotonic()
-        await asyncio.sleep(presence.FLUSH_EVERY_SECS)
-        late = time.monotonic() - asked - presence.FLUSH_EVERY_SECS
+        every = presence.flush_every_secs()
+        await asyncio.sleep(every)
+        late = time.monotonic() - asked - every
         if late >= LOOP_LATE_SECS and time.monotonic() - _loop_late_logged >= 10.0:
             _loop_late_logged = time.monotonic()
             log.warning(
@@ -401,6 +408,7 @@ class WorkerConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]  # channels 
         self._inbox_room = asyncio.Event()
         self._inbox_room.set()
         self._runner: asyncio.Task[None] | None = None
+        self._ended = asyncio.Event()
         self._build_slots = 1
         self.handshaking = False
         # Strangers (no handshake yet) are capped; the oldest make room for a newcomer (admission.py).
@@ -493,8 +501,20 @@ class WorkerConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]  # channels 
         except Exception:  # the runner's own failure is logged where it happened
             log.debug("the inbox of %s ended with an error", self._who(), exc_info=True)
 
+    async def _wait_for_previous(self, worker_id: str) -> None:
+        parsed = parse_uuid(worker_id)
+        previous = _held.get(str(parsed)) if parsed is not None else None
+        # Only a socket on its way out (closed by either side): a live one's worker gets its 496 at once.
+        if previous is None or previous is self or (previous in _live and not previous.closing):
+            return
+        try:
+            await asyncio.wait_for(previous._ended.wait(), RECONNECT_WAIT_SECS)
+        except TimeoutError:
+            log.info("the last session of worker %s is still being closed; the handshake goes on", worker_id)
+
     async def _handshake(self, message: InitConnection) -> None:
         self._cancel_handshake_timer()
+        await self._wait_for_previous(message.worker_id)
         self.handshaking = True  # never closed to make room now (admission.py)
         if message.protocol != PROTOCOL_VERSION:
             await self._reject(
@@ -521,6 +541,7 @@ class WorkerConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]  # channels 
             await self._reject(result.code, result.reason)
             return
         self.session = result.session
+        _held[str(result.session.worker_id)] = self
         _start_flusher()
         self.group = worker_group(result.session.worker_id)
         try:
@@ -663,6 +684,16 @@ class WorkerConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]  # channels 
         if session is None or getattr(self, "_session_ended", False):
             return
         self._session_ended = True
+        try:
+            await self._close_in_database(session, reason)
+        finally:
+            if _held.get(str(session.worker_id)) is self:
+                _held.pop(str(session.worker_id), None)
+            ended = getattr(self, "_ended", None)
+            if ended is not None:
+                ended.set()
+
+    async def _close_in_database(self, session: SessionRef, reason: str) -> None:
         try:
             presence.forget(session.session_id)
             await lanes.run(lanes.SESSIONS, _close_session, session, reason)
