@@ -22,6 +22,8 @@ from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest, JsonR
 from django.utils.decorators import sync_and_async_middleware
 from django.utils.deprecation import MiddlewareMixin
 
+from gradient.core.lines import first_line
+
 log = logging.getLogger("gradient.http")
 
 NUL = "\x00"
@@ -80,7 +82,7 @@ def outage_response(request: HttpRequest, exc: BaseException) -> HttpResponse:
     the client), instead of Django's ERROR with a traceback for each request."""
     now = time.monotonic()
     if now - _outage_log["at"] >= OUTAGE_LOG_EVERY_SECS:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        first = first_line(exc)
         log.warning(
             "the database does not answer: %s %s answered 503 (%d more since the last line): %s",
             request.method,

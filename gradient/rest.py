@@ -28,6 +28,7 @@ from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
 from gradient.core.ids import parse_uuid
+from gradient.core.lines import first_line
 from gradient.middleware import is_database_outage, outage_response
 
 log = logging.getLogger("gradient.rest")
@@ -40,7 +41,7 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
     if isinstance(exc, DataError):
         log.warning("the database refused a value of %s: %s", context.get("request"), exc, exc_info=True)
         exc = exceptions.ValidationError(
-            {"non_field_errors": ["A value cannot be stored: " + _first_line(exc)]}
+            {"non_field_errors": ["A value cannot be stored: " + first_line(exc)]}
         )
     response = drf_exception_handler(exc, context)
     if response is None:
@@ -95,11 +96,6 @@ def created(body: Any, *, route: str, **kwargs: Any) -> Response:
     response = Response(body, status=status.HTTP_201_CREATED)
     response["Location"] = reverse(route, kwargs={k: str(v) for k, v in kwargs.items()})
     return response
-
-
-def _first_line(exc: Exception) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
 
 
 class ControlReceiptSerializer(serializers.Serializer[Any]):

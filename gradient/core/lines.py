@@ -1,4 +1,6 @@
-"""At most one log line per key per interval: for what a client can make the service log (a refused
+"""Log lines: at most one per key per interval (`LineEvery`), and an error in one line (`first_line`).
+
+At most one log line per key per interval: for what a client can make the service log (a refused
 connection, a timed-out request), so a flood costs a few lines, each saying how many it stands for.
 
 Pure but for its own memory: `now` is passed in (a monotonic clock's seconds)."""
@@ -29,3 +31,9 @@ class LineEvery:
                 return None
         self._last[key] = (now, 0)
         return last[1] if last is not None else 0
+
+
+def first_line(exc: BaseException) -> str:
+    """An error in one line, for a log or an answer: its message's first line, or its type's name."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

@@ -150,6 +150,8 @@ BUILD_LASTING_FAILURE: Final = (
 )
 BUILD_PENDING: Final = (BuildStatus.CREATED, BuildStatus.QUEUED)
 BUILD_ABORTABLE: Final = (BuildStatus.CREATED, BuildStatus.QUEUED, BuildStatus.BUILDING)
+# Not finished: may still be handed out and succeed (pending, building, or waiting out a retry's backoff).
+BUILD_UNFINISHED: Final = (*BUILD_ABORTABLE, BuildStatus.FAILED_TRANSIENT)
 
 
 class BuildAttemptOutcome(enum.StrEnum):

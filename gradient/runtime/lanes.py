@@ -26,14 +26,21 @@ import contextvars
 import functools
 import logging
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from django.conf import settings
-from django.db import connections
+from django.db import InterfaceError, OperationalError, connections
+
+from gradient.core.lines import first_line
 
 log = logging.getLogger("gradient.runtime")
+
+# A call whose database connection died is made again on a fresh connection this many times in all.
+DB_ATTEMPTS = 3
+DB_RETRY_PAUSE_SECS = 0.1
 
 T = TypeVar("T")
 
@@ -72,8 +79,9 @@ class Lane:
         if executor is None:
             return
         # One close per thread: each connection belongs to the thread that opened it.
-        barrier = threading.Barrier(executor._max_workers, timeout=5)
-        futures = [executor.submit(_close_after, barrier) for _ in range(executor._max_workers)]
+        threads = executor._max_workers  # the executor's own count: the setting may have changed since
+        barrier = threading.Barrier(threads, timeout=5)
+        futures = [executor.submit(_close_after, barrier) for _ in range(threads)]
         for future in futures:
             try:
                 future.result(timeout=10)
@@ -126,6 +134,34 @@ def drop_connection() -> None:
         connections["default"].close()
     except Exception:  # it is dead already
         log.debug("closing a dead database connection failed", exc_info=True)
+
+
+def retrying(
+    call: Callable[[], T],
+    *,
+    what: str,
+    logger: logging.Logger = log,
+    attempts: int = DB_ATTEMPTS,
+    pause: float = DB_RETRY_PAUSE_SECS,
+) -> T:
+    """`call()`, made again on a fresh connection when its database connection died (OperationalError or
+    InterfaceError outside a transaction: the transaction it was in has rolled back), up to `attempts`
+    in all, pausing `pause` times the attempt between; the last failure goes on. Only for calls that are
+    safe to repeat (fenced, conditional writes). `what` says what was being done, for the log line. A
+    dead connection is dropped also after the last attempt, so the next call opens a fresh one
+    (`attempts=1`: one try, and a clean connection after a failure)."""
+    for attempt in range(1, attempts + 1):
+        try:
+            return call()
+        except (OperationalError, InterfaceError) as exc:
+            if connections["default"].in_atomic_block:
+                raise  # the transaction's owner decides; its connection is not this call's to drop
+            drop_connection()
+            if attempt == attempts:
+                raise
+            logger.warning("database connection lost %s (%s); trying again", what, first_line(exc))
+            time.sleep(pause * attempt)
+    raise AssertionError("unreachable")
 
 
 def shutdown_all() -> None:

@@ -87,8 +87,3 @@ def put_back(entries: list[Presence]) -> None:
                 _pending[entry.session_id] = entry
             elif newer.metrics is None and entry.metrics is not None:
                 newer.metrics, newer.metrics_at = entry.metrics, entry.metrics_at
-
-
-def pending() -> int:
-    with _lock:
-        return len(_pending)

@@ -25,7 +25,6 @@ from gradient.core.ids import parse_uuid
 from gradient.core.protocol import (
     InitCapabilities,
     WorkerCapabilities,
-    WorkerMetrics,
 )
 from gradient.recovery.models import ServerBoot
 from gradient.runtime.outbox import (
@@ -264,12 +263,6 @@ def _session_close(*, session_id: uuid.UUID, reason: str, now: datetime) -> uuid
     return worker_id
 
 
-def worker_seen(*, session: SessionRef, now: datetime) -> None:
-    """Every message marks the worker seen."""
-    WorkerSession.objects.filter(id=session.session_id, closed_at__isnull=True).update(last_seen=now)
-    Worker.objects.filter(id=session.worker_id).update(last_seen=now)
-
-
 _METRIC_FIELDS = (
     "cpu_usage_pct",
     "ram_free_mb",
@@ -358,20 +351,6 @@ def worker_capabilities_replace(
         zone=capabilities.zone,
         endpoint=capabilities.endpoint,
         capabilities_at=now,
-        last_seen=now,
-    )
-
-
-def worker_metrics_record(*, session: SessionRef, metrics: WorkerMetrics, now: datetime) -> None:
-    """The heartbeat: keep the latest metrics (null is "unknown" to scoring)."""
-    Worker.objects.filter(id=session.worker_id).update(
-        cpu_usage_pct=metrics.cpu_usage_pct,
-        ram_free_mb=metrics.ram_free_mb,
-        disk_speed_mbps=metrics.disk_speed_mbps,
-        upload_speed_mbps=metrics.upload_speed_mbps,
-        download_speed_mbps=metrics.download_speed_mbps,
-        build_peak_ram_mb=metrics.build_peak_ram_mb,
-        metrics_at=now,
         last_seen=now,
     )
 

@@ -14,11 +14,12 @@ from datetime import datetime
 from typing import Any
 
 from django.conf import settings
-from django.db import InterfaceError, OperationalError, connection, transaction
+from django.db import InterfaceError, OperationalError, transaction
 from django.utils import timezone
 
 from gradient.core.protocol import AssignJob, FlakeStep, Job
 from gradient.core.vocab import BuildStatus, EvaluationStatus, JobKind, JobKindName, job_kind_of
+from gradient.runtime import lanes
 from gradient.scheduling import jobs, selectors
 from gradient.scheduling.decisions.scoring import Candidate, Score, WorkerView, rank, wait_cap_secs
 from gradient.scheduling.models import CandidateScore, DerivationBuild, Evaluation, SentCandidate
@@ -273,7 +274,7 @@ def hand_out(*, worker_id: uuid.UUID, protocol_kind: JobKindName, now: datetime)
     try:
         handed = request_job(worker_id=worker_id, protocol_kind=protocol_kind, now=now, tried=tried)
     except (OperationalError, InterfaceError):
-        _drop_connection()
+        lanes.drop_connection()
         unheard = selectors.unheard_assignment(worker_id, tried)
         if unheard is None:
             raise
@@ -287,11 +288,3 @@ def hand_out(*, worker_id: uuid.UUID, protocol_kind: JobKindName, now: datetime)
                 log.exception("an idle-slot listener failed")
         return None
     return handed.message()
-
-
-def _drop_connection() -> None:
-    """Forget this thread's dead database connection; the next query opens a new one."""
-    try:
-        connection.close()
-    except Exception:  # it is dead already
-        log.debug("closing a dead database connection failed", exc_info=True)

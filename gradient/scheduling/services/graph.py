@@ -17,10 +17,10 @@ from django.db import connection, transaction
 from django.db.models import Exists, OuterRef, Q, QuerySet
 
 from gradient.core.vocab import (
-    BUILD_ABORTABLE,
     BUILD_LASTING_FAILURE,
     BUILD_PENDING,
     BUILD_SUCCESS,
+    BUILD_UNFINISHED,
     BuildStatus,
     EvaluationStatus,
 )
@@ -372,13 +372,7 @@ def fail_dependents(*, build_ids: Sequence[uuid.UUID], now: datetime) -> int:
     return total
 
 
-def dependents_of(build_id: uuid.UUID) -> list[uuid.UUID]:
-    return list(
-        DerivationBuildDependency.objects.filter(dependency_id=build_id).values_list("build_id", flat=True)
-    )
-
-
-def dependents_of_all(build_ids: Sequence[uuid.UUID]) -> list[uuid.UUID]:
+def dependents_of(build_ids: Sequence[uuid.UUID]) -> list[uuid.UUID]:
     """The builds that depend on any of `build_ids` (each once)."""
     return list(
         DerivationBuildDependency.objects.filter(dependency_id__in=list(build_ids))
@@ -403,10 +397,6 @@ class EvaluationFinish:
     evaluation_id: uuid.UUID
     status: str
     errors: tuple[str, ...] = ()
-
-
-# A needed build in one of these may still succeed: after successes only, its evaluation cannot finish.
-_STILL_RUNNING = (*BUILD_ABORTABLE, BuildStatus.FAILED_TRANSIENT)
 
 
 def finish_evaluations(
@@ -437,7 +427,7 @@ def finish_evaluations(
     )
     for evaluation_id in candidates:
         links = EvaluationBuild.objects.filter(evaluation_id=evaluation_id, blocks_evaluation=True)
-        if after_successes and links.filter(build__status__in=_STILL_RUNNING).exists():
+        if after_successes and links.filter(build__status__in=BUILD_UNFINISHED).exists():
             continue  # still building
         failed = list(
             links.filter(build__status__in=BUILD_LASTING_FAILURE).values_list(

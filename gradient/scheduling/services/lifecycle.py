@@ -118,7 +118,7 @@ class BatchEffects:
         if not completed:
             return
         forget_scores_of([build_key(b) for b in completed])
-        graph.queue_ready_builds(build_ids=graph.dependents_of_all(completed), now=now)
+        graph.queue_ready_builds(build_ids=graph.dependents_of(completed), now=now)
         graph.finish_evaluations(
             evaluation_ids=graph.evaluations_needing(completed), now=now, after_successes=True
         )

@@ -57,14 +57,19 @@ def _state(log: BuildLog | None) -> LogState:
     )
 
 
+def _piece_build(message: BuildLogPiece) -> uuid.UUID | None:
+    """The build a piece is about, or None when it is not its job's: a build job has its own only."""
+    key = JobKey.parse(message.job_id, kinds={JobKeyKind.BUILD})
+    build_id = parse_uuid(message.build_id)
+    return build_id if key is not None and build_id is not None and key.id == build_id else None
+
+
 def build_log_append(*, worker_id: uuid.UUID, message: BuildLogPiece, now: datetime) -> ReportOutcome:
     """Store what a BuildLog piece adds to its assignment's log of its build, in one transaction. A
     piece that is not about the job's open assignment on this worker, or names a build that is not the
     job's, is dropped; a repeat stores nothing."""
-    key = JobKey.parse(message.job_id, kinds={JobKeyKind.BUILD})
-    build_id = parse_uuid(message.build_id)
-    if key is None or build_id is None or key.id != build_id:
-        return DROPPED  # `build_id` must be one of the job's builds: a build job has its own only
+    if _piece_build(message) is None:
+        return DROPPED
     with transaction.atomic():
         row = fenced_assignment(
             worker_id=worker_id, job_key=message.job_id, assignment_id=message.assignment_id
@@ -77,9 +82,8 @@ def build_log_append(*, worker_id: uuid.UUID, message: BuildLogPiece, now: datet
 def build_log_append_fenced(*, row: DispatchedJob, message: BuildLogPiece, now: datetime) -> ReportOutcome:
     """build_log_append for a piece whose assignment `row` the caller has fenced and locked, in the
     caller's transaction (a batch of reports)."""
-    key = JobKey.parse(message.job_id, kinds={JobKeyKind.BUILD})
-    build_id = parse_uuid(message.build_id)
-    if key is None or build_id is None or key.id != build_id:
+    build_id = _piece_build(message)
+    if build_id is None:
         return DROPPED
     worker_id = row.worker_id
     log = BuildLog.objects.filter(assignment_id=row.id, build_id=build_id).first()

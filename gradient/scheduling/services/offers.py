@@ -23,7 +23,7 @@ from django.db.models.functions import Cast, Concat, Substr
 from gradient.core.jobkey import SINGLE_JOB_KEYS, JobKey
 from gradient.core.protocol import CandidateScore as CandidateScoreMessage
 from gradient.core.protocol import JobCandidate, JobListChunk, JobOffer
-from gradient.core.vocab import BUILD_ABORTABLE, EVALUATION_TERMINAL, BuildStatus, JobKeyKind
+from gradient.core.vocab import BUILD_UNFINISHED, EVALUATION_TERMINAL, BuildStatus, JobKeyKind
 from gradient.scheduling import jobs, selectors
 from gradient.scheduling.models import CandidateScore, DerivationBuild, Evaluation, SentCandidate
 from gradient.workers.models import WorkerSession
@@ -39,7 +39,7 @@ def forget_sent(job_key: str) -> None:
 def forget_scores(job_key: str) -> None:
     """A finished job is nobody's candidate again: the workers' scores of it go, so that a RequestJob
     reads only scores of jobs that can still be handed out."""
-    CandidateScore.objects.filter(job_id=job_key).delete()
+    forget_scores_of([job_key])
 
 
 def forget_scores_of(job_keys: Sequence[str]) -> None:
@@ -262,10 +262,6 @@ def connected_worker_ids() -> list[uuid.UUID]:
     )
 
 
-# A build a worker's score can still matter for: one that may yet be handed out.
-_SCORABLE_BUILDS = (*BUILD_ABORTABLE, BuildStatus.FAILED_TRANSIENT)
-
-
 def candidate_scores_store(
     *, worker_id: uuid.UUID, scores: Iterable[CandidateScoreMessage], now: datetime
 ) -> int:
@@ -280,7 +276,7 @@ def candidate_scores_store(
     if JobKeyKind.BUILD in kinds:
         builds = [key.id for _, key in keyed.values() if key.kind == JobKeyKind.BUILD]
         live |= set(
-            DerivationBuild.objects.filter(id__in=builds, status__in=_SCORABLE_BUILDS).values_list(
+            DerivationBuild.objects.filter(id__in=builds, status__in=BUILD_UNFINISHED).values_list(
                 "id", flat=True
             )
         )

@@ -28,6 +28,7 @@ from typing import TypeAlias
 from django.db import DataError, IntegrityError, InterfaceError, OperationalError, transaction
 
 from gradient.core.ids import parse_uuid
+from gradient.core.lines import first_line
 from gradient.core.protocol import (
     AssignJobResponse,
     BuildFailureKind,
@@ -182,11 +183,6 @@ def _member(worker_id: uuid.UUID, message: Incoming, now: datetime) -> ReportOut
     return _member_handler(worker_id=worker_id, message=message, now=now)
 
 
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
-
-
 def _contained(
     apply: Callable[[], ReportOutcome],
     worker_id: uuid.UUID,
@@ -218,7 +214,7 @@ def _contained(
     except (DataError, IntegrityError) as exc:
         if effects is not None:
             del effects.completed[mark:]
-        detail = _first_line(exc)
+        detail = first_line(exc)
         log.error(
             "the database refused %s from worker %s (%s); the session goes on",
             tag_of(type(message)),
@@ -248,8 +244,7 @@ def _fail_transient(
     )
     try:
         with savepoints.part():
-            outcome = _apply(row, failed, now, effects)
-            record_evidence(row, failed, outcome, now)
+            outcome = _apply_and_record(row, failed, now, effects)
     except (DataError, IntegrityError):
         log.error("failing assignment %s of worker %s failed too", row.id, row.worker_id)
         return ReportOutcome(False, "refused by the database")

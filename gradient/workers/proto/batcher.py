@@ -8,23 +8,21 @@ hot lane: one transaction, one commit (gradient.scheduling.services.reports.work
 job loop). While one batch is applied the next one fills, so under load batches grow and commits per
 report fall; a lone report waits at most the window.
 
-A batch whose database connection died is applied again on a fresh connection (every report is fenced
-by its assignment_id and every write is conditional, so a batch that did commit unheard changes nothing
-the second time); after DB_ATTEMPTS the error goes to every report of the batch, and each consumer ends
-its session as for any failure of ours.
+A batch whose database connection died is applied again on a fresh connection (runtime.lanes.retrying:
+every report is fenced by its assignment_id and every write is conditional, so a batch that did commit
+unheard changes nothing the second time); after its attempts the error goes to every report of the
+batch, and each consumer ends its session as for any failure of ours.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
-import time
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
-
-from django.db import InterfaceError, OperationalError
 
 from gradient.runtime import lanes
 
@@ -32,8 +30,6 @@ log = logging.getLogger("gradient.workers")
 
 WINDOW_SECS = 0.003
 MAX_BATCH = 256
-DB_ATTEMPTS = 3
-DB_RETRY_PAUSE_SECS = 0.1
 
 Apply = Callable[[Sequence[tuple[Any, Any]]], list[Any]]
 
@@ -46,17 +42,7 @@ class _Item:
 
 
 def _apply_with_retries(apply: Apply, batch: Sequence[tuple[Any, Any]]) -> list[Any]:
-    for attempt in range(1, DB_ATTEMPTS + 1):
-        try:
-            return apply(batch)
-        except (OperationalError, InterfaceError) as exc:
-            if attempt == DB_ATTEMPTS:
-                raise
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            log.warning("database connection lost applying %d reports (%s); trying again", len(batch), first)
-            lanes.drop_connection()
-            time.sleep(DB_RETRY_PAUSE_SECS * attempt)
-    raise AssertionError("unreachable")
+    return lanes.retrying(functools.partial(apply, batch), what=f"applying {len(batch)} reports", logger=log)
 
 
 class Batcher:
@@ -67,8 +53,6 @@ class Batcher:
         self._items: list[_Item] = []
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
-        self.batches = 0
-        self.reports = 0
 
     async def submit(self, session: Any, message: Any) -> Any:
         """Apply `message` of `session` with the next batch; returns its result."""
@@ -99,8 +83,6 @@ class Batcher:
                 if not item.future.done():
                     item.future.set_exception(exc)
             return
-        self.batches += 1
-        self.reports += len(items)
         for item, result in zip(items, results, strict=True):
             if not item.future.done():
                 item.future.set_result(result)

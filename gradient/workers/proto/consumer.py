@@ -27,6 +27,7 @@ job is tried again, and any other message is dropped. Either way it is logged wi
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 import weakref
@@ -37,10 +38,11 @@ from typing import Any
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
-from django.db import DataError, InterfaceError, OperationalError, connection
+from django.db import DataError, InterfaceError, OperationalError
 from django.utils import timezone
 
 from gradient.core.ids import parse_uuid
+from gradient.core.lines import first_line
 from gradient.core.protocol import (
     CLOSE_PROTOCOL_ERROR,
     PROTOCOL_VERSION,
@@ -129,8 +131,8 @@ GROUP_RENEW_SECS = 600.0
 DRAIN_GRACE_SECS = 15.0
 # A job-loop call whose database connection died is made again on a fresh connection this many times in
 # all; a session close, which frees the worker to reconnect, too.
-DB_ATTEMPTS = 3
-DB_RETRY_PAUSE_SECS = 0.1
+DB_ATTEMPTS = lanes.DB_ATTEMPTS
+DB_RETRY_PAUSE_SECS = lanes.DB_RETRY_PAUSE_SECS
 # How long a channel-layer call may take when the session ends; Redis may be the thing that is down.
 CHANNEL_LAYER_TIMEOUT_SECS = 2.0
 
@@ -161,57 +163,43 @@ _server_draining = False
 
 
 def _handle(handler: Handler, session: SessionRef, message: Message) -> list[ServerMessage]:
-    """One job-loop call, on a lane thread. A lost database connection (OperationalError or
-    InterfaceError outside any transaction: the transaction it was in has rolled back) is dropped and
-    the call made again, up to DB_ATTEMPTS in all. Every job-loop function is safe to repeat: reports are
-    fenced by their assignment_id, writes are conditional, and request_job hands out a claim whose commit
-    it did not hear (assignment.hand_out). A value the database refuses (a DataError) costs the session
-    nothing: the message is dropped, logged with its traceback (reports contain theirs themselves:
-    scheduling.services.reports)."""
-    for attempt in range(1, DB_ATTEMPTS + 1):
-        try:
-            return handler(session=session, message=message)
-        except (OperationalError, InterfaceError) as exc:
-            if attempt == DB_ATTEMPTS or connection.in_atomic_block:
-                raise
-            log.warning(
-                "database connection lost handling %s from worker %s (%s); trying again",
-                tag_of(type(message)),
-                session.worker_id,
-                _first_line(exc),
-            )
-            lanes.drop_connection()
-            time.sleep(DB_RETRY_PAUSE_SECS * attempt)
-        except DataError as exc:
-            log.error(
-                "the database refused %s from worker %s (%s); the session goes on",
-                tag_of(type(message)),
-                session.worker_id,
-                _first_line(exc),
-                exc_info=True,
-            )
-            return []
-    raise AssertionError("unreachable")
+    """One job-loop call, on a lane thread. A lost database connection is dropped and the call made
+    again, up to DB_ATTEMPTS in all (lanes.retrying). Every job-loop function is safe to repeat: reports
+    are fenced by their assignment_id, writes are conditional, and request_job hands out a claim whose
+    commit it did not hear (assignment.hand_out). A value the database refuses (a DataError) costs the
+    session nothing: the message is dropped, logged with its traceback (reports contain theirs
+    themselves: scheduling.services.reports)."""
+    try:
+        return lanes.retrying(
+            functools.partial(handler, session=session, message=message),
+            what=f"handling {tag_of(type(message))} from worker {session.worker_id}",
+            logger=log,
+            attempts=DB_ATTEMPTS,
+            pause=DB_RETRY_PAUSE_SECS,
+        )
+    except DataError as exc:
+        log.error(
+            "the database refused %s from worker %s (%s); the session goes on",
+            tag_of(type(message)),
+            session.worker_id,
+            first_line(exc),
+            exc_info=True,
+        )
+        return []
 
 
 def _close_session(session: SessionRef, reason: str) -> None:
     """Close the session in the database, retried on a lost connection: a session left open keeps its
     worker out (496) until the liveness pass. The close is conditional, so repeating it is harmless."""
-    for attempt in range(1, DB_ATTEMPTS + 1):
-        try:
-            services.worker_session_close(session_id=session.session_id, reason=reason, now=timezone.now())
-            return
-        except (OperationalError, InterfaceError):
-            if attempt == DB_ATTEMPTS:
-                raise
-            log.warning("database connection lost closing the session of %s; trying again", session.worker_id)
-            lanes.drop_connection()
-            time.sleep(DB_RETRY_PAUSE_SECS * attempt)
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
+    lanes.retrying(
+        functools.partial(
+            services.worker_session_close, session_id=session.session_id, reason=reason, now=timezone.now()
+        ),
+        what=f"closing the session of {session.worker_id}",
+        logger=log,
+        attempts=DB_ATTEMPTS,
+        pause=DB_RETRY_PAUSE_SECS,
+    )
 
 
 # Sessions of this process whose socket is gone but whose close the database did not take (it was away:
@@ -234,11 +222,14 @@ def _remember_unclosed(session: SessionRef, reason: str) -> None:
 
 def _close_unclosed_once(session: SessionRef, reason: str) -> None:
     """One try, on a fresh connection if the last one died."""
-    try:
-        services.worker_session_close(session_id=session.session_id, reason=reason, now=timezone.now())
-    except (OperationalError, InterfaceError):
-        lanes.drop_connection()
-        raise
+    lanes.retrying(
+        functools.partial(
+            services.worker_session_close, session_id=session.session_id, reason=reason, now=timezone.now()
+        ),
+        what=f"closing the session of {session.worker_id}",
+        logger=log,
+        attempts=1,
+    )
 
 
 async def _reap_unclosed() -> None:
@@ -276,10 +267,6 @@ _DISCONNECT_CAUSES = {
 
 def _is_eval_result(message: Message) -> bool:
     return isinstance(message, JobUpdate) and isinstance(message.update, EvalResult)
-
-
-def _offers_handler(*, session: SessionRef, message: object) -> list[ServerMessage]:
-    return jobloop.job_offers(session=session)
 
 
 # The presence flush of this process: what every session showed (seen, metrics) written together every
@@ -320,7 +307,7 @@ async def _flush_every() -> None:
         try:
             await flush_presence()
         except Exception as exc:  # the database away: the entries wait for the next flush
-            log.warning("flushing the workers' presence failed (%s); trying again", _first_line(exc))
+            log.warning("flushing the workers' presence failed (%s); trying again", first_line(exc))
 
 
 async def flush_presence() -> int:
@@ -330,11 +317,7 @@ async def flush_presence() -> int:
 
 
 def _handle_flush() -> int:
-    try:
-        return jobloop.presence_flush()
-    except (OperationalError, InterfaceError):
-        lanes.drop_connection()
-        raise
+    return lanes.retrying(jobloop.presence_flush, what="flushing the presence", logger=log, attempts=1)
 
 
 def _forget_channel(layer: Any, channel_name: str | None) -> None:
@@ -587,7 +570,7 @@ class WorkerConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]  # channels 
             await self._send(reply)
         if isinstance(message, WorkerCapabilities):
             self._build_slots = message.max_concurrent_builds
-            self._offer_soon(session)
+            self._offer_soon(session, message)
 
     async def _renew_group(self, session: SessionRef) -> None:
         now = time.monotonic()
@@ -600,19 +583,19 @@ class WorkerConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]  # channels 
             except Exception:
                 log.warning("renewing the channel-layer group of worker %s failed", session.worker_id)
 
-    def _offer_soon(self, session: SessionRef) -> None:
+    def _offer_soon(self, session: SessionRef, message: WorkerCapabilities) -> None:
         """Trigger assignment after a WorkerCapabilities: the worker's offer delta, computed on the offer
         lane and sent when ready. One at a time per session; a trigger while one runs runs it again."""
         if self._offering is not None and not self._offering.done():
             self._offer_again = True
             return
-        self._offering = asyncio.get_running_loop().create_task(self._offer(session))
+        self._offering = asyncio.get_running_loop().create_task(self._offer(session, message))
 
-    async def _offer(self, session: SessionRef) -> None:
+    async def _offer(self, session: SessionRef, message: WorkerCapabilities) -> None:
         while True:
             self._offer_again = False
             try:
-                offers = await lanes.run(lanes.OFFERS, _handle, _offers_handler, session, WorkerCapabilities)
+                offers = await lanes.run(lanes.OFFERS, _handle, jobloop.job_offers, session, message)
             except Exception:
                 log.exception(
                     "offering jobs to worker %s failed; the next pass offers them", session.worker_id
@@ -701,7 +684,7 @@ class WorkerConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]  # channels 
             log.warning(
                 "closing the session of %s failed (%s); closing it again as soon as the database answers",
                 session.worker_id,
-                _first_line(exc),
+                first_line(exc),
             )
             _remember_unclosed(session, reason)
             return

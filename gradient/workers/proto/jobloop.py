@@ -57,8 +57,9 @@ def worker_capabilities(*, session: SessionRef, message: WorkerCapabilities) -> 
     return []
 
 
-def job_offers(*, session: SessionRef) -> list[ServerMessage]:
-    """The offer delta of this worker: what it can run now and was not offered yet."""
+def job_offers(*, session: SessionRef, message: WorkerCapabilities) -> list[ServerMessage]:
+    """After `message` (the worker's capabilities, stored by worker_capabilities): the offer delta of
+    this worker, what it can run now and was not offered yet."""
     return list(offers.job_offers(worker_id=session.worker_id, now=timezone.now()))
 
 
