@@ -8,7 +8,7 @@ from django.db import models
 class RateCounter(models.Model):
     """Hits of one throttle key (a user, an address, an account's failed logins) since `window_start`.
     Kept in the database so every `serve` process shares the count and a restart does not reset it; one
-    atomic upsert per hit (gradient.throttling.hit)."""
+    atomic upsert per hit (gradient.runtime.counters.hit)."""
 
     key = models.CharField(max_length=255, primary_key=True)
     window_start = models.DateTimeField()

@@ -18,22 +18,18 @@ from __future__ import annotations
 
 import hashlib
 import ipaddress
-import random
 import unicodedata
 from collections.abc import Callable
-from datetime import UTC, datetime, timedelta
 from functools import lru_cache, wraps
 from typing import Any
 
 from django.conf import settings
-from django.db import connection
 from django.http import HttpRequest, HttpResponse
-from django.utils import timezone
 from rest_framework.throttling import BaseThrottle
 
+from gradient.runtime.counters import hit
+
 PERIODS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-# One hit in this many also deletes counters whose window ended a day ago.
-PRUNE_ONE_IN = 1000
 
 
 def parse_rate(rate: str | None) -> tuple[int, int] | None:
@@ -55,49 +51,6 @@ def _key(*parts: str) -> str:
     if len(raw) <= 200:
         return raw
     return f"{parts[0]}\x1f{hashlib.sha256(raw.encode()).hexdigest()}"
-
-
-_UPSERT = """
-    INSERT INTO rate_counter (key, window_start, hits) VALUES (%(key)s, %(now)s, %(add)s)
-    ON CONFLICT (key) DO UPDATE SET
-        hits = CASE WHEN rate_counter.window_start > %(cutoff)s
-                    THEN rate_counter.hits + %(add)s ELSE %(add)s END,
-        window_start = CASE WHEN rate_counter.window_start > %(cutoff)s
-                            THEN rate_counter.window_start ELSE %(now)s END
-    RETURNING hits, window_start
-"""
-
-
-def hit(key: str, period: int, *, now: datetime | None = None, add: int = 1) -> tuple[int, float]:
-    """Count one hit (`add` = 0: only look) of `key` in a window of `period` seconds. Returns the hits
-    of the current window, this one included, and the seconds until it ends."""
-    now = now or timezone.now()
-    cutoff = now - timedelta(seconds=period)
-    params: dict[str, Any] = {"key": key, "now": now, "add": add, "cutoff": cutoff}
-    with connection.cursor() as cursor:
-        if add == 0:
-            cursor.execute("SELECT hits, window_start FROM rate_counter WHERE key = %(key)s", params)
-            row = cursor.fetchone()
-            if row is None or _aware(row[1]) <= cutoff:
-                return 0, float(period)
-        else:
-            cursor.execute(_UPSERT, params)
-            row = cursor.fetchone()
-            if random.randrange(PRUNE_ONE_IN) == 0:  # noqa: S311 (not security)
-                cursor.execute(
-                    "DELETE FROM rate_counter WHERE window_start < %s",
-                    [now - timedelta(seconds=period + 86400)],
-                )
-    hits, window_start = int(row[0]), _aware(row[1])
-    return hits, max(0.0, (window_start + timedelta(seconds=period) - now).total_seconds())
-
-
-def _aware(value: Any) -> datetime:
-    if isinstance(value, str):  # SQLite hands back text
-        value = datetime.fromisoformat(value)
-    if timezone.is_naive(value):
-        value = value.replace(tzinfo=UTC)
-    return value  # type: ignore[no-any-return]
 
 
 # --- Addresses ----------------------------------------------------------------------------------------

@@ -13,19 +13,18 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
-from datetime import datetime, timedelta
-from typing import Any
+from datetime import datetime
 
 import zstandard
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import transaction
 from django.db.models import Sum
 
 from gradient.core.ids import parse_uuid
 from gradient.core.jobkey import JobKey
 from gradient.core.protocol import BuildLog as BuildLogPiece
 from gradient.core.vocab import JobKeyKind
-from gradient.models import RateCounter
+from gradient.runtime import counters
 from gradient.scheduling.decisions.logs import (
     LogState,
     append_piece,
@@ -117,42 +116,23 @@ def build_log_append_fenced(*, row: DispatchedJob, message: BuildLogPiece, now: 
 # --- The caps beyond one log's own (issue 25, finding 3) ------------------------------------------------
 # A worker that takes a build, logs and fails it `canceled` in a loop (canceled spends no attempt, and
 # each try starts a log of its own) stored 125 MiB in 30 s. So the logs of all tries of one build are
-# capped together, and so are one worker's log bytes per hour, counted in `rate_counter` (the table of
-# gradient.throttling, whose counting is the same: the window starts at its first hit and lasts an
-# hour) so every `serve` process shares the count. Counted in KiB: the column is a 32-bit integer.
+# capped together, and so are one worker's log bytes per hour, counted in `rate_counter`
+# (runtime.counters, as the throttles count: the window starts at its first hit and lasts an hour) so
+# every `serve` process shares the count. Counted in KiB: the column is a 32-bit integer.
 
 _WORKER_KEY = "log-bytes\x1f{worker_id}"
-_HOUR = timedelta(hours=1)
-_COUNT_BYTES = """
-    INSERT INTO rate_counter (key, window_start, hits) VALUES (%(key)s, %(now)s, %(add)s)
-    ON CONFLICT (key) DO UPDATE SET
-        hits = CASE WHEN rate_counter.window_start > %(cutoff)s
-                    THEN rate_counter.hits + %(add)s ELSE %(add)s END,
-        window_start = CASE WHEN rate_counter.window_start > %(cutoff)s
-                            THEN rate_counter.window_start ELSE %(now)s END
-"""
+_HOUR_SECS = 3600
 
 
 def _worker_bytes_this_hour(worker_id: uuid.UUID, now: datetime) -> int:
-    row = (
-        RateCounter.objects.filter(key=_WORKER_KEY.format(worker_id=worker_id), window_start__gt=now - _HOUR)
-        .values_list("hits", flat=True)
-        .first()
-    )
-    return int(row or 0) * 1024
+    hits, _ = counters.hit(_WORKER_KEY.format(worker_id=worker_id), _HOUR_SECS, now=now, add=0)
+    return hits * 1024
 
 
 def _count_worker_bytes(worker_id: uuid.UUID, size: int, now: datetime) -> None:
     if size <= 0 or settings.GRADIENT_BUILD_LOG_MAX_BYTES_PER_WORKER_HOUR <= 0:
         return
-    params: dict[str, Any] = {
-        "key": _WORKER_KEY.format(worker_id=worker_id),
-        "now": now,
-        "cutoff": now - _HOUR,
-        "add": -(-size // 1024),
-    }
-    with connection.cursor() as cursor:
-        cursor.execute(_COUNT_BYTES, params)
+    counters.hit(_WORKER_KEY.format(worker_id=worker_id), _HOUR_SECS, now=now, add=-(-size // 1024))
 
 
 def _log_budget(
