@@ -175,3 +175,42 @@ def wait_for(predicate: Any, timeout: float, interval: float = 0.2, what: str = 
         if time.monotonic() > deadline:
             raise RuntimeError(f"timed out after {timeout:.0f} s waiting for {what}")
         time.sleep(interval)
+
+
+# What every benchmark's build worker says of itself after its handshake (one x86_64-linux slot).
+WORKER_CAPABILITIES: dict[str, Any] = {
+    "type": "WorkerCapabilities",
+    "architectures": ["x86_64-linux"],
+    "system_features": [],
+    "max_concurrent_builds": 1,
+    "cpu_count": 2,
+    "ram_total_mb": 4096,
+    "cpu_core_score": 1000,
+    "zone": None,
+    "endpoint": None,
+}
+SEED_BATCH = 5000
+
+
+def seed_queued_builds(evaluation: Any, count: int, tag: str, now: Any) -> list[Any]:
+    """`count` Queued x86_64-linux shared builds that `evaluation` needs, in batches of SEED_BATCH;
+    their paths carry `tag`. Returns the builds."""
+    from gradient.scheduling.models import DerivationBuild, EvaluationBuild
+
+    made: list[Any] = []
+    for start in range(0, count, SEED_BATCH):
+        builds = DerivationBuild.objects.bulk_create(
+            [
+                DerivationBuild(
+                    drv_path=f"/nix/store/{i:032d}-{tag}-{i}.drv",
+                    system="x86_64-linux",
+                    status="Queued",
+                    queued_at=now,
+                    outputs=[{"name": "out", "path": f"/nix/store/{i:032d}-{tag}-{i}"}],
+                )
+                for i in range(start, min(count, start + SEED_BATCH))
+            ]
+        )
+        EvaluationBuild.objects.bulk_create([EvaluationBuild(evaluation=evaluation, build=b) for b in builds])
+        made.extend(builds)
+    return made

@@ -30,6 +30,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import (  # noqa: E402
+    WORKER_CAPABILITIES,
     describe_machine,
     load_average,
     log_dir,
@@ -89,21 +90,7 @@ async def _client(spec: dict, marker: Path) -> dict:  # type: ignore[type-arg]
             if ack.get("type") != "InitAck":
                 raise RuntimeError(f"handshake refused: {ack}")
             connect_ms.append((time.perf_counter() - started) * 1000)
-            await ws.send(
-                json.dumps(
-                    {
-                        "type": "WorkerCapabilities",
-                        "architectures": ["x86_64-linux"],
-                        "system_features": [],
-                        "max_concurrent_builds": 1,
-                        "cpu_count": 2,
-                        "ram_total_mb": 4096,
-                        "cpu_core_score": 1000,
-                        "zone": None,
-                        "endpoint": None,
-                    }
-                )
-            )
+            await ws.send(json.dumps(WORKER_CAPABILITIES))
             sockets.append(ws)
 
     results = await asyncio.gather(*(hello(w, t) for w, t in spec["workers"]), return_exceptions=True)

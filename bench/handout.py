@@ -55,17 +55,18 @@ import msgspec
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import (  # noqa: E402
+    WORKER_CAPABILITIES,
     describe_machine,
     load_average,
     log_dir,
     percentile,
     redis_url,
     reset_tables,
+    seed_queued_builds,
     service_env,
     setup_django,
 )
 
-BATCH = 5000
 HEARTBEAT_SECS = 10.0
 REPEAT_SECS = 10.0  # an unanswered RequestJob is sent again after this long (the reference worker's)
 RECONNECT_SECS = 1.0
@@ -101,7 +102,7 @@ def seed(clients: int, builds: int) -> list[tuple[str, str]]:
     from django.db import connection
     from django.utils import timezone
 
-    from gradient.scheduling.models import DerivationBuild, Evaluation, EvaluationBuild, EvaluationStatus
+    from gradient.scheduling.models import Evaluation, EvaluationStatus
     from gradient.scheduling.services.projects import project_create
     from gradient.workers.services import worker_register
 
@@ -111,20 +112,7 @@ def seed(clients: int, builds: int) -> list[tuple[str, str]]:
     evaluation = Evaluation.objects.create(
         project=project, repository="sim:handout", commit="handout", status=EvaluationStatus.BUILDING
     )
-    for start in range(0, builds, BATCH):
-        rows = DerivationBuild.objects.bulk_create(
-            [
-                DerivationBuild(
-                    drv_path=f"/nix/store/{i:032d}-handout-{i}.drv",
-                    system="x86_64-linux",
-                    status="Queued",
-                    queued_at=now,
-                    outputs=[{"name": "out", "path": f"/nix/store/{i:032d}-handout-{i}"}],
-                )
-                for i in range(start, min(builds, start + BATCH))
-            ]
-        )
-        EvaluationBuild.objects.bulk_create([EvaluationBuild(evaluation=evaluation, build=b) for b in rows])
+    seed_queued_builds(evaluation, builds, "handout", now)
     credentials = []
     for i in range(clients):
         worker, token = worker_register(name=f"handout-{i}", projects=[project])
@@ -312,21 +300,7 @@ class Client:
                 if len(self.bench.acks) == self.bench.config.clients:
                     self.bench.all_acked.set()
             self.ws = ws
-            await ws.send(
-                encode(
-                    {
-                        "type": "WorkerCapabilities",
-                        "architectures": ["x86_64-linux"],
-                        "system_features": [],
-                        "max_concurrent_builds": 1,
-                        "cpu_count": 2,
-                        "ram_total_mb": 4096,
-                        "cpu_core_score": 1000,
-                        "zone": None,
-                        "endpoint": None,
-                    }
-                ).decode()
-            )
+            await ws.send(encode(WORKER_CAPABILITIES).decode())
             heartbeat = asyncio.create_task(self.heartbeat(ws))
             try:
                 await self.free()

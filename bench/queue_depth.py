@@ -28,7 +28,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import describe_machine, reset_tables, setup_django, summary  # noqa: E402
+from common import describe_machine, reset_tables, seed_queued_builds, setup_django, summary  # noqa: E402
 
 BATCH = 5000
 
@@ -38,7 +38,7 @@ def seed(depth: int, workers: int) -> tuple[list[Any], list[str]]:
     from django.utils import timezone
 
     from gradient.runtime.passes import server_boot_start
-    from gradient.scheduling.models import DerivationBuild, Evaluation, EvaluationBuild, EvaluationStatus
+    from gradient.scheduling.models import Evaluation, EvaluationStatus
     from gradient.scheduling.services.projects import project_create
     from gradient.workers.models import Worker, WorkerSession
 
@@ -48,22 +48,7 @@ def seed(depth: int, workers: int) -> tuple[list[Any], list[str]]:
     evaluation = Evaluation.objects.create(
         project=project, repository="sim:depth", commit="depth", status=EvaluationStatus.BUILDING
     )
-    keys: list[str] = []
-    for start in range(0, depth, BATCH):
-        builds = DerivationBuild.objects.bulk_create(
-            [
-                DerivationBuild(
-                    drv_path=f"/nix/store/{i:032d}-depth-{i}.drv",
-                    system="x86_64-linux",
-                    status="Queued",
-                    queued_at=now,
-                    outputs=[{"name": "out", "path": f"/nix/store/{i:032d}-depth-{i}"}],
-                )
-                for i in range(start, min(depth, start + BATCH))
-            ]
-        )
-        EvaluationBuild.objects.bulk_create([EvaluationBuild(evaluation=evaluation, build=b) for b in builds])
-        keys.extend(b.job_key for b in builds)
+    keys = [b.job_key for b in seed_queued_builds(evaluation, depth, "depth", now)]
     boot = server_boot_start(now=now)
     rows = []
     for i in range(workers):
