@@ -36,6 +36,7 @@ from tests.factories import EvaluationFactory, ProjectFactory
 from tests.scheduling_helpers import drv
 from tests.support.faults import database_snapshot
 from tests.support.proto import (
+    CAPABILITIES,
     assigned,
     expect_close,
     expect_refusal,
@@ -47,17 +48,6 @@ from tests.support.proto import (
 
 pytestmark = [pytest.mark.faults, pytest.mark.django_db(transaction=True)]
 
-CAPABILITIES = {
-    "type": "WorkerCapabilities",
-    "architectures": ["x86_64-linux"],
-    "system_features": [],
-    "max_concurrent_builds": 2,
-    "cpu_count": 4,
-    "ram_total_mb": 8192,
-    "cpu_core_score": 800,
-    "zone": None,
-    "endpoint": None,
-}
 
 snapshot = database_sync_to_async(database_snapshot)
 

@@ -28,19 +28,8 @@ from gradient.scheduling.models import BuildLog, BuildLogChunk, EvaluationStatus
 from gradient.scheduling.services import graph
 from tests.factories import EvaluationFactory, ProjectFactory
 from tests.scheduling_helpers import drv
-from tests.support.proto import assigned, finish, handshake
+from tests.support.proto import CAPABILITIES, assigned, finish, handshake
 
-CAPABILITIES = {
-    "type": "WorkerCapabilities",
-    "architectures": ["x86_64-linux"],
-    "system_features": [],
-    "max_concurrent_builds": 2,
-    "cpu_count": 4,
-    "ram_total_mb": 8192,
-    "cpu_core_score": 800,
-    "zone": None,
-    "endpoint": None,
-}
 PIECE = ("x" * 99 + "\n") * 80  # 8 000 bytes
 
 

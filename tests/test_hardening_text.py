@@ -36,20 +36,9 @@ from gradient.scheduling.services import graph
 from gradient.workers.models import Worker, WorkerSession
 from tests.factories import EvaluationFactory, ProjectFactory
 from tests.scheduling_helpers import drv
-from tests.support.proto import TIMEOUT, assigned, finish, handshake
+from tests.support.proto import CAPABILITIES, TIMEOUT, assigned, finish, handshake
 
 R = REPLACEMENT_CHARACTER
-CAPABILITIES: dict[str, Any] = {
-    "type": "WorkerCapabilities",
-    "architectures": ["x86_64-linux"],
-    "system_features": [],
-    "max_concurrent_builds": 2,
-    "cpu_count": 4,
-    "ram_total_mb": 8192,
-    "cpu_core_score": 800,
-    "zone": None,
-    "endpoint": None,
-}
 
 
 # --- Decoding -----------------------------------------------------------------------------------------

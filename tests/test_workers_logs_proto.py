@@ -22,21 +22,9 @@ from gradient.scheduling.models import BuildLog, BuildLogChunk, BuildStatus, Der
 from gradient.scheduling.services import graph
 from tests.factories import EvaluationFactory, ProjectFactory
 from tests.scheduling_helpers import drv
-from tests.support.proto import TIMEOUT, assigned, expect_refusal, finish, handshake, snapshot
+from tests.support.proto import CAPABILITIES, TIMEOUT, assigned, expect_refusal, finish, handshake, snapshot
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-CAPABILITIES = {
-    "type": "WorkerCapabilities",
-    "architectures": ["x86_64-linux"],
-    "system_features": [],
-    "max_concurrent_builds": 2,
-    "cpu_count": 4,
-    "ram_total_mb": 8192,
-    "cpu_core_score": 800,
-    "zone": None,
-    "endpoint": None,
-}
 
 
 @database_sync_to_async

@@ -31,6 +31,20 @@ SNAPSHOT_TABLES = (
 TIMEOUT = 5.0
 
 
+# A build worker's capabilities after its handshake (two x86_64-linux slots), as the tests send them.
+CAPABILITIES: dict[str, Any] = {
+    "type": "WorkerCapabilities",
+    "architectures": ["x86_64-linux"],
+    "system_features": [],
+    "max_concurrent_builds": 2,
+    "cpu_count": 4,
+    "ram_total_mb": 8192,
+    "cpu_core_score": 800,
+    "zone": None,
+    "endpoint": None,
+}
+
+
 def snapshot_sync(exclude_session_close: bool = False) -> dict[str, list[tuple[Any, ...]]]:
     """Every row of the protocol's tables. With exclude_session_close, worker_session's closed_at and
     close_reason are left out (a socket that is closed ends its session; that is not the frame's write)."""
