@@ -21,8 +21,8 @@ import psycopg
 import pytest
 
 from tests.support.faults import FAST_WORKER
-from tests.support.postgres import PostgresServer, own_postgres
-from tests.support.processes import base_env, http_json, manage, reference_worker, serve, wait_until
+from tests.support.postgres import PostgresServer, operator_service_on_own_postgres
+from tests.support.processes import base_env, http_json, reference_worker, wait_until
 
 pytestmark = pytest.mark.faults
 
@@ -66,82 +66,63 @@ def _workers(server_url: str, ids_tokens: list[tuple[str, str]], log_dir: Path) 
 def test_after_a_postgresql_outage_every_worker_is_back_within_seconds_and_nothing_is_lost(
     tmp_path: Path,
 ) -> None:
-    with own_postgres(tmp_path) as pg:
-        env = base_env(
-            DATABASE_URL=pg.url(),
-            REDIS_URL="",
-            GRADIENT_SCHEDULER_PASS_INTERVAL_SECS="1",
-            DJANGO_SUPERUSER_USERNAME="operator",
-            DJANGO_SUPERUSER_PASSWORD="operator-pw",
-            DJANGO_SUPERUSER_EMAIL="op@example.com",
-        )
-        manage(["migrate", "--noinput"], env)
-        manage(["createsuperuser", "--noinput"], env)
-        with serve(env, tmp_path) as server:
-            status, body = http_json(
-                "POST",
-                f"{server.base_url}/api/v1/auth/token",
-                {"username": "operator", "password": "operator-pw"},
+    with operator_service_on_own_postgres(tmp_path, GRADIENT_SCHEDULER_PASS_INTERVAL_SECS="1") as service:
+        pg, server, token = service.pg, service.server, service.token
+
+        def post(path: str, data: dict[str, Any]) -> dict[str, Any]:
+            status, answer = http_json("POST", f"{server.base_url}{path}", data, token)
+            assert status == 201, (path, status, answer)
+            return answer  # type: ignore[no-any-return]
+
+        post("/api/v1/projects", {"name": "demo"})
+        workers = [post("/api/v1/workers", {"name": f"w{n}", "projects": ["demo"]}) for n in range(WORKERS)]
+        ids_tokens = [(str(w["id"]), str(w["token"])) for w in workers]
+
+        def evaluation(n: int) -> str:
+            url = f"sim:chain?n=3&duration_ms=400&salt=outage{n}"
+            return str(
+                post("/api/v1/evaluations", {"project": "demo", "repository": url, "commit": "1"})["id"]
             )
-            assert status == 200, body
-            token = body["token"]
 
-            def post(path: str, data: dict[str, Any]) -> dict[str, Any]:
-                status, answer = http_json("POST", f"{server.base_url}{path}", data, token)
-                assert status == 201, (path, status, answer)
-                return answer  # type: ignore[no-any-return]
+        def open_sessions(after: datetime | None = None) -> set[str]:
+            sql = "SELECT worker_id::text FROM worker_session WHERE closed_at IS NULL"
+            params: tuple[Any, ...] = ()
+            if after is not None:
+                sql += " AND opened_at > %s"
+                params = (after,)
+            return {row[0] for row in _query(pg, sql, params)}
 
-            post("/api/v1/projects", {"name": "demo"})
-            workers = [
-                post("/api/v1/workers", {"name": f"w{n}", "projects": ["demo"]}) for n in range(WORKERS)
-            ]
-            ids_tokens = [(str(w["id"]), str(w["token"])) for w in workers]
+        with _workers(server.ws_url, ids_tokens, tmp_path):
+            wanted = {w for w, _ in ids_tokens}
+            wait_until(lambda: open_sessions() == wanted, timeout=30, what="every worker connected")
+            before = [evaluation(n) for n in range(6)]
+            wait_until(
+                lambda: _query(pg, "SELECT 1 FROM dispatched_job WHERE finished_at IS NULL LIMIT 1"),
+                timeout=30,
+                what="a job out on a worker",
+            )
 
-            def evaluation(n: int) -> str:
-                url = f"sim:chain?n=3&duration_ms=400&salt=outage{n}"
-                return str(
-                    post("/api/v1/evaluations", {"project": "demo", "repository": url, "commit": "1"})["id"]
-                )
+            pg.stop("fast")
+            time.sleep(OUTAGE_SECS)
+            pg.start()
+            back_at = datetime.now(UTC)
+            started = time.monotonic()
 
-            def open_sessions(after: datetime | None = None) -> set[str]:
-                sql = "SELECT worker_id::text FROM worker_session WHERE closed_at IS NULL"
-                params: tuple[Any, ...] = ()
-                if after is not None:
-                    sql += " AND opened_at > %s"
-                    params = (after,)
-                return {row[0] for row in _query(pg, sql, params)}
+            wait_until(
+                lambda: open_sessions(after=back_at) == wanted,
+                timeout=BACK_WITHIN_SECS,
+                interval=0.25,
+                what=f"every worker reconnected within {BACK_WITHIN_SECS:g} s of the database's return",
+            )
+            reconnected_in = time.monotonic() - started
+            assert open_sessions() == wanted  # one open session each: the dead ones are closed
 
-            with _workers(server.ws_url, ids_tokens, tmp_path):
-                wanted = {w for w, _ in ids_tokens}
-                wait_until(lambda: open_sessions() == wanted, timeout=30, what="every worker connected")
-                before = [evaluation(n) for n in range(6)]
-                wait_until(
-                    lambda: _query(pg, "SELECT 1 FROM dispatched_job WHERE finished_at IS NULL LIMIT 1"),
-                    timeout=30,
-                    what="a job out on a worker",
-                )
-
-                pg.stop("fast")
-                time.sleep(OUTAGE_SECS)
-                pg.start()
-                back_at = datetime.now(UTC)
-                started = time.monotonic()
-
-                wait_until(
-                    lambda: open_sessions(after=back_at) == wanted,
-                    timeout=BACK_WITHIN_SECS,
-                    interval=0.25,
-                    what=f"every worker reconnected within {BACK_WITHIN_SECS:g} s of the database's return",
-                )
-                reconnected_in = time.monotonic() - started
-                assert open_sessions() == wanted  # one open session each: the dead ones are closed
-
-                after = [evaluation(n) for n in range(6, 9)]
-                ids = before + after
-                wait_until(
-                    lambda: set(_statuses(pg, ids).values()) == {"Completed"},
-                    timeout=120,
-                    interval=0.5,
-                    what=f"every evaluation completed: {_statuses(pg, ids)}",
-                )
-            print(f"every worker reconnected {reconnected_in:.1f} s after PostgreSQL came back")
+            after = [evaluation(n) for n in range(6, 9)]
+            ids = before + after
+            wait_until(
+                lambda: set(_statuses(pg, ids).values()) == {"Completed"},
+                timeout=120,
+                interval=0.5,
+                what=f"every evaluation completed: {_statuses(pg, ids)}",
+            )
+        print(f"every worker reconnected {reconnected_in:.1f} s after PostgreSQL came back")

@@ -15,8 +15,7 @@ import pytest
 from django.db import OperationalError
 from django.test import Client
 
-from tests.support.postgres import own_postgres
-from tests.support.processes import base_env, http_json, manage, serve
+from tests.support.postgres import operator_service_on_own_postgres
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -70,51 +69,35 @@ ROUTES = [
 
 
 def test_every_route_is_503_with_retry_after_while_the_database_is_away(tmp_path: Path) -> None:
-    with own_postgres(tmp_path) as pg:
-        env = base_env(
-            DATABASE_URL=pg.url(),
-            REDIS_URL="",
-            DJANGO_SUPERUSER_USERNAME="operator",
-            DJANGO_SUPERUSER_PASSWORD="operator-pw",
-            DJANGO_SUPERUSER_EMAIL="op@example.com",
-            GRADIENT_API_THROTTLE_ANON="",
-            GRADIENT_API_THROTTLE_USER="",
-        )
-        manage(["migrate", "--noinput"], env)
-        manage(["createsuperuser", "--noinput"], env)
-        with serve(env, tmp_path, ["--no-passes"]) as server:
-            status, body = http_json(
-                "POST",
-                f"{server.base_url}/api/v1/auth/token",
-                {"username": "operator", "password": "operator-pw"},
+    with operator_service_on_own_postgres(
+        tmp_path, serve_args=["--no-passes"], GRADIENT_API_THROTTLE_ANON="", GRADIENT_API_THROTTLE_USER=""
+    ) as service:
+        pg, server, token = service.pg, service.server, service.token
+        opener = _admin_session(server.base_url)
+        for method, path, with_token in ROUTES:
+            status, _headers, _body = _request(
+                opener, method, server.base_url + path, token if with_token else None
             )
-            assert status == 200, body
-            token = body["token"]
-            opener = _admin_session(server.base_url)
-            for method, path, with_token in ROUTES:
-                status, _headers, _body = _request(
-                    opener, method, server.base_url + path, token if with_token else None
-                )
-                assert status == 200, (path, status)
+            assert status == 200, (path, status)
 
-            pg.stop("fast")
-            try:
-                for _round in range(3):
-                    for method, path, with_token in ROUTES:
-                        status, headers, answer = _request(
-                            opener, method, server.base_url + path, token if with_token else None
-                        )
-                        assert status == 503, (path, status, answer[:300])
-                        assert int(headers["retry-after"]) > 0, (path, headers)
-                        assert str(pg.port) not in answer.decode(), (path, answer)
-            finally:
-                pg.start()
-            for method, path, with_token in ROUTES:
-                status, _headers, _body = _request(
-                    opener, method, server.base_url + path, token if with_token else None
-                )
-                assert status == 200, (path, status)
-            log = server.log()
+        pg.stop("fast")
+        try:
+            for _round in range(3):
+                for method, path, with_token in ROUTES:
+                    status, headers, answer = _request(
+                        opener, method, server.base_url + path, token if with_token else None
+                    )
+                    assert status == 503, (path, status, answer[:300])
+                    assert int(headers["retry-after"]) > 0, (path, headers)
+                    assert str(pg.port) not in answer.decode(), (path, answer)
+        finally:
+            pg.start()
+        for method, path, with_token in ROUTES:
+            status, _headers, _body = _request(
+                opener, method, server.base_url + path, token if with_token else None
+            )
+            assert status == 200, (path, status)
+        log = server.log()
     assert "Internal Server Error" not in log and "django.request" not in log, log[-3000:]
     assert 1 <= log.count("the database does not answer:") <= 3 * len(ROUTES) // 2, log[-3000:]
 

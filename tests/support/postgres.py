@@ -15,7 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.processes import free_port
+from tests.support.processes import ServeProcess, base_env, free_port, http_json, manage, serve
+
+OPERATOR_PASSWORD = "operator-pw"
 
 
 def _bin_dir() -> Path | None:
@@ -80,3 +82,40 @@ def own_postgres(log_dir: Path) -> Iterator[PostgresServer]:
         with contextlib.suppress(OSError):
             shutil.copy(log_path, log_dir / "postgres.log")
         shutil.rmtree(base, ignore_errors=True)
+
+
+@dataclass
+class OwnService:
+    """A `serve` on a PostgreSQL of the test's own (which the test may stop and start) and an operator's
+    REST token for it."""
+
+    pg: PostgresServer
+    server: ServeProcess
+    token: str
+
+
+@contextlib.contextmanager
+def operator_service_on_own_postgres(
+    log_dir: Path, *, serve_args: list[str] | None = None, **env: str
+) -> Iterator[OwnService]:
+    """Migrate a database of its own, create the operator, start `serve` on it (with `env` besides) and
+    log the operator in over REST."""
+    with own_postgres(log_dir) as pg:
+        service_env = base_env(
+            DATABASE_URL=pg.url(),
+            REDIS_URL="",
+            DJANGO_SUPERUSER_USERNAME="operator",
+            DJANGO_SUPERUSER_PASSWORD=OPERATOR_PASSWORD,
+            DJANGO_SUPERUSER_EMAIL="op@example.com",
+            **env,
+        )
+        manage(["migrate", "--noinput"], service_env)
+        manage(["createsuperuser", "--noinput"], service_env)
+        with serve(service_env, log_dir, serve_args) as server:
+            status, body = http_json(
+                "POST",
+                f"{server.base_url}/api/v1/auth/token",
+                {"username": "operator", "password": OPERATOR_PASSWORD},
+            )
+            assert status == 200, body
+            yield OwnService(pg, server, body["token"])
