@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import sys
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from django.db import DataError
@@ -56,6 +57,14 @@ class Pages(LimitOffsetPagination):
 
     default_limit = 100
     max_limit = 1000
+
+
+def paged(request: Request, view: Any, rows: Any, present: Callable[[list[Any]], Any]) -> Response:
+    """One page of `rows` (a queryset or list, in its order) as `{count, next, previous, results}`, the
+    page's rows shown by `present`."""
+    paginator = Pages()
+    page = paginator.paginate_queryset(rows, request, view=view) or []
+    return paginator.get_paginated_response(present(list(page)))
 
 
 def check_page_params(request: Request) -> None:

@@ -31,7 +31,14 @@ from gradient.clusters.services.lifecycle import (
     cluster_request_abort,
 )
 from gradient.core.vocab import ClusterStatus, member_of
-from gradient.rest import LOCATION, ControlReceiptSerializer, Pages, check_page_params, created, uuid_or_404
+from gradient.rest import (
+    LOCATION,
+    ControlReceiptSerializer,
+    check_page_params,
+    created,
+    paged,
+    uuid_or_404,
+)
 from gradient.scheduling.models import DerivationBuild, Evaluation, EvaluationBuild, Project
 
 # --- Serializers -----------------------------------------------------------------------------------------
@@ -223,9 +230,12 @@ class ClustersView(APIView):
             if member_of(ClusterStatus, wanted_status) is None:
                 raise serializers.ValidationError({"status": [f"Unknown status: {wanted_status}."]})
             qs = qs.filter(status=wanted_status)
-        paginator = Pages()
-        page = paginator.paginate_queryset(qs.order_by("-created_at", "id"), request, view=self) or []
-        return paginator.get_paginated_response(ClusterListItemSerializer(page, many=True).data)
+        return paged(
+            request,
+            self,
+            qs.order_by("-created_at", "id"),
+            lambda page: ClusterListItemSerializer(page, many=True).data,
+        )
 
     @extend_schema(
         request=ClusterCreateSerializer,

@@ -33,9 +33,9 @@ from gradient.rest import (
     LOCATION,
     ControlReceiptSerializer,
     OperationSerializer,
-    Pages,
     check_page_params,
     operation_body,
+    paged,
     uuid_or_404,
 )
 from gradient.rest import created as created_response
@@ -244,10 +244,12 @@ class EvaluationsView(APIView):
             qs = qs.filter(status=wanted_status)
         if request.query_params.get("project"):
             qs = qs.filter(project__name=request.query_params["project"])
-        paginator = Pages()
-        page = paginator.paginate_queryset(qs.order_by("-created_at", "id"), request, view=self) or []
-        data = EvaluationSerializer(page, many=True, context={"with_builds": False}).data
-        return paginator.get_paginated_response(data)
+        return paged(
+            request,
+            self,
+            qs.order_by("-created_at", "id"),
+            lambda page: EvaluationSerializer(page, many=True, context={"with_builds": False}).data,
+        )
 
     @extend_schema(
         request=EvaluationCreateSerializer,
@@ -419,9 +421,12 @@ class BuildsView(APIView):
             )
         if errors:
             raise serializers.ValidationError(errors)
-        paginator = Pages()
-        page = paginator.paginate_queryset(qs.order_by("-created_at", "id"), request, view=self) or []
-        return paginator.get_paginated_response(BuildListItemSerializer(page, many=True).data)
+        return paged(
+            request,
+            self,
+            qs.order_by("-created_at", "id"),
+            lambda page: BuildListItemSerializer(page, many=True).data,
+        )
 
 
 class BuildDetailView(APIView):

@@ -36,10 +36,10 @@ from gradient.parsers import JSONParser
 from gradient.rest import (
     LOCATION,
     OperationSerializer,
-    Pages,
     check_page_params,
     created,
     operation_body,
+    paged,
     wants_pages,
 )
 from gradient.scheduling.models import Project
@@ -252,9 +252,7 @@ class UsersView(APIView):
         rows = get_user_model().objects.order_by("username").prefetch_related("gradient_projects")
         if wants_pages(request):
             check_page_params(request)
-            paginator = Pages()
-            page = paginator.paginate_queryset(rows, request, view=self) or []
-            return paginator.get_paginated_response([_user_data(u) for u in page])
+            return paged(request, self, rows, lambda page: [_user_data(u) for u in page])
         return Response([_user_data(u) for u in rows])
 
     @extend_schema(
@@ -294,9 +292,7 @@ class ProjectsView(APIView):
         rows = Project.objects.order_by("name")
         if wants_pages(request):
             check_page_params(request)
-            paginator = Pages()
-            page = paginator.paginate_queryset(rows, request, view=self) or []
-            return paginator.get_paginated_response([{"id": p.id, "name": p.name} for p in page])
+            return paged(request, self, rows, lambda page: [{"id": p.id, "name": p.name} for p in page])
         return Response([{"id": p.id, "name": p.name} for p in rows])
 
     @extend_schema(
@@ -366,9 +362,7 @@ class WorkersView(APIView):
         rows = workers_with_session_state().order_by("name")
         if wants_pages(request):
             check_page_params(request)
-            paginator = Pages()
-            page = paginator.paginate_queryset(rows, request, view=self) or []
-            return paginator.get_paginated_response(WorkerSerializer(page, many=True).data)
+            return paged(request, self, rows, lambda page: WorkerSerializer(page, many=True).data)
         return Response(WorkerSerializer(rows, many=True).data)
 
     @extend_schema(
