@@ -43,13 +43,13 @@ from gradient.workers.proto import consumer, jobloop
 from gradient.workers.services import SessionRef
 from tests.factories import DerivationBuildFactory, EvaluationFactory, ProjectFactory, connected_worker
 from tests.support.faults import (
-    FAST_WORKER,
     Operator,
     explain_jobs,
     invariant_violations,
     jobs_not_completed_exactly_once,
     own_redis,
     service_env,
+    start_workers,
     statuses,
     wait_all_completed,
 )
@@ -57,7 +57,6 @@ from tests.support.processes import (
     ServeProcess,
     WorkerProcess,
     celery_worker,
-    reference_worker,
     serve,
     wait_until,
 )
@@ -74,28 +73,6 @@ SHAPES = (
 def _dsn() -> str:
     db = settings.DATABASES["default"]
     return f"host={db['HOST']} port={db['PORT']} user={db['USER']} dbname={db['NAME']}"
-
-
-def _start_workers(
-    stack: ExitStack, op: Operator, server: ServeProcess, tmp_path: Path, n: int
-) -> list[WorkerProcess]:
-    workers = []
-    for k in range(n):
-        name = f"w{k}"
-        worker_id, token = op.worker(name)
-        workers.append(
-            stack.enter_context(
-                reference_worker(
-                    server.ws_url,
-                    worker_id,
-                    token,
-                    tmp_path,
-                    name=name,
-                    extra_args=[*FAST_WORKER, "--arch", "x86_64-linux", "--slots", "2"],
-                )
-            )
-        )
-    return workers
 
 
 def _dump(
@@ -165,7 +142,7 @@ def test_terminated_database_connections_mid_claim_cost_no_session_and_no_job(
         op = Operator.login(server)
         op.project("demo")
         try:
-            workers = _start_workers(stack, op, server, tmp_path, 3)
+            workers = start_workers(stack, op, server.ws_url, tmp_path, ["w0", "w1", "w2"])
             for t in range(terminations):
                 # The claim of this evaluation dies waiting at its INSERT; made again, it goes through.
                 evaluations.append(
@@ -223,7 +200,7 @@ def test_a_redis_restart_ends_sessions_cleanly_and_the_service_finishes_everythi
             ]
             cluster = op.cluster([{"evaluation": e, "role": "peer"} for e in members])
             evaluations += members
-            workers = _start_workers(stack, op, server, tmp_path, 3)
+            workers = start_workers(stack, op, server.ws_url, tmp_path, ["w0", "w1", "w2"])
             per_round = evaluations_n // (restarts + 1)
             for r in range(restarts):
                 evaluations += [

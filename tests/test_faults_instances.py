@@ -23,16 +23,16 @@ from gradient.recovery.models import ServerBoot
 from gradient.scheduling.models import DispatchedJob
 from gradient.workers.models import WorkerSession
 from tests.support.faults import (
-    FAST_WORKER,
     Operator,
     invariant_violations,
     jobs_not_completed_exactly_once,
     ready_builds,
     scalar,
     service_env,
+    start_workers,
     wait_all_completed,
 )
-from tests.support.processes import ServeProcess, WorkerProcess, celery_worker, reference_worker, serve
+from tests.support.processes import ServeProcess, WorkerProcess, celery_worker, serve
 
 pytestmark = [pytest.mark.e2e, pytest.mark.faults, pytest.mark.django_db(transaction=True)]
 
@@ -94,21 +94,8 @@ def test_two_servers_and_celery_assign_every_job_once_and_every_cluster_attempt_
 
             # Workers spread over both servers.
             for s, server in enumerate(servers):
-                for k in range(workers_per_server):
-                    name = f"w{s}{k}"
-                    worker_id, token = ops[0].worker(name)
-                    workers.append(
-                        stack.enter_context(
-                            reference_worker(
-                                server.ws_url,
-                                worker_id,
-                                token,
-                                tmp_path,
-                                name=name,
-                                extra_args=[*FAST_WORKER, "--arch", "x86_64-linux", "--slots", "2"],
-                            )
-                        )
-                    )
+                names = [f"w{s}{k}" for k in range(workers_per_server)]
+                workers += start_workers(stack, ops[0], server.ws_url, tmp_path, names)
 
             timeout = 300 if faults_long else 90
             wait_all_completed(evaluations, clusters, timeout, "every evaluation and cluster to complete")

@@ -28,7 +28,6 @@ from gradient.recovery.models import ServerBoot
 from gradient.scheduling.models import DispatchedJob, Evaluation
 from gradient.workers.models import WorkerSession
 from tests.support.faults import (
-    FAST_WORKER,
     Operator,
     explain_jobs,
     invariant_violations,
@@ -36,6 +35,7 @@ from tests.support.faults import (
     ready_builds,
     scalar,
     service_env,
+    start_workers,
     statuses,
     wait_all_completed,
 )
@@ -43,7 +43,6 @@ from tests.support.processes import (
     ServeProcess,
     WorkerProcess,
     celery_worker,
-    reference_worker,
     serve,
     wait_until,
 )
@@ -103,21 +102,7 @@ def test_serve_killed_at_random_moments_recovers_each_time_and_every_evaluation_
             batches[0] += evaluations_n - sum(batches)
             evaluations += [op.evaluation(SHAPES[i % len(SHAPES)].format(i=i)) for i in range(batches[0])]
 
-            for k in range(4):
-                name = f"w{k}"
-                worker_id, token = op.worker(name)
-                workers.append(
-                    stack.enter_context(
-                        reference_worker(
-                            server.ws_url,
-                            worker_id,
-                            token,
-                            tmp_path,
-                            name=name,
-                            extra_args=[*FAST_WORKER, "--arch", "x86_64-linux", "--slots", "2"],
-                        )
-                    )
-                )
+            workers += start_workers(stack, op, server.ws_url, tmp_path, [f"w{k}" for k in range(4)])
 
             submitted = batches[0]
             for kill in range(kills):
@@ -190,18 +175,7 @@ def test_serve_killed_in_the_middle_of_a_report_batch_commits_none_of_it_and_eve
         op = Operator.login(server)
         op.project("demo")
         evaluation = op.evaluation("sim:wide?n=12&duration_ms=200&eval_ms=200&salt=batch-kill")
-        for k in range(3):
-            worker_id, token = op.worker(f"w{k}")
-            stack.enter_context(
-                reference_worker(
-                    server.ws_url,
-                    worker_id,
-                    token,
-                    tmp_path,
-                    name=f"w{k}",
-                    extra_args=[*FAST_WORKER, "--arch", "x86_64-linux", "--slots", "2"],
-                )
-            )
+        start_workers(stack, op, server.ws_url, tmp_path, [f"w{k}" for k in range(3)])
         settings = connection.settings_dict
         holder = psycopg.connect(
             host=settings["HOST"] or "127.0.0.1",

@@ -9,7 +9,8 @@ import contextlib
 import shutil
 import signal
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,14 @@ import pytest
 from django.conf import settings
 from django.db import connection
 
-from tests.support.processes import ServeProcess, free_port, http_json, wait_until
+from tests.support.processes import (
+    ServeProcess,
+    WorkerProcess,
+    free_port,
+    http_json,
+    reference_worker,
+    wait_until,
+)
 
 # Reference-worker flags that keep a run short: frequent heartbeats and idle requests.
 FAST_WORKER = ["--heartbeat-secs", "1", "--idle-request-secs", "0.5", "--cpu-core-score", "800"]
@@ -344,3 +352,26 @@ def explain_jobs(job_keys: list[str]) -> str:
             ):
                 lines.append(f"  record {body[:300]}")
     return "\n".join(lines)
+
+
+def start_workers(
+    stack: ExitStack, op: Operator, ws_url: str, log_dir: Path, names: Iterable[str]
+) -> list[WorkerProcess]:
+    """Register a worker per name (through `op`) and start each as a fast reference worker on `ws_url`
+    (x86_64-linux, two slots), stopped when `stack` closes."""
+    workers = []
+    for name in names:
+        worker_id, token = op.worker(name)
+        workers.append(
+            stack.enter_context(
+                reference_worker(
+                    ws_url,
+                    worker_id,
+                    token,
+                    log_dir,
+                    name=name,
+                    extra_args=[*FAST_WORKER, "--arch", "x86_64-linux", "--slots", "2"],
+                )
+            )
+        )
+    return workers
