@@ -33,7 +33,7 @@ import time
 import weakref
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import Any, get_args
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
@@ -75,7 +75,7 @@ from gradient.core.protocol import (
 from gradient.runtime import lanes
 from gradient.runtime.boot import current_boot
 from gradient.runtime.outbox import CLOSE_SERVER_DRAINING, remember_serve_loop, worker_group
-from gradient.scheduling.services.reports import Failed
+from gradient.scheduling.services.reports import Failed, Incoming
 from gradient.workers import presence, services
 from gradient.workers.proto import admission, jobloop
 from gradient.workers.proto.batcher import batcher_for
@@ -105,17 +105,10 @@ JOB_LOOP: dict[type[Message], Handler] = {
     Draining: jobloop.draining,
 }
 
-# Reports, answers and log pieces: applied in batches with every other session's (batcher.py). An
-# eval_result goes alone (a batch of one): its part may take long to store and must not hold up others.
-BATCHED: tuple[type[Message], ...] = (
-    AssignJobResponse,
-    JobUpdate,
-    JobCompleted,
-    JobFailed,
-    BuildProgress,
-    EvalProgress,
-    BuildLog,
-)
+# Reports, answers and log pieces (what reports.worker_reports takes): applied in batches with every
+# other session's (batcher.py). An eval_result goes alone (a batch of one): its part may take long to
+# store and must not hold up others.
+BATCHED: tuple[type[Message], ...] = get_args(Incoming)
 # A session's messages queued for its task beyond this many bytes make its socket wait (back-pressure);
 # after the socket closed, what it queued is applied within INBOX_DRAIN_SECS.
 INBOX_MAX_BYTES = 4 * 1024 * 1024
