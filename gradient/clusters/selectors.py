@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import uuid
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -170,6 +170,16 @@ def worker_reserved_for(worker_id: uuid.UUID | str, kind: str) -> bool:
     if slot_kind is None:
         return False
     return is_reserved(reservation_state(), str(worker_id), slot_kind)
+
+
+def workers_reserved_for(worker_ids: Sequence[uuid.UUID], kind: str) -> set[uuid.UUID]:
+    """worker_reserved_for for many workers at once, with one read of the reservation (a batch of
+    RequestJobs asks for all its workers together)."""
+    slot_kind = PROTOCOL_JOB_KINDS.get(kind) or member_of(JobKind, kind)
+    reservation = reservation_state() if slot_kind is not None else None
+    if reservation is None or slot_kind is None:
+        return set()
+    return {w for w in worker_ids if is_reserved(reservation, str(w), slot_kind)}
 
 
 # --- The dispatch snapshot ------------------------------------------------------------------------------

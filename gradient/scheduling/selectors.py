@@ -76,6 +76,47 @@ def worker_state(worker_id: uuid.UUID) -> WorkerState | None:
     )
 
 
+def worker_states(worker_ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, WorkerState]:
+    """worker_state for many workers at once (a batch of RequestJobs): two queries in all."""
+    ids = list(set(worker_ids))
+    sessions = WorkerSession.objects.select_related("worker").filter(
+        worker_id__in=ids, closed_at__isnull=True, worker__active=True
+    )
+    projects: dict[uuid.UUID, set[uuid.UUID]] = {w: set() for w in ids}
+    for worker_id, project_id in Worker.projects.through.objects.filter(worker_id__in=ids).values_list(
+        "worker_id", "project_id"
+    ):
+        projects[worker_id].add(project_id)
+    return {
+        s.worker_id: WorkerState(
+            worker=s.worker,
+            session_id=s.id,
+            draining=s.draining,
+            project_ids=frozenset(projects[s.worker_id]),
+        )
+        for s in sessions
+    }
+
+
+@dataclass(frozen=True, slots=True)
+class OpenBuilds:
+    running: int = 0  # open build assignments
+    large_transfers: int = 0  # of them, those with a missing NAR size of a large transfer
+
+
+def open_builds_of(worker_ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, OpenBuilds]:
+    """Each worker's open build assignments, and how many of them transfer much, in one query."""
+    rows = (
+        DispatchedJob.objects.filter(
+            worker_id__in=list(worker_ids), finished_at__isnull=True, kind=JobKind.BUILD
+        )
+        .values("worker_id")
+        .annotate(n=Count("id"), large=Count("id", filter=Q(missing_nar_size__gte=LARGE_TRANSFER_BYTES)))
+        .values_list("worker_id", "n", "large")
+    )
+    return {w: OpenBuilds(n, large) for w, n, large in rows}
+
+
 def worker_can_build(worker: Worker, system: str, required_features: list[str]) -> bool:
     """A build matches when the worker's architectures contain its system (builtin skips the check) and
     its system features contain every required feature."""
@@ -204,7 +245,12 @@ PRESELECT = 64
 
 
 def queued_build_refs(
-    state: WorkerState, now: datetime, *, wait_cap_secs: float | None = None, scored: Iterable[str] = ()
+    state: WorkerState,
+    now: datetime,
+    *,
+    wait_cap_secs: float | None = None,
+    scored: Iterable[str] = (),
+    preselect: int = PRESELECT,
 ) -> list[BuildRef]:
     """Queued shared builds this worker can take (see queued_builds), as light references.
 
@@ -213,19 +259,20 @@ def queued_build_refs(
     builds whose wait has not reached the WaitTime cap; among those past the cap (whose wait scores
     tie), the smallest ids, as the tie-break picks; and every build the worker has scored. An unscored,
     unprioritized build outside these loses to one inside on wait or on id, so the winner is the same.
+    `preselect` of each kind are loaded: a batch of RequestJobs from workers alike asks for more.
     """
     worker = state.worker
     if not worker.can_build:
         return []
     base = _queued_builds_for(state, now)
     columns = ("id", "queued_at", "created_at", "prioritized", "system", "required_features")
-    parts = [base.filter(prioritized=True).values_list(*columns)[: PRESELECT * 4]]
+    parts = [base.filter(prioritized=True).values_list(*columns)[: preselect * 4]]
     if wait_cap_secs is None:
-        parts.append(base.values_list(*columns)[:PRESELECT])
+        parts.append(base.values_list(*columns)[:preselect])
     else:
         cap = now - timedelta(seconds=wait_cap_secs)
-        parts.append(base.filter(queued_at__gt=cap).values_list(*columns)[:PRESELECT])
-        parts.append(base.filter(queued_at__lte=cap).order_by("id").values_list(*columns)[:PRESELECT])
+        parts.append(base.filter(queued_at__gt=cap).values_list(*columns)[:preselect])
+        parts.append(base.filter(queued_at__lte=cap).order_by("id").values_list(*columns)[:preselect])
     scored_ids = [parsed for key in scored if (parsed := _build_id(key)) is not None]
     for start in range(0, len(scored_ids), 5000):
         parts.append(base.filter(id__in=scored_ids[start : start + 5000]).values_list(*columns))
@@ -410,7 +457,7 @@ def build_queue_position(build: DerivationBuild) -> int:
     return ahead.filter(Q(prioritized=True) | Q(queued_at__lt=build.queued_at)).count()
 
 
-SeatHold = Callable[[uuid.UUID, JobKind], bool]
+SeatHold = Callable[[Sequence[uuid.UUID], JobKind], set[uuid.UUID]]
 _seat_holds: list[SeatHold] = []
 
 
@@ -421,9 +468,18 @@ def register_seat_hold(hold: SeatHold) -> None:
         _seat_holds.append(hold)
 
 
+def workers_held(worker_ids: Sequence[uuid.UUID], kind: JobKind) -> set[uuid.UUID]:
+    """Those of these workers whose slots of this kind a registered rule holds (a cluster's reserved
+    seat): asked once for a whole batch of RequestJobs."""
+    held: set[uuid.UUID] = set()
+    for hold in _seat_holds:
+        held |= hold(worker_ids, kind)
+    return held
+
+
 def worker_held(worker_id: uuid.UUID, kind: JobKind) -> bool:
     """Whether a registered rule holds this worker's slots of this kind (a cluster's reserved seat)."""
-    return any(hold(worker_id, kind) for hold in _seat_holds)
+    return worker_id in workers_held([worker_id], kind)
 
 
 def build_capable_worker_ids(build: DerivationBuild) -> list[uuid.UUID]:
@@ -454,7 +510,7 @@ def build_waiting_text(build: DerivationBuild) -> str:
     if not capable:
         features = f" with {', '.join(build.required_features)}" if build.required_features else ""
         return f"no connected worker can build {build.system}{features}"
-    held = sum(1 for w in capable_ids if worker_held(w, JobKind.BUILD))
+    held = len(workers_held(capable_ids, JobKind.BUILD))
     if held == capable:
         return (
             f"every connected worker that can build it ({capable}) holds a seat reserved for a waiting "

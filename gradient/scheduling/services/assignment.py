@@ -6,10 +6,11 @@ the caller sends the returned message once this function has returned.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import uuid
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -18,12 +19,22 @@ from django.db import InterfaceError, OperationalError, transaction
 from django.utils import timezone
 
 from gradient.core.protocol import AssignJob, FlakeStep, Job
-from gradient.core.vocab import BuildStatus, EvaluationStatus, JobKind, JobKindName, job_kind_of
+from gradient.core.vocab import EvaluationStatus, JobKind, JobKindName, job_kind_of
 from gradient.runtime import lanes
 from gradient.scheduling import jobs, selectors
-from gradient.scheduling.decisions.scoring import Candidate, Score, WorkerView, rank, wait_cap_secs
+from gradient.scheduling.decisions.scoring import (
+    Candidate,
+    PoolView,
+    Score,
+    WorkerView,
+    rank,
+    score,
+    wait_cap_secs,
+)
 from gradient.scheduling.models import CandidateScore, DerivationBuild, Evaluation, SentCandidate
+from gradient.scheduling.selectors import PRESELECT
 from gradient.scheduling.services import lifecycle
+from gradient.scheduling.services.claims import BuildClaim
 from gradient.scheduling.services.lifecycle import ClaimTerms
 from gradient.workers.models import IdleSlot
 
@@ -48,28 +59,6 @@ class Assignment:
         )
 
 
-def _worker_view(state: selectors.WorkerState) -> WorkerView:
-    w = state.worker
-    return WorkerView(
-        can_fetch=w.can_fetch,
-        cpu_core_score=w.cpu_core_score,
-        cpu_usage_pct=w.cpu_usage_pct,
-        ram_free_mb=w.ram_free_mb,
-        ram_total_mb=w.ram_total_mb,
-        build_peak_ram_mb=w.build_peak_ram_mb,
-        download_speed_mbps=w.download_speed_mbps,
-        large_transfers_running=selectors.large_transfers_running(w.id),
-    )
-
-
-def _worker_scores(worker_id: uuid.UUID) -> dict[str, tuple[int, int]]:
-    """The worker's own RequestJobChunk answers: job key -> (missing NAR size, missing count)."""
-    rows = CandidateScore.objects.filter(worker_id=worker_id).values_list(
-        "job_id", "missing_nar_size", "missing_count"
-    )
-    return {job_id: (size, count) for job_id, size, count in rows}
-
-
 def _offered_passes_ago(worker_id: uuid.UUID, job_keys: list[str], now: datetime) -> dict[str, int]:
     """For the candidates the worker has not scored: how many assignment passes ago they were offered to
     it (RescoreWait holds such a build back for up to 4 passes, waiting for the worker's score)."""
@@ -82,19 +71,19 @@ def _offered_passes_ago(worker_id: uuid.UUID, job_keys: list[str], now: datetime
     return {job_id: int(max(0.0, (now - sent_at).total_seconds()) // interval) for job_id, sent_at in rows}
 
 
-def _is_full(state: selectors.WorkerState, kind: str) -> bool:
-    if kind == JobKind.BUILD:
-        running = selectors.open_assignments(state.id, JobKind.BUILD).count()
-        return running >= max(1, state.worker.max_concurrent_builds)
-    return False  # evaluation slots: the worker limits itself (GRADIENT_WORKER_EVAL_MAX_CONCURRENT)
+def _clear_idle_slots(worker_ids: Sequence[uuid.UUID], kind: str) -> None:
+    if worker_ids:
+        IdleSlot.objects.filter(worker_id__in=list(worker_ids), kind=kind).delete()
 
 
-def _clear_idle_slot(worker_id: uuid.UUID, kind: str) -> None:
-    IdleSlot.objects.filter(worker_id=worker_id, kind=kind).delete()
-
-
-def _record_idle_slot(worker_id: uuid.UUID, kind: str, now: datetime) -> None:
-    IdleSlot.objects.update_or_create(worker_id=worker_id, kind=kind, defaults={"recorded_at": now})
+def _record_idle_slots(worker_ids: Sequence[uuid.UUID], kind: str, now: datetime) -> None:
+    if worker_ids:
+        IdleSlot.objects.bulk_create(
+            [IdleSlot(worker_id=w, kind=kind, recorded_at=now) for w in sorted(set(worker_ids))],
+            update_conflicts=True,
+            unique_fields=["worker", "kind"],
+            update_fields=["recorded_at"],
+        )
 
 
 def request_job(
@@ -106,26 +95,24 @@ def request_job(
 ) -> Assignment | None:
     """Answer one RequestJob. Returns the assignment to send, or None: then the request stays
     unanswered and is remembered as an idle slot for cluster placement. `tried` collects the id of
-    every claim it makes, before making it (hand_out finds a claim whose commit went unheard by them)."""
+    every claim it makes, before making it (hand_out finds a claim whose commit went unheard by them).
+    A build request is a batch of one (request_builds)."""
     kind = job_kind_of(protocol_kind)
     tried = tried if tried is not None else []
+    if kind == JobKind.BUILD:
+        return request_builds(worker_ids=[worker_id], now=now, tried=tried)[0]
     with transaction.atomic(durable=True):  # the RequestJob's one transaction: this entry owns it
         state = selectors.worker_state(worker_id)
         if state is None or state.draining:
             return None
-        if _is_full(state, kind):
-            _clear_idle_slot(worker_id, kind)
-            return None
         if selectors.worker_held(worker_id, kind):
-            _record_idle_slot(worker_id, kind, now)  # a reserved seat: it waits, idle, for its cluster
+            _record_idle_slots([worker_id], kind, now)  # a reserved seat: it waits, idle, for its cluster
             return None
-        assignment = (
-            _assign_build(state, now, tried) if kind == JobKind.BUILD else _assign_eval(state, now, tried)
-        )
+        assignment = _assign_eval(state, now, tried)
         if assignment is None:
-            _record_idle_slot(worker_id, kind, now)
+            _record_idle_slots([worker_id], kind, now)
         else:
-            _clear_idle_slot(worker_id, kind)
+            _clear_idle_slots([worker_id], kind)
         return assignment
 
 
@@ -133,58 +120,232 @@ def _policy() -> str:
     return str(getattr(settings, "GRADIENT_SCHEDULING_POLICY", "resource-aware"))
 
 
-def _assign_build(state: selectors.WorkerState, now: datetime, tried: list[uuid.UUID]) -> Assignment | None:
-    scores = _worker_scores(state.id)
-    pool = selectors.pool_view(now)
-    refs = {
-        b.job_key: b
-        for b in selectors.queued_build_refs(state, now, wait_cap_secs=wait_cap_secs(pool), scored=scores)
-    }
-    if not refs:
+@dataclass
+class _Asking:
+    """One RequestJob{build} of a batch while it is decided: its worker and the choices left to it."""
+
+    index: int
+    state: selectors.WorkerState
+    view: WorkerView
+    scores: dict[str, tuple[int, int]]
+    ranked: list[Score] = field(default_factory=list)  # best first; the worker's own scores applied
+    shared: list[Candidate] | None = None  # or: the group's order, scored for this worker lazily
+    at: int = 0
+
+    def next_choice(self, taken: set[str], pool: PoolView, policy: str) -> Score | None:
+        """The best candidate not taken by an earlier request of the batch (or lost), or None."""
+        if self.shared is None:
+            while self.at < len(self.ranked):
+                choice = self.ranked[self.at]
+                self.at += 1
+                if choice.job_id not in taken:
+                    return choice
+            return None
+        while self.at < len(self.shared):
+            candidate = self.shared[self.at]
+            self.at += 1
+            if candidate.job_id in taken:
+                continue
+            # Unscored builds differ only in wait and priority, which no worker's view changes: the
+            # group's order is this worker's too, and what the worker's view adds (saturation, the
+            # fetch reserve) is the same for all of them, so the first free one is its best, if any.
+            choice = score(candidate, self.view, pool, policy)
+            return choice if choice.eligible else None
         return None
-    # RescoreWait holds back what a scoring worker was offered and has not scored yet; a worker that
-    # never sends scores is not held back for them.
-    offered = _offered_passes_ago(state.id, [k for k in refs if k not in scores], now) if scores else {}
-    candidates = []
-    for key, b in refs.items():
-        s = scores.get(key)
-        candidates.append(
-            Candidate(
-                job_id=key,
-                kind="build",
-                waited_secs=(now - (b.queued_at or b.created_at)).total_seconds(),
-                prioritized=b.prioritized,
-                missing_nar_size=s[0] if s else None,
-                missing_count=s[1] if s else None,
-                offered_passes_ago=offered.get(key),
+
+
+def request_builds(
+    *, worker_ids: Sequence[uuid.UUID], now: datetime, tried: list[uuid.UUID]
+) -> list[Assignment | None]:
+    """Answer a batch of RequestJob{build}, one entry per request (a worker with several free slots asks
+    once per slot), in one transaction that this entry owns: the workers read together, the pending
+    builds read once per kind of worker, each request ranked by the pure scoring rules, and every
+    choice claimed in one statement (lifecycle.claim_builds); a lost claim moves on to the request's
+    next choice. None for a request left unanswered: an idle slot for cluster placement. `tried`
+    collects every claim's assignment id before it is made (hand_out_builds finds unheard ones)."""
+    answers: list[Assignment | None] = [None] * len(worker_ids)
+    with transaction.atomic(durable=True):
+        states = selectors.worker_states(worker_ids)
+        open_builds = selectors.open_builds_of(list(states))
+        held = selectors.workers_held(list(states), JobKind.BUILD)
+        full: list[uuid.UUID] = []
+        idle: list[uuid.UUID] = []
+        asking: list[_Asking] = []
+        planned: dict[uuid.UUID, int] = {}
+        scores = _worker_scores_of([w for w in states if w not in held])
+        for index, worker_id in enumerate(worker_ids):
+            state = states.get(worker_id)
+            if state is None or state.draining:
+                continue
+            counts = open_builds.get(worker_id, selectors.OpenBuilds())
+            if counts.running + planned.get(worker_id, 0) >= max(1, state.worker.max_concurrent_builds):
+                full.append(worker_id)
+                continue
+            if worker_id in held:
+                idle.append(worker_id)  # a reserved seat: it waits, idle, for its cluster
+                continue
+            planned[worker_id] = planned.get(worker_id, 0) + 1
+            view = _worker_view(state, counts.large_transfers)
+            asking.append(_Asking(index, state, view, scores.get(worker_id, {})))
+        pool = selectors.pool_view(now)
+        policy = _policy()
+        _rank_each(asking, pool, policy, now)
+        won = _claim_choices(asking, answers, pool, policy, now, tried)
+        idle.extend(a.state.id for a in asking if answers[a.index] is None)
+        _clear_idle_slots(full + won, JobKind.BUILD)
+        _record_idle_slots(idle, JobKind.BUILD, now)
+    return answers
+
+
+def _worker_view(state: selectors.WorkerState, large_transfers: int | None = None) -> WorkerView:
+    w = state.worker
+    if large_transfers is None:
+        large_transfers = selectors.large_transfers_running(w.id)
+    return WorkerView(
+        can_fetch=w.can_fetch,
+        cpu_core_score=w.cpu_core_score,
+        cpu_usage_pct=w.cpu_usage_pct,
+        ram_free_mb=w.ram_free_mb,
+        ram_total_mb=w.ram_total_mb,
+        build_peak_ram_mb=w.build_peak_ram_mb,
+        download_speed_mbps=w.download_speed_mbps,
+        large_transfers_running=large_transfers,
+    )
+
+
+def _worker_scores_of(worker_ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, dict[str, tuple[int, int]]]:
+    """The workers' own RequestJobChunk answers: worker -> job key -> (missing NAR size, count)."""
+    out: dict[uuid.UUID, dict[str, tuple[int, int]]] = {}
+    if not worker_ids:
+        return out
+    rows = CandidateScore.objects.filter(worker_id__in=list(worker_ids)).values_list(
+        "worker_id", "job_id", "missing_nar_size", "missing_count"
+    )
+    for worker_id, job_id, size, count in rows:
+        out.setdefault(worker_id, {})[job_id] = (size, count)
+    return out
+
+
+def _shape(state: selectors.WorkerState) -> tuple[object, ...]:
+    """What decides which builds a worker may take: workers alike share one read of the queue."""
+    w = state.worker
+    return (
+        w.can_build,
+        frozenset(w.architectures or []),
+        frozenset(w.system_features or []),
+        state.project_ids,
+    )
+
+
+def _candidate(ref: selectors.BuildRef, now: datetime, scores: dict[str, tuple[int, int]]) -> Candidate:
+    s = scores.get(ref.job_key)
+    return Candidate(
+        job_id=ref.job_key,
+        kind="build",
+        waited_secs=(now - (ref.queued_at or ref.created_at)).total_seconds(),
+        prioritized=ref.prioritized,
+        missing_nar_size=s[0] if s else None,
+        missing_count=s[1] if s else None,
+    )
+
+
+def _rank_each(asking: list[_Asking], pool: PoolView, policy: str, now: datetime) -> None:
+    """Give every request its choices, best first: a worker without scores takes the order its group
+    shares (one read of the queue and one ranking per kind of worker); a worker that scores its offers
+    is ranked on its own, its scores and RescoreWait applied."""
+    groups: dict[tuple[object, ...], list[_Asking]] = {}
+    for a in asking:
+        groups.setdefault(_shape(a.state), []).append(a)
+    cap = wait_cap_secs(pool)
+    for members in groups.values():
+        plain = [a for a in members if not a.scores]
+        if plain:
+            refs = selectors.queued_build_refs(
+                plain[0].state, now, wait_cap_secs=cap, preselect=max(PRESELECT, 2 * len(plain) + 8)
             )
-        )
-    ranked = rank(candidates, _worker_view(state), pool, _policy())
-    lost = 0
-    for choice in ranked[:MAX_TRIED_CANDIDATES]:
-        build = _lock_if_free(DerivationBuild, refs[choice.job_id].id, BuildStatus.QUEUED)
-        if build is None:  # another RequestJob is claiming it right now, or it is gone: the next one
-            continue
-        # The claim's time is when the row was locked, not when the request arrived: a build queued by a
+            by_key = {r.job_key: r for r in refs}
+            order = [
+                by_key[s.job_id] for s in rank([_candidate(r, now, {}) for r in refs], WorkerView(), pool)
+            ]
+            shared = [_candidate(r, now, {}) for r in order]
+            for a in plain:
+                a.shared = shared
+        for a in members:
+            if a.scores:
+                a.ranked = _ranked_with_scores(a, pool, policy, now, cap)
+
+
+def _ranked_with_scores(a: _Asking, pool: PoolView, policy: str, now: datetime, cap: float) -> list[Score]:
+    refs = selectors.queued_build_refs(a.state, now, wait_cap_secs=cap, scored=a.scores)
+    # RescoreWait holds back what a scoring worker was offered and has not scored yet.
+    offered = _offered_passes_ago(a.state.id, [r.job_key for r in refs if r.job_key not in a.scores], now)
+    candidates = [_with_offered(_candidate(r, now, a.scores), offered.get(r.job_key)) for r in refs]
+    return rank(candidates, a.view, pool, policy)
+
+
+def _with_offered(c: Candidate, passes: int | None) -> Candidate:
+    return dataclasses.replace(c, offered_passes_ago=passes) if passes is not None else c
+
+
+def _claim_choices(
+    asking: list[_Asking],
+    answers: list[Assignment | None],
+    pool: PoolView,
+    policy: str,
+    now: datetime,
+    tried: list[uuid.UUID],
+) -> list[uuid.UUID]:
+    """Claim each request's best free choice, all in one statement; the requests whose claim lost try
+    their next choice, up to MAX_LOST_CLAIMS rounds. Fills `answers`; returns the workers served."""
+    taken: set[str] = set()
+    waiting = list(asking)
+    served: list[uuid.UUID] = []
+    for _round in range(MAX_LOST_CLAIMS):
+        chosen: list[tuple[_Asking, Score]] = []
+        for a in waiting:
+            choice = a.next_choice(taken, pool, policy)
+            if choice is not None:
+                taken.add(choice.job_id)
+                chosen.append((a, choice))
+        if not chosen:
+            break
+        builds = DerivationBuild.objects.in_bulk([_build_id(c.job_id) for _, c in chosen])
+        # The claim's time is when the rows are locked, not when the requests arrived: a build queued by a
         # dependency that finished meanwhile is never shown dispatched before that dependency finished.
         claimed_at = max(now, timezone.now())
-        s = scores.get(choice.job_id)
-        terms = ClaimTerms(
-            score=choice.total,
-            breakdown=choice.breakdown,
-            missing_nar_size=s[0] if s else None,
-            missing_count=s[1] if s else None,
-        )
-        tried.append(assignment_id := uuid.uuid4())
-        claimed = lifecycle.claim_build(
-            build=build, worker_id=state.id, now=claimed_at, terms=terms, assignment_id=assignment_id
-        )
-        if claimed is not None:
-            return Assignment(claimed.assignment_id, build.job_key, JobKind.BUILD, claimed.job, choice)
-        lost += 1
-        if lost >= MAX_LOST_CLAIMS:
-            break
-    return None
+        claims: list[tuple[_Asking, Score, BuildClaim, Job]] = []
+        for a, choice in chosen:
+            build = builds.get(_build_id(choice.job_id))
+            if build is None:
+                continue
+            s = a.scores.get(choice.job_id)
+            terms = ClaimTerms(
+                score=choice.total,
+                breakdown=choice.breakdown,
+                missing_nar_size=s[0] if s else None,
+                missing_count=s[1] if s else None,
+            )
+            tried.append(assignment_id := uuid.uuid4())
+            job = jobs.build_job(build)
+            claim = lifecycle.build_claim(
+                build=build, worker_id=a.state.id, job=job, terms=terms, assignment_id=assignment_id
+            )
+            claims.append((a, choice, claim, job))
+        won = lifecycle.claim_builds(claims=[c for _, _, c, _ in claims], now=claimed_at)
+        waiting = []
+        for a, choice, claim, payload in claims:
+            if claim.assignment_id in won:
+                answers[a.index] = Assignment(
+                    claim.assignment_id, choice.job_id, JobKind.BUILD, payload, choice
+                )
+                served.append(a.state.id)
+            else:
+                waiting.append(a)
+    return served
+
+
+def _build_id(job_key: str) -> uuid.UUID:
+    return uuid.UUID(job_key.removeprefix("build:"))
 
 
 def _assign_eval(state: selectors.WorkerState, now: datetime, tried: list[uuid.UUID]) -> Assignment | None:
@@ -196,7 +357,7 @@ def _assign_eval(state: selectors.WorkerState, now: datetime, tried: list[uuid.U
             evaluations[e.job_key] = (e, steps)
     if not evaluations:
         return None
-    scores = _worker_scores(state.id)
+    scores = _worker_scores_of([state.id]).get(state.id, {})
     candidates = [
         Candidate(
             job_id=key,
@@ -210,7 +371,8 @@ def _assign_eval(state: selectors.WorkerState, now: datetime, tried: list[uuid.U
         )
         for key, (e, steps) in evaluations.items()
     ]
-    ranked = rank(candidates, _worker_view(state), selectors.pool_view(now), _policy())
+    view = _worker_view(state)
+    ranked = rank(candidates, view, selectors.pool_view(now), _policy())
     lost = 0
     for choice in ranked[:MAX_TRIED_CANDIDATES]:
         evaluation, steps = evaluations[choice.job_id]
@@ -274,17 +436,48 @@ def hand_out(*, worker_id: uuid.UUID, protocol_kind: JobKindName, now: datetime)
     try:
         handed = request_job(worker_id=worker_id, protocol_kind=protocol_kind, now=now, tried=tried)
     except (OperationalError, InterfaceError):
-        lanes.drop_connection()
-        unheard = selectors.unheard_assignment(worker_id, tried)
-        if unheard is None:
-            raise
-        log.warning("a claim for worker %s committed unheard; handing it out", worker_id)
-        return unheard
+        return _unheard_or_raise([worker_id], tried)[0]
     if handed is None:
-        for listener in list(_idle_listeners):
-            try:
-                listener(timezone.now())
-            except Exception:  # a failing listener must not cost the worker its session
-                log.exception("an idle-slot listener failed")
+        _idle_slots_appeared()
         return None
     return handed.message()
+
+
+def hand_out_builds(*, worker_ids: Sequence[uuid.UUID], now: datetime) -> list[AssignJob | None]:
+    """A batch of RequestJob{build} from any sessions of this process (the dispatcher's): the AssignJob
+    of each, or None for one left unanswered, once the batch's claims committed. A claim whose commit
+    went unheard is handed out as in hand_out."""
+    tried: list[uuid.UUID] = []
+    try:
+        handed = request_builds(worker_ids=worker_ids, now=now, tried=tried)
+    except (OperationalError, InterfaceError):
+        return _unheard_or_raise(worker_ids, tried)
+    if any(h is None for h in handed):
+        _idle_slots_appeared()
+    return [h.message() if h is not None else None for h in handed]
+
+
+def _unheard_or_raise(worker_ids: Sequence[uuid.UUID], tried: list[uuid.UUID]) -> list[AssignJob | None]:
+    """The connection died under the claims: those that committed unheard go out to their workers (one
+    per worker at most, as each request of a worker waits in order); if none did, the claims rolled back
+    and the error propagates, so the caller tries again on a fresh connection."""
+    lanes.drop_connection()
+    answers: list[AssignJob | None] = [None] * len(worker_ids)
+    found = False
+    for index, worker_id in enumerate(worker_ids):
+        unheard = selectors.unheard_assignment(worker_id, tried)
+        if unheard is not None and all(a is None or a.job_id != unheard.job_id for a in answers):
+            answers[index] = unheard
+            found = True
+            log.warning("a claim for worker %s committed unheard; handing it out", worker_id)
+    if not found:
+        raise
+    return answers
+
+
+def _idle_slots_appeared() -> None:
+    for listener in list(_idle_listeners):
+        try:
+            listener(timezone.now())
+        except Exception:  # a failing listener must not cost the worker its session
+            log.exception("an idle-slot listener failed")

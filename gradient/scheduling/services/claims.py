@@ -10,14 +10,22 @@ not terminal) is checked by the same statement. A lost claim raises nothing and 
 
 from __future__ import annotations
 
+import json
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 from django.db import connection
 
-from gradient.core.vocab import EVALUATION_TERMINAL, BuildStatus, DispatchOutcome, JobKind
+from gradient.core.vocab import (
+    EVALUATION_TERMINAL,
+    BuildAttemptOutcome,
+    BuildStatus,
+    DispatchOutcome,
+    JobKind,
+)
 from gradient.scheduling import history
 from gradient.scheduling.models import DispatchedJob
 
@@ -123,3 +131,86 @@ def assignment_close(*, row: DispatchedJob, outcome: DispatchOutcome, reason: st
     if closed == 1:
         history.closed(row=row, outcome=outcome, reason=reason, now=now)
     return closed == 1
+
+
+@dataclass(frozen=True, slots=True)
+class BuildClaim:
+    """One shared build to claim for one worker, as part of a batch (claims_of_builds)."""
+
+    assignment_id: uuid.UUID  # chosen by the caller, before the claim (to find an unheard one again)
+    build_id: uuid.UUID
+    worker_id: uuid.UUID
+    job: dict[str, Any]
+    queued_at: datetime | None
+    score: float = 0.0
+    breakdown: dict[str, float] = field(default_factory=dict)
+    missing_nar_size: int | None = None
+    missing_count: int | None = None
+    cluster_attempt_id: uuid.UUID | None = None
+
+
+# Claims and starts of a whole batch of shared builds in one statement (PostgreSQL): each build's row is
+# locked if it is still Queued and out of backoff (SKIP LOCKED: one another batch is claiming now is
+# left to it), the assignment row inserted unless the job already has an open one (the partial unique
+# index idx-dispatched_job-open-job arbitrates, as in the single claim), the build moved to Building with
+# one more attempt counted by the database, and its BuildAttempt row written. A claim that lost writes
+# nothing; the ids of the won assignments come back with their attempt numbers.
+_CLAIM_BUILDS = """
+WITH req AS (
+    SELECT * FROM unnest(
+        %(aid)s::uuid[], %(build)s::uuid[], %(worker)s::uuid[], %(attempt)s::uuid[], %(score)s::float8[],
+        %(breakdown)s::text[], %(nar)s::bigint[], %(count)s::int[], %(job)s::text[], %(queued)s::timestamptz[]
+    ) AS r(aid, build_id, worker_id, cluster_attempt_id, score, breakdown, nar, cnt, job, queued_at)
+), locked AS (
+    SELECT b.id FROM derivation_build b
+    WHERE b.id IN (SELECT build_id FROM req) AND b.status = %(queued_status)s
+      AND (b.retry_at IS NULL OR b.retry_at <= %(now)s)
+    FOR NO KEY UPDATE SKIP LOCKED
+), ins AS (
+    INSERT INTO dispatched_job (id, kind, job_id, evaluation_id, derivation_build_id, worker_id,
+        cluster_attempt_id, score, score_breakdown, missing_nar_size, missing_count, job, phase, queued_at,
+        dispatched_at, reason)
+    SELECT r.aid, %(kind)s, 'build:' || r.build_id::text, NULL, r.build_id, r.worker_id, r.cluster_attempt_id,
+        r.score, r.breakdown::jsonb, r.nar, r.cnt, r.job::jsonb, '', r.queued_at, %(now)s, ''
+    FROM req r JOIN locked l ON l.id = r.build_id
+    ON CONFLICT (job_id) WHERE finished_at IS NULL DO NOTHING
+    RETURNING id, derivation_build_id, worker_id
+), started AS (
+    UPDATE derivation_build b
+    SET status = %(building_status)s, attempts = b.attempts + 1, updated_at = %(now)s
+    FROM ins WHERE b.id = ins.derivation_build_id
+    RETURNING b.id AS build_id, b.attempts, ins.id AS aid, ins.worker_id
+), attempted AS (
+    INSERT INTO build_attempt (id, build_id, dispatched_job_id, worker_id, number, outcome, error, started_at)
+    SELECT gen_random_uuid(), s.build_id, s.aid, s.worker_id, s.attempts, %(running)s, '', %(now)s
+    FROM started s
+)
+SELECT aid, attempts FROM started
+"""
+
+
+def claim_builds_statement(*, claims: Sequence[BuildClaim], now: datetime) -> dict[uuid.UUID, int]:
+    """The batch's claims and starts in one statement (PostgreSQL only; the caller has a transaction):
+    won assignment id -> the build's attempt number. Two claims of one build in a batch: one wins."""
+    if not claims:
+        return {}
+    params: dict[str, Any] = {
+        "aid": [c.assignment_id for c in claims],
+        "build": [c.build_id for c in claims],
+        "worker": [c.worker_id for c in claims],
+        "attempt": [c.cluster_attempt_id for c in claims],
+        "score": [float(c.score) for c in claims],
+        "breakdown": [json.dumps(c.breakdown) for c in claims],
+        "nar": [c.missing_nar_size for c in claims],
+        "count": [c.missing_count for c in claims],
+        "job": [json.dumps(c.job) for c in claims],
+        "queued": [c.queued_at for c in claims],
+        "now": now,
+        "kind": JobKind.BUILD.value,
+        "queued_status": BuildStatus.QUEUED.value,
+        "building_status": BuildStatus.BUILDING.value,
+        "running": BuildAttemptOutcome.RUNNING.value,
+    }
+    with connection.cursor() as cursor:
+        cursor.execute(_CLAIM_BUILDS, params)
+        return {row[0]: int(row[1]) for row in cursor.fetchall()}

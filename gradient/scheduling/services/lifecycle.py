@@ -63,8 +63,14 @@ from gradient.scheduling.models import (
     Evaluation,
 )
 from gradient.scheduling.services import drv_recovery, eval_parts, graph
-from gradient.scheduling.services.claims import ClaimRequest, assignment_close, claim_assignment
-from gradient.scheduling.services.offers import forget_scores, forget_scores_of, forget_sent
+from gradient.scheduling.services.claims import (
+    BuildClaim,
+    ClaimRequest,
+    assignment_close,
+    claim_assignment,
+    claim_builds_statement,
+)
+from gradient.scheduling.services.offers import forget_scores, forget_scores_of, forget_sent, forget_sent_of
 
 EVAL_PHASES: dict[type[JobUpdateKind], EvaluationStatus] = {
     Fetching: EvaluationStatus.FETCHING,
@@ -140,21 +146,80 @@ def claim_build(
     assignment_id: uuid.UUID | None = None,
 ) -> Claimed | None:
     """Claim a Queued shared build for a worker and start it (Building, one more attempt, its
-    BuildAttempt row), together or not at all. None, with nothing written, when the claim was lost.
-    `assignment_id`: the id the new assignment gets (the caller keeps it to find an unheard claim)."""
+    BuildAttempt row), together or not at all: a batch of one (claim_builds). None, with nothing
+    written, when the claim was lost. `assignment_id`: the id the new assignment gets (the caller keeps
+    it to find an unheard claim)."""
     terms = terms or ClaimTerms()
     job = jobs.build_job(build)
-    request = _request(
-        JobKind.BUILD,
-        build.job_key,
-        worker_id,
-        job,
-        terms,
-        build.queued_at,
-        build_id=build.id,
-        assignment_id=assignment_id,
+    claim = build_claim(
+        build=build, worker_id=worker_id, job=job, terms=terms, assignment_id=assignment_id or uuid.uuid4()
     )
-    return _claim_and_start(request, job, lambda aid: _start_build(build.id, aid, worker_id, now), now)
+    won = claim_builds(claims=[claim], now=now)
+    return Claimed(claim.assignment_id, job) if claim.assignment_id in won else None
+
+
+def build_claim(
+    *, build: DerivationBuild, worker_id: uuid.UUID, job: Job, terms: ClaimTerms, assignment_id: uuid.UUID
+) -> BuildClaim:
+    """What claim_builds needs to claim `build` for a worker, with the AssignJob's `job` payload."""
+    return BuildClaim(
+        assignment_id=assignment_id,
+        build_id=build.id,
+        worker_id=worker_id,
+        job=msgspec.to_builtins(job),
+        queued_at=build.queued_at,
+        score=terms.score,
+        breakdown=terms.breakdown,
+        missing_nar_size=terms.missing_nar_size,
+        missing_count=terms.missing_count,
+        cluster_attempt_id=terms.cluster_attempt_id,
+    )
+
+
+def claim_builds(*, claims: Sequence[BuildClaim], now: datetime) -> set[uuid.UUID]:
+    """Claim and start a batch of shared builds, each for its worker, inside the caller's transaction:
+    THE claim-and-start of a shared build (a RequestJob batch, a single claim, a cluster's seat). Each
+    claim wins or loses alone; a won build is Building with one more attempt and its BuildAttempt row,
+    and drops out of every worker's sent set. Returns the ids of the assignments won.
+
+    PostgreSQL does the batch in one statement (claims.claim_builds_statement); SQLite, which has no
+    such statement, claims one after the other with the same conditions, each in a savepoint."""
+    if not claims:
+        return set()
+    if connection.vendor == "postgresql":
+        won = set(claim_builds_statement(claims=claims, now=now))
+    else:
+        won = {c.assignment_id for c in claims if _claim_build_alone(c, now)}
+    forget_sent_of([build_key(c.build_id) for c in claims if c.assignment_id in won])
+    if lost := len(claims) - len(won):
+        metrics.count(metrics.CLAIMS_LOST, amount=float(lost))
+    return won
+
+
+def _claim_build_alone(claim: BuildClaim, now: datetime) -> bool:
+    request = ClaimRequest(
+        kind=JobKind.BUILD,
+        job_key=build_key(claim.build_id),
+        worker_id=claim.worker_id,
+        build_id=claim.build_id,
+        score=claim.score,
+        breakdown=claim.breakdown,
+        missing_nar_size=claim.missing_nar_size,
+        missing_count=claim.missing_count,
+        job=claim.job,
+        queued_at=claim.queued_at,
+        cluster_attempt_id=claim.cluster_attempt_id,
+        assignment_id=claim.assignment_id,
+    )
+    try:
+        with savepoints.part():
+            assignment_id = claim_assignment(request=request, now=now)
+            if assignment_id is None:
+                return False
+            _start_build(claim.build_id, assignment_id, claim.worker_id, now)
+    except _StartRefused:
+        return False
+    return True
 
 
 def claim_evaluation(

@@ -48,20 +48,28 @@ def _apply_with_retries(apply: Apply, batch: Sequence[tuple[Any, Any]]) -> list[
 class Batcher:
     """One per event loop (a serve process has one): collects and applies."""
 
-    def __init__(self, apply: Apply) -> None:
+    def __init__(self, apply: Apply, window: float = WINDOW_SECS) -> None:
         self._apply = apply
+        self._window = window
         self._items: list[_Item] = []
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
     async def submit(self, session: Any, message: Any) -> Any:
         """Apply `message` of `session` with the next batch; returns its result."""
-        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        return await self.enqueue(session, message)
+
+    def enqueue(self, session: Any, message: Any) -> asyncio.Future[Any]:
+        """Queue `message` of `session` for the next batch, at once: the future has its result. What one
+        session queues is applied in the order it was queued (in one batch, or in batches one after
+        the other), so a session may queue several reports without waiting for each."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Any] = loop.create_future()
         self._items.append(_Item(session, message, future))
         self._wake.set()
         if self._task is None or self._task.done():
-            self._task = asyncio.get_running_loop().create_task(self._run())
-        return await future
+            self._task = loop.create_task(self._run())
+        return future
 
     async def _run(self) -> None:
         while True:
@@ -69,7 +77,7 @@ class Batcher:
             self._wake.clear()
             if not self._items:
                 continue
-            await asyncio.sleep(WINDOW_SECS)  # let the other sessions' reports join
+            await asyncio.sleep(self._window)  # let the other sessions' messages join
             while self._items:
                 items, self._items = self._items[:MAX_BATCH], self._items[MAX_BATCH:]
                 await self._apply_batch(items)
@@ -88,13 +96,17 @@ class Batcher:
                 item.future.set_result(result)
 
 
-_batchers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Batcher] = weakref.WeakKeyDictionary()
+_batchers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[Apply, Batcher]] = (
+    weakref.WeakKeyDictionary()
+)
 
 
-def batcher_for(apply: Apply) -> Batcher:
-    """This event loop's batcher (tests run several loops, one per test)."""
+def batcher_for(apply: Apply, window: float = WINDOW_SECS) -> Batcher:
+    """This event loop's batcher of `apply` (tests run several loops, one per test): one for reports, one
+    for RequestJobs."""
     loop = asyncio.get_running_loop()
-    batcher = _batchers.get(loop)
+    mine = _batchers.setdefault(loop, {})
+    batcher = mine.get(apply)
     if batcher is None:
-        batcher = _batchers[loop] = Batcher(apply)
+        batcher = mine[apply] = Batcher(apply, window)
     return batcher

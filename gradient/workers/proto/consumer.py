@@ -35,6 +35,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, get_args
 
+from channels.consumer import get_handler_name
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
@@ -113,6 +114,8 @@ BATCHED: tuple[type[Message], ...] = get_args(Incoming)
 # after the socket closed, what it queued is applied within INBOX_DRAIN_SECS.
 INBOX_MAX_BYTES = 4 * 1024 * 1024
 INBOX_DRAIN_SECS = 10.0
+# RequestJob{build} of every session, collected this long and claimed together (one transaction).
+CLAIM_WINDOW_SECS = 0.002
 # Offers take long with a deep queue: their own lane, never in front of a claim or a report.
 OFFER_LANE: tuple[type[Message], ...] = (RequestJobList, RequestJobChunk)
 
@@ -330,6 +333,18 @@ class WorkerConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]  # channels 
     close_reason: str
     group: str | None
 
+    async def dispatch(self, message: dict[str, Any]) -> None:
+        """Channels' dispatch without its per-frame `aclose_old_connections()`, a hop to a thread and back
+        for every frame (design/hot-path.md: ~70 % of a stock consumer's CPU). Skipping it is safe here:
+        this consumer never touches the ORM from the event loop or Channels' thread-sensitive executor;
+        its database work runs on the lanes' own threads (gradient.runtime.lanes), whose long-lived
+        connections are kept healthy there (a dead one is dropped and the call made again), and its few
+        `database_sync_to_async` calls (the server's drain) close old connections themselves."""
+        handler = getattr(self, get_handler_name(message), None)
+        if handler is None:
+            raise ValueError(f"No handler for message type {message['type']}")
+        await handler(message)
+
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         """Channels' consumer loop, which ends by raising when the channel layer fails under it (Redis
         restarted: the receive on this consumer's channel raises). Then nothing would run disconnect():
@@ -454,15 +469,54 @@ class WorkerConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]  # channels 
         return max(1, self._build_slots) if kind == "build" else 1
 
     async def _run_inbox(self, session: SessionRef) -> None:
-        while self._inbox:
+        # Reports are queued for the report batcher without waiting for each one's result (they apply in
+        # order, and a report waits for nothing but its batch); any other message first waits until
+        # what was queued before it has been applied: a RequestJob right after a JobCompleted must see
+        # that slot free.
+        pending: list[tuple[asyncio.Future[Any], Message]] = []
+        while self._inbox or pending:
+            if not self._inbox:
+                # Settled before this task ends: a message arriving meanwhile is then still seen above
+                # (receive starts no second task while this one runs).
+                if not await self._settle(session, pending):
+                    self._inbox_room.set()
+                    return
+                continue
             handler, message, size = self._inbox[0]
             try:
-                await self._dispatch(handler, session, message)
+                if self._pipelined(message):
+                    presence.note_seen(
+                        session_id=session.session_id, worker_id=session.worker_id, now=timezone.now()
+                    )
+                    pending.append((batcher_for(jobloop.reports_batch).enqueue(session, message), message))
+                else:
+                    if pending and not await self._settle(session, pending):
+                        return
+                    await self._dispatch(handler, session, message)
             finally:
                 self._inbox.popleft()
                 self._inbox_bytes -= size
                 if self._inbox_bytes <= INBOX_MAX_BYTES:
                     self._inbox_room.set()
+
+    @staticmethod
+    def _pipelined(message: Message) -> bool:
+        return isinstance(message, BATCHED) and not _is_eval_result(message)
+
+    async def _settle(self, session: SessionRef, pending: list[tuple[asyncio.Future[Any], Message]]) -> bool:
+        """Wait for the queued reports' results; a report that failed on our side ends the session as any
+        failure of ours does (1011). False once the session is being closed."""
+        futures, pending[:] = list(pending), []
+        for future, message in futures:
+            try:
+                result = await future
+                if isinstance(result, Failed):
+                    raise result.error
+            except Exception:
+                log.exception("handling %s from worker %s failed", tag_of(type(message)), session.worker_id)
+                await self._close(1011, "internal error")
+                return False
+        return not self.closing
 
     async def _drain_inbox(self) -> None:
         """The socket is gone: what the worker sent before it left is still applied (a JobCompleted
@@ -546,11 +600,15 @@ class WorkerConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]  # channels 
             await self._renew_group(session)
             return
         try:
-            if isinstance(message, BATCHED) and not _is_eval_result(message):
+            if self._pipelined(message):
                 result = await batcher_for(jobloop.reports_batch).submit(session, message)
                 if isinstance(result, Failed):
                     raise result.error
                 replies: list[ServerMessage] = []
+            elif isinstance(message, RequestJob) and message.kind == "build":
+                claims = batcher_for(jobloop.request_builds_batch, CLAIM_WINDOW_SECS)
+                handed = await claims.submit(session, message)
+                replies = [handed] if handed is not None else []
             else:
                 lane = lanes.OFFERS if isinstance(message, OFFER_LANE) else lanes.HOT
                 replies = await lanes.run(lane, _handle, handler, session, message)

@@ -26,6 +26,7 @@ from django.utils import timezone
 
 from gradient.clusters.services import cluster_signal_forward
 from gradient.core.protocol import (
+    AssignJob,
     AssignJobResponse,
     BuildLog,
     BuildProgress,
@@ -114,6 +115,15 @@ def request_job(*, session: SessionRef, message: RequestJob) -> list[ServerMessa
     no reply."""
     handed = assignment.hand_out(worker_id=session.worker_id, protocol_kind=message.kind, now=timezone.now())
     return [handed] if handed is not None else []
+
+
+def request_builds_batch(batch: Sequence[tuple[SessionRef, RequestJob]]) -> list[AssignJob | None]:
+    """RequestJob{build} from any sessions of this process, collected for a few milliseconds by the
+    consumer's claim batcher: claimed together in one transaction (assignment.hand_out_builds); one
+    AssignJob per request, or None for one left unanswered. A single request is a batch of one."""
+    return assignment.hand_out_builds(
+        worker_ids=[session.worker_id for session, _ in batch], now=timezone.now()
+    )
 
 
 def _report(session: SessionRef, message: Incoming) -> list[ServerMessage]:
