@@ -1,16 +1,29 @@
 """The hand-out path end to end: N lightweight workers over /proto taking M Queued builds from `serve`,
-beside the bare-claim ceiling measured in the same run.
+beside the bare-claim ceiling and a naive SKIP LOCKED queue measured in the same run.
 
     .venv/bin/python bench/handout.py [--clients 30] [--builds 3000] [--duration 30] [--rate R]
                                       [--servers 1] [--ceiling-jobs 2000] [--ceiling-threads 8]
+                                      [--naive-window 10] [--naive-jobs 200000] [--lift-address-caps]
 
 1. The bare-claim ceiling, as bench/assign.py measures it (`bare_claim_ceiling`: threads running only
    the claim statement on distinct jobs, on reset tables).
-2. The tables reset again and seeded: one project, one evaluation Building with --builds Queued shared
+2. The naive queue, the yardstick: a table of its own in the bench database (bench_naive_queue,
+   created, truncated and seeded with --naive-jobs rows), 8 asyncio psycopg connections on the same
+   PostgreSQL, each in a loop: SELECT ... FOR UPDATE SKIP LOCKED LIMIT 1 and UPDATE to claimed, commit;
+   UPDATE to done, commit (three statements and two commits per job). Jobs completed in --naive-window
+   seconds. A queue that empties is not a rate: the run stops with an error if a claim finds no job or
+   no job is left at the end (raise --naive-jobs). The table is truncated afterwards.
+3. The tables reset again and seeded: one project, one evaluation Building with --builds Queued shared
    builds, --clients workers registered for the project.
-3. --servers `serve` processes (`--no-passes`, REDIS_URL: the channel layer on Redis, as in production;
-   no Celery, so no periodic pass runs), the clients spread round-robin over them.
-4. The clients, all in this process (the `websockets` library, compression off, no client pings), all
+4. --servers `serve` processes (`--no-passes`, REDIS_URL: the channel layer on Redis, as in production;
+   no Celery, so no periodic pass runs), the clients spread round-robin over them. serve admits the
+   clients with its default caps (docs/security.md: 16 sockets before their handshake per address, 256
+   in all, 128 HTTP connections per address), though they all come from one address at once;
+   --lift-address-caps lifts the per-address caps and raises the total above --clients, as every run
+   before issue 35 did. Its settings are the tests' otherwise (tests/support/processes.py base_env),
+   printed; its DJANGO_SETTINGS_MODULE is bench.counted_settings, gradient's settings plus a count of
+   the statements it sends.
+5. The clients, all in this process (the `websockets` library, compression off, no client pings), all
    connecting at once: InitConnection, InitAck, WorkerCapabilities (x86_64-linux, one build slot), a
    WorkerMetrics heartbeat every 10 s, and the job loop: RequestJob{build} -> AssignJob ->
    AssignJobResponse accepted -> JobUpdate building -> JobUpdate build_output (each BuildSpec's outputs)
@@ -18,18 +31,24 @@ beside the bare-claim ceiling measured in the same run.
    session the server closes is reconnected after 1 s. Pushed JobOffer/JobListChunk frames are ignored.
    Closed loop by default (the next RequestJob right after JobCompleted); with --rate R, RequestJobs are
    issued at R/s in all, each to an idle client (a tick with no idle client is counted as missed).
-5. The measured window opens once every client has its InitAck (or --handshake-timeout after the
+6. The measured window opens once every client has its InitAck (or --handshake-timeout after the
    start) and lasts --duration seconds, or less when the builds run out. At its end the clients stop
    sending and the run waits for PostgreSQL's statistics to be flushed before reading the commits.
 
-Printed: hand-outs/s in the window and its ratio to the ceiling, RequestJob -> AssignJob p50/p99 (from
-the first unanswered RequestJob of the slot), the time from the start to the first hand-out, how many
-clients got their InitAck and how long the slowest took, serve and PostgreSQL CPU per hand-out (from
-/proc/<pid>/stat; PostgreSQL: every `postgres` process of the machine, and of it the backends of the
-bench database), commits per hand-out (pg_stat_database.xact_commit of the bench database), lost claims
-(the gradient_claims_lost_total metric), sessions closed by the server per close code, and the jobs that
-ever had two open assignments at once (overlapping dispatched_job rows of one job). The last line is
-read by outside checks; keep its form.
+Printed: the naive queue's jobs/s, whether the admission caps were lifted and serve's settings other
+than the defaults; then hand-outs/s in the window and its ratio to the ceiling, RequestJob -> AssignJob
+p50/p99 (from the first unanswered RequestJob of the slot), the time from the start to the first
+hand-out, how many clients got their InitAck out of how many and how long the slowest took, serve and
+PostgreSQL CPU per hand-out (from /proc/<pid>/stat; PostgreSQL: every `postgres` process of the machine,
+and of it the backends of the bench database), commits per hand-out (pg_stat_database.xact_commit of
+the bench database, read after the statistics flush), statements per hand-out (those serve's processes
+sent in the window, counted in them by bench/counted_settings.py: each execute through psycopg, each
+parameter set of an executemany, each COPY; not the BEGIN and COMMIT psycopg sends around a transaction.
+pg_stat_statements would need a restart of the shared server), lost claims (the
+gradient_claims_lost_total metric), sessions closed by the server per close code, the jobs that ever
+had two open assignments at once (overlapping dispatched_job rows of one job), the naive queue's
+PostgreSQL CPU per job and the hand-out rate as a multiple of it. The last line is read by outside
+checks; keep its form.
 
 Needs PostgreSQL (BENCH_DATABASE_URL, default postgres://postgres@127.0.0.1:5432/gradient_bench) and
 Redis (REDIS_URL, default redis://127.0.0.1:6379/7).
