@@ -276,6 +276,7 @@ class NaiveResult:
     left: int  # still queued at the end
     double_claims: int
     postgres_cpu: float  # every postgres process, in the window
+    client_cpu: float  # this process's, in the window
 
     @property
     def rate(self) -> float:
@@ -322,11 +323,11 @@ async def naive_queue(database_url: str, jobs: int, connections: int, window: fl
             done.append(time.monotonic())
 
     try:
-        started, cpu_start = time.monotonic(), postgres_cpu()
+        started, cpu_start, own_start = time.monotonic(), postgres_cpu(), cpu_seconds(os.getpid())
         loops = [asyncio.create_task(loop(c)) for c in conns]
         finished, _ = await asyncio.wait(loops, timeout=window, return_when=asyncio.FIRST_EXCEPTION)
         stop.set()
-        ended, cpu_end = time.monotonic(), postgres_cpu()
+        ended, cpu_end, own_end = time.monotonic(), postgres_cpu(), cpu_seconds(os.getpid())
         for task in finished:
             task.result()  # a loop ends early only by raising: the queue ran dry, or the database failed
         await asyncio.gather(*loops)
@@ -340,14 +341,14 @@ async def naive_queue(database_url: str, jobs: int, connections: int, window: fl
             f"SELECT count(*) FILTER (WHERE status = 'queued'), count(*) FILTER (WHERE claims > 1) "
             f"FROM {NAIVE_TABLE}"
         ).fetchone() or (0, 0)
-        # Its dead rows would keep autovacuum busy during the hand-out window.
+        # Its dead rows would otherwise stay behind, for autovacuum to work through during the hand-outs.
         conn.execute(f"TRUNCATE {NAIVE_TABLE}")
     if left == 0:
         raise NaiveQueueDry(
             f"the naive queue took all {jobs} jobs in its window: not a rate (raise --naive-jobs)"
         )
     pg = sum(cpu - cpu_start.get(pid, 0.0) for pid, cpu in cpu_end.items())
-    return NaiveResult(in_window, ended - started, jobs, int(left), int(doubles), pg)
+    return NaiveResult(in_window, ended - started, jobs, int(left), int(doubles), pg, own_end - own_start)
 
 
 # --- the clients ---------------------------------------------------------------------------------------
@@ -777,7 +778,8 @@ def report(
         print(f"  jobs that ever had two open assignments at once: {doubles}")
     print(
         f"  naive SKIP LOCKED queue: {naive.rate:.1f} jobs/s, PostgreSQL CPU "
-        f"{naive.postgres_cpu / naive.jobs * 1000:.2f} ms per job (3 statements, 2 commits per job)"
+        f"{naive.postgres_cpu / naive.jobs * 1000:.2f} ms per job, its clients' "
+        f"{naive.client_cpu / naive.jobs * 1000:.2f} ms (3 statements, 2 commits per job)"
     )
     print(f"  hand-outs: {rate:.1f}/s = {rate / naive.rate:.2f} × the naive queue")
     print(
