@@ -19,6 +19,10 @@ if str(ROOT) not in sys.path:
 DEFAULT_DATABASE_URL = "postgres://postgres@127.0.0.1:5432/gradient_bench"
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/7"
 LOG_DIR = ROOT / "var" / "bench"
+# Every client of a benchmark is on this machine, so at one address: the per-address caps of
+# docs/security.md (sockets before their handshake, open HTTP connections) would make the clients' own
+# bursts thrash. Most benchmarks measure the service, not the admission of strangers, and lift them.
+ADDRESS_CAPS = ("GRADIENT_PROTO_MAX_UNAUTHENTICATED_PER_ADDRESS", "GRADIENT_HTTP_MAX_CONNECTIONS_PER_ADDRESS")
 
 
 def setup_django(database_url: str | None = None) -> str:
@@ -64,26 +68,28 @@ def reset_tables() -> None:
         )
 
 
-def service_env(database_url: str, redis: str | None, **extra: str | None) -> dict[str, str]:
+def service_env(
+    database_url: str, redis: str | None, *, lift_address_caps: bool = True, **extra: str | None
+) -> dict[str, str]:
     """The environment of a `serve` or Celery process of a benchmark: the tests' (scoring policy
     `simple`, since the workers' CPU figures are this machine's and would read as saturation), quiet
     logs, this database, and Redis when given (None: the in-memory channel layer and in-process
-    passes)."""
+    passes); the per-address caps (ADDRESS_CAPS) lifted unless `lift_address_caps` is False."""
     from tests.support.processes import base_env
 
-    # Every client of a benchmark is on this machine, so at one address: the per-address caps of
-    # docs/security.md (sockets before their handshake, open HTTP connections) would make the clients'
-    # own bursts thrash. What is measured is the service, not the admission of strangers.
-    caps: dict[str, str | None] = {
-        "GRADIENT_PROTO_MAX_UNAUTHENTICATED_PER_ADDRESS": "0",
-        "GRADIENT_HTTP_MAX_CONNECTIONS_PER_ADDRESS": "0",
-    }
+    caps = dict.fromkeys(ADDRESS_CAPS, "0") if lift_address_caps else {}
     return base_env(
         DATABASE_URL=database_url,
         REDIS_URL=redis,
         GRADIENT_LOG_LEVEL=os.environ.get("GRADIENT_LOG_LEVEL", "WARNING"),
         **{**caps, **extra},
     )
+
+
+def read_statement_counts(directory: Path) -> int:
+    """The statements sent so far by every `serve` process that counts them into `directory`
+    (bench/counted_settings.py: a little-endian 64-bit count per process)."""
+    return sum(int.from_bytes(path.read_bytes()[:8], "little") for path in directory.iterdir())
 
 
 def log_dir() -> Path:

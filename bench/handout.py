@@ -1,16 +1,29 @@
 """The hand-out path end to end: N lightweight workers over /proto taking M Queued builds from `serve`,
-beside the bare-claim ceiling measured in the same run.
+beside the bare-claim ceiling and a naive SKIP LOCKED queue measured in the same run.
 
     .venv/bin/python bench/handout.py [--clients 30] [--builds 3000] [--duration 30] [--rate R]
                                       [--servers 1] [--ceiling-jobs 2000] [--ceiling-threads 8]
+                                      [--naive-window 10] [--naive-jobs 200000] [--lift-address-caps]
 
 1. The bare-claim ceiling, as bench/assign.py measures it (`bare_claim_ceiling`: threads running only
    the claim statement on distinct jobs, on reset tables).
-2. The tables reset again and seeded: one project, one evaluation Building with --builds Queued shared
+2. The naive queue, the yardstick: a table of its own in the bench database (bench_naive_queue,
+   created, truncated and seeded with --naive-jobs rows), 8 asyncio psycopg connections on the same
+   PostgreSQL, each in a loop: SELECT ... FOR UPDATE SKIP LOCKED LIMIT 1 and UPDATE to claimed, commit;
+   UPDATE to done, commit (three statements and two commits per job). Jobs completed in --naive-window
+   seconds. A queue that empties is not a rate: the run stops with an error if a claim finds no job or
+   no job is left at the end (raise --naive-jobs). The table is truncated afterwards.
+3. The tables reset again and seeded: one project, one evaluation Building with --builds Queued shared
    builds, --clients workers registered for the project.
-3. --servers `serve` processes (`--no-passes`, REDIS_URL: the channel layer on Redis, as in production;
-   no Celery, so no periodic pass runs), the clients spread round-robin over them.
-4. The clients, all in this process (the `websockets` library, compression off, no client pings), all
+4. --servers `serve` processes (`--no-passes`, REDIS_URL: the channel layer on Redis, as in production;
+   no Celery, so no periodic pass runs), the clients spread round-robin over them. serve admits the
+   clients with its default caps (docs/security.md: 16 sockets before their handshake per address, 256
+   in all, 128 HTTP connections per address), though they all come from one address at once;
+   --lift-address-caps lifts the per-address caps and raises the total above --clients, as every run
+   before issue 35 did. Its settings are the tests' otherwise (tests/support/processes.py base_env),
+   printed; its DJANGO_SETTINGS_MODULE is bench.counted_settings, gradient's settings plus a count of
+   the statements it sends.
+5. The clients, all in this process (the `websockets` library, compression off, no client pings), all
    connecting at once: InitConnection, InitAck, WorkerCapabilities (x86_64-linux, one build slot), a
    WorkerMetrics heartbeat every 10 s, and the job loop: RequestJob{build} -> AssignJob ->
    AssignJobResponse accepted -> JobUpdate building -> JobUpdate build_output (each BuildSpec's outputs)
@@ -18,18 +31,24 @@ beside the bare-claim ceiling measured in the same run.
    session the server closes is reconnected after 1 s. Pushed JobOffer/JobListChunk frames are ignored.
    Closed loop by default (the next RequestJob right after JobCompleted); with --rate R, RequestJobs are
    issued at R/s in all, each to an idle client (a tick with no idle client is counted as missed).
-5. The measured window opens once every client has its InitAck (or --handshake-timeout after the
+6. The measured window opens once every client has its InitAck (or --handshake-timeout after the
    start) and lasts --duration seconds, or less when the builds run out. At its end the clients stop
    sending and the run waits for PostgreSQL's statistics to be flushed before reading the commits.
 
-Printed: hand-outs/s in the window and its ratio to the ceiling, RequestJob -> AssignJob p50/p99 (from
-the first unanswered RequestJob of the slot), the time from the start to the first hand-out, how many
-clients got their InitAck and how long the slowest took, serve and PostgreSQL CPU per hand-out (from
-/proc/<pid>/stat; PostgreSQL: every `postgres` process of the machine, and of it the backends of the
-bench database), commits per hand-out (pg_stat_database.xact_commit of the bench database), lost claims
-(the gradient_claims_lost_total metric), sessions closed by the server per close code, and the jobs that
-ever had two open assignments at once (overlapping dispatched_job rows of one job). The last line is
-read by outside checks; keep its form.
+Printed: the naive queue's jobs/s, whether the admission caps were lifted and serve's settings other
+than the defaults; then hand-outs/s in the window and its ratio to the ceiling, RequestJob -> AssignJob
+p50/p99 (from the first unanswered RequestJob of the slot), the time from the start to the first
+hand-out, how many clients got their InitAck out of how many and how long the slowest took, serve and
+PostgreSQL CPU per hand-out (from /proc/<pid>/stat; PostgreSQL: every `postgres` process of the machine,
+and of it the backends of the bench database), commits per hand-out (pg_stat_database.xact_commit of
+the bench database, read after the statistics flush), statements per hand-out (those serve's processes
+sent in the window, counted in them by bench/counted_settings.py: each execute through psycopg, each
+parameter set of an executemany, each COPY; not the BEGIN and COMMIT psycopg sends around a transaction.
+pg_stat_statements would need a restart of the shared server), lost claims (the
+gradient_claims_lost_total metric), sessions closed by the server per close code, the jobs that ever
+had two open assignments at once (overlapping dispatched_job rows of one job), the naive queue's
+PostgreSQL CPU per job and the hand-out rate as a multiple of it. The last line is read by outside
+checks; keep its form.
 
 Needs PostgreSQL (BENCH_DATABASE_URL, default postgres://postgres@127.0.0.1:5432/gradient_bench) and
 Redis (REDIS_URL, default redis://127.0.0.1:6379/7).
@@ -42,7 +61,9 @@ import asyncio
 import contextlib
 import os
 import random
+import shutil
 import sys
+import tempfile
 import time
 from collections import Counter, deque
 from dataclasses import dataclass, field
@@ -60,6 +81,7 @@ from common import (  # noqa: E402
     load_average,
     log_dir,
     percentile,
+    read_statement_counts,
     redis_url,
     reset_tables,
     seed_queued_builds,
@@ -91,6 +113,10 @@ class Config:
     ceiling_jobs: int = 2000
     ceiling_threads: int = 8
     handshake_timeout: float = 30.0
+    lift_address_caps: bool = False
+    naive_window: float = 10.0
+    naive_jobs: int = 200_000
+    naive_connections: int = 8
 
 
 # --- the database side -------------------------------------------------------------------------------
@@ -182,11 +208,16 @@ class Snapshot:
     serve_cpu: float
     postgres: dict[int, float]
     own_cpu: float  # this process: the clients
+    statements: int  # sent by serve's processes (bench/counted_settings.py)
 
 
-def snapshot(serve_pids: list[int]) -> Snapshot:
+def snapshot(serve_pids: list[int], statements: Path) -> Snapshot:
     return Snapshot(
-        time.monotonic(), sum(cpu_seconds(p) for p in serve_pids), postgres_cpu(), cpu_seconds(os.getpid())
+        time.monotonic(),
+        sum(cpu_seconds(p) for p in serve_pids),
+        postgres_cpu(),
+        cpu_seconds(os.getpid()),
+        read_statement_counts(statements),
     )
 
 
@@ -207,6 +238,117 @@ def db_counters(conn: Any) -> tuple[int, float]:
 def backend_pids(conn: Any) -> set[int]:
     rows = conn.execute("SELECT pid FROM pg_stat_activity WHERE datname = current_database()").fetchall()
     return {int(r[0]) for r in rows}
+
+
+# --- the naive queue: the yardstick of the same run --------------------------------------------------
+
+NAIVE_TABLE = "bench_naive_queue"
+NAIVE_CREATE = f"""
+CREATE TABLE IF NOT EXISTS {NAIVE_TABLE} (
+    id bigserial PRIMARY KEY,
+    payload text NOT NULL,
+    status text NOT NULL DEFAULT 'queued',
+    claims integer NOT NULL DEFAULT 0,
+    claimed_at timestamptz,
+    done_at timestamptz
+);
+CREATE INDEX IF NOT EXISTS {NAIVE_TABLE}_queued ON {NAIVE_TABLE} (id) WHERE status = 'queued'
+"""
+NAIVE_CLAIM = (
+    f"SELECT id, payload FROM {NAIVE_TABLE} WHERE status = 'queued' "
+    "ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED"
+)
+NAIVE_CLAIMED = (
+    f"UPDATE {NAIVE_TABLE} SET status = 'claimed', claims = claims + 1, claimed_at = now() WHERE id = %s"
+)
+NAIVE_DONE = f"UPDATE {NAIVE_TABLE} SET status = 'done', done_at = now() WHERE id = %s"
+
+
+class NaiveQueueDry(RuntimeError):
+    pass
+
+
+@dataclass
+class NaiveResult:
+    jobs: int  # completed in the window
+    seconds: float
+    seeded: int
+    left: int  # still queued at the end
+    double_claims: int
+    postgres_cpu: float  # every postgres process, in the window
+    client_cpu: float  # this process's, in the window
+
+    @property
+    def rate(self) -> float:
+        return self.jobs / self.seconds
+
+
+def naive_seed(database_url: str, jobs: int) -> None:
+    import psycopg
+
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute(NAIVE_CREATE)
+        conn.execute(f"TRUNCATE {NAIVE_TABLE} RESTART IDENTITY")
+        conn.execute(
+            f"INSERT INTO {NAIVE_TABLE} (payload) SELECT 'job-' || i FROM generate_series(1, %s) AS i", [jobs]
+        )
+        conn.execute(f"VACUUM ANALYZE {NAIVE_TABLE}")
+
+
+async def naive_queue(database_url: str, jobs: int, connections: int, window: float) -> NaiveResult:
+    """A textbook PostgreSQL queue on its own table of the bench database, seeded with `jobs` rows:
+    `connections` asyncio psycopg connections, each in a loop claiming one job (SELECT ... FOR UPDATE
+    SKIP LOCKED LIMIT 1, UPDATE to claimed, commit) and completing it (UPDATE to done, commit): three
+    statements and two commits per job. Jobs completed in `window` seconds once every connection is
+    open; raises NaiveQueueDry when a claim finds the queue empty before the window ends."""
+    import psycopg
+
+    await asyncio.to_thread(naive_seed, database_url, jobs)
+    conns = [await psycopg.AsyncConnection.connect(database_url) for _ in range(connections)]
+    done: list[float] = []
+    stop = asyncio.Event()
+
+    async def loop(conn: psycopg.AsyncConnection[Any]) -> None:
+        while not stop.is_set():
+            row = await (await conn.execute(NAIVE_CLAIM)).fetchone()
+            if row is None:
+                raise NaiveQueueDry(
+                    f"the naive queue ran dry: all {jobs} jobs taken before its {window:g} s window ended "
+                    "(raise --naive-jobs)"
+                )
+            await conn.execute(NAIVE_CLAIMED, [row[0]])
+            await conn.commit()
+            await conn.execute(NAIVE_DONE, [row[0]])
+            await conn.commit()
+            done.append(time.monotonic())
+
+    try:
+        started, cpu_start, own_start = time.monotonic(), postgres_cpu(), cpu_seconds(os.getpid())
+        loops = [asyncio.create_task(loop(c)) for c in conns]
+        finished, _ = await asyncio.wait(loops, timeout=window, return_when=asyncio.FIRST_EXCEPTION)
+        stop.set()
+        ended, cpu_end, own_end = time.monotonic(), postgres_cpu(), cpu_seconds(os.getpid())
+        for task in finished:
+            task.result()  # a loop ends early only by raising: the queue ran dry, or the database failed
+        await asyncio.gather(*loops)
+    finally:
+        stop.set()
+        for conn in conns:
+            await conn.close()
+    in_window = sum(1 for at in done if at <= ended)
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        left, doubles = conn.execute(
+            f"SELECT count(*) FILTER (WHERE status = 'queued'), count(*) FILTER (WHERE claims > 1) "
+            f"FROM {NAIVE_TABLE}"
+        ).fetchone() or (0, 0)
+        # Its dead rows would otherwise stay behind, for autovacuum to work through during the hand-outs.
+        conn.execute(f"TRUNCATE {NAIVE_TABLE}")
+    if left == 0:
+        raise NaiveQueueDry(
+            f"the naive queue took all {jobs} jobs in its window: not a rate (raise --naive-jobs)"
+        )
+    pg = sum(cpu - cpu_start.get(pid, 0.0) for pid, cpu in cpu_end.items())
+    return NaiveResult(in_window, ended - started, jobs, int(left), int(doubles), pg, own_end - own_start)
 
 
 # --- the clients ---------------------------------------------------------------------------------------
@@ -445,7 +587,12 @@ class Window:
 
 
 async def drive(
-    bench: Bench, urls: list[str], credentials: list[tuple[str, str]], serve_pids: list[int], conn: Any
+    bench: Bench,
+    urls: list[str],
+    credentials: list[tuple[str, str]],
+    serve_pids: list[int],
+    statements: Path,
+    conn: Any,
 ) -> tuple[Window, tuple[int, float], tuple[int, float], set[int]]:
     """Run the clients; return the window and the database counters at its start and end."""
     from django.utils import timezone
@@ -459,12 +606,12 @@ async def drive(
         tasks.append(asyncio.create_task(ticker(bench, config.rate)))
     with contextlib.suppress(asyncio.TimeoutError):
         await asyncio.wait_for(bench.all_acked.wait(), config.handshake_timeout)
-    start = snapshot(serve_pids)
+    start = snapshot(serve_pids, statements)
     db_start = await asyncio.to_thread(db_counters, conn)
     handed_before, acked_before = len(bench.handed), len(bench.acks)
     with contextlib.suppress(asyncio.TimeoutError):
         await asyncio.wait_for(bench.out_of_builds.wait(), config.duration)
-    end = snapshot(serve_pids)
+    end = snapshot(serve_pids, statements)
     bench.stopping = True
     bench.stopped_at = timezone.now()
     handouts = len(bench.handed) - handed_before
@@ -502,6 +649,14 @@ def run(config: Config, database_url: str) -> None:
         f"bare-claim ceiling: {ceiling:.0f} claims/s "
         f"({config.ceiling_jobs} jobs, {config.ceiling_threads} threads)"
     )
+    naive = asyncio.run(
+        naive_queue(database_url, config.naive_jobs, config.naive_connections, config.naive_window)
+    )
+    print(
+        f"naive SKIP LOCKED queue: {naive.rate:.0f} jobs/s ({naive.jobs} in {naive.seconds:.1f} s, "
+        f"{config.naive_connections} connections, {naive.seeded} seeded, {naive.left} left; "
+        f"jobs claimed twice: {naive.double_claims})"
+    )
     seeded = time.perf_counter()
     credentials = seed(config.clients, config.builds)
     print(
@@ -510,15 +665,29 @@ def run(config: Config, database_url: str) -> None:
     )
     close_old_connections()
     raise_fd_limit(config.clients * config.servers + 200)  # serve inherits it
-    # All clients connect at once: the cap on sockets before their handshake is raised above them (the
-    # per-address caps are lifted for every benchmark, bench/common.py).
+    # By default serve admits the clients as it would strangers (docs/security.md): they all connect at
+    # once from one address. Lifted, the per-address caps are off and the cap on sockets before their
+    # handshake is above the clients, as every benchmark before issue 35 ran.
+    lifted = {"GRADIENT_PROTO_MAX_UNAUTHENTICATED": str(max(256, config.clients + 64))}
     env = service_env(
-        database_url, redis_url(), GRADIENT_PROTO_MAX_UNAUTHENTICATED=str(max(256, config.clients + 64))
+        database_url,
+        redis_url(),
+        lift_address_caps=config.lift_address_caps,
+        **(lifted if config.lift_address_caps else {}),
+    )
+    print(
+        "admission caps: "
+        + ("lifted (--lift-address-caps)" if config.lift_address_caps else "the defaults (not lifted)")
+        + "; serve's settings other than the defaults: "
+        + ", ".join(f"{k}={v}" for k, v in sorted(env.items()) if k.startswith("GRADIENT_"))
     )
     logs = log_dir()
+    statements = Path(tempfile.mkdtemp(prefix="statements-", dir=logs))
+    env.update(DJANGO_SETTINGS_MODULE="bench.counted_settings", BENCH_STATEMENT_COUNTS=str(statements))
     bench = Bench(config)
     since = timezone.now()
     with contextlib.ExitStack() as stack:
+        stack.callback(shutil.rmtree, statements, ignore_errors=True)
         servers = [
             stack.enter_context(serve(env, logs, extra_args=["--no-passes", "--log-level", "warning"]))
             for _ in range(config.servers)
@@ -526,19 +695,20 @@ def run(config: Config, database_url: str) -> None:
         conn = stack.enter_context(psycopg.connect(database_url, autocommit=True))
         pids = [s.process.pid for s in servers]
         window, db_start, db_end, backends = asyncio.run(
-            drive(bench, [s.ws_url for s in servers], credentials, pids, conn)
+            drive(bench, [s.ws_url for s in servers], credentials, pids, statements, conn)
         )
         doubles = double_assignments()
         reasons = server_close_reasons(since, bench.stopped_at)
         close_old_connections()
         logs_of = [s.log_path for s in servers]
-    report(bench, window, ceiling, db_start, db_end, backends, doubles, reasons, logs_of)
+    report(bench, window, ceiling, naive, db_start, db_end, backends, doubles, reasons, logs_of)
 
 
 def report(
     bench: Bench,
     window: Window,
     ceiling: float,
+    naive: NaiveResult,
     db_start: tuple[int, float],
     db_end: tuple[int, float],
     backends: set[int],
@@ -578,6 +748,7 @@ def report(
         f"{window.start.at - bench.started:.1f} s after the start); the slowest after {slowest:.2f} s"
     )
     print(f"  serve CPU: {serve_cpu:.1f} s in the window = {per(serve_cpu):.2f} ms per hand-out")
+    statements = window.end.statements - window.start.statements
     print(
         f"  PostgreSQL CPU: {pg_all:.1f} s (every postgres process) = {per(pg_all):.2f} ms per hand-out; "
         f"of it the bench database's backends {pg_bench:.1f} s = {per(pg_bench):.2f} ms"
@@ -585,6 +756,10 @@ def report(
     clients_cpu = window.end.own_cpu - window.start.own_cpu
     print(f"  the clients' CPU (this process): {clients_cpu:.1f} s in the window")
     print(f"  commits: {commits} = {commits / n if n else float('nan'):.2f} per hand-out")
+    print(
+        f"  statements sent by serve: {statements} = {statements / n if n else float('nan'):.1f} "
+        "per hand-out (each execute through psycopg; not BEGIN and COMMIT)"
+    )
     print(f"  lost claims: {lost:.0f}")
     closes = ", ".join(f"{code}: {k}" for code, k in sorted(bench.server_closes.items())) or "none"
     print(f"  sessions closed by the server (close code: count): {closes}")
@@ -601,6 +776,12 @@ def report(
     print(f"  {load_average()} at the end")
     if config.servers > 1:
         print(f"  jobs that ever had two open assignments at once: {doubles}")
+    print(
+        f"  naive SKIP LOCKED queue: {naive.rate:.1f} jobs/s, PostgreSQL CPU "
+        f"{naive.postgres_cpu / naive.jobs * 1000:.2f} ms per job, its clients' "
+        f"{naive.client_cpu / naive.jobs * 1000:.2f} ms (3 statements, 2 commits per job)"
+    )
+    print(f"  hand-outs: {rate:.1f}/s = {rate / naive.rate:.2f} × the naive queue")
     print(
         f"handout: {rate:.1f}/s = {rate / ceiling:.3f} of the claim ceiling ({ceiling:.0f}/s); "
         f"RequestJob->AssignJob p50 {p50:.1f} ms p99 {p99:.1f} ms; double assignments {doubles}"
@@ -624,15 +805,35 @@ def main() -> None:
         default=30.0,
         help="the window opens when every client has its InitAck, or this long after the start",
     )
+    parser.add_argument(
+        "--lift-address-caps",
+        action="store_true",
+        help="lift serve's per-address caps and raise its cap on sockets before their handshake above "
+        "--clients (as before issue 35); by default serve runs with the default caps",
+    )
+    parser.add_argument(
+        "--naive-window", type=float, default=10.0, help="the naive SKIP LOCKED queue's window, seconds"
+    )
+    parser.add_argument(
+        "--naive-jobs",
+        type=int,
+        default=200_000,
+        help="jobs seeded into the naive queue; the run fails if its window empties them",
+    )
     args = parser.parse_args()
-    if min(args.clients, args.builds, args.ceiling_jobs, args.ceiling_threads) < 1 or args.duration <= 0:
-        parser.error("--clients, --builds, --ceiling-jobs and --ceiling-threads must be >= 1, --duration > 0")
+    if min(args.clients, args.builds, args.ceiling_jobs, args.ceiling_threads, args.naive_jobs) < 1:
+        parser.error("--clients, --builds, --ceiling-jobs, --ceiling-threads and --naive-jobs must be >= 1")
+    if args.duration <= 0 or args.naive_window <= 0:
+        parser.error("--duration and --naive-window must be > 0")
     if args.rate is not None and args.rate <= 0:
         parser.error("--rate must be > 0")
     url = setup_django()
     print(f"machine: {describe_machine()}")
     print(f"database: {urlparse(url).path.lstrip('/')}; Redis: {redis_url()}")
-    run(Config(**vars(args)), url)
+    try:
+        run(Config(**vars(args)), url)
+    except NaiveQueueDry as exc:
+        sys.exit(f"handout: {exc}")
 
 
 if __name__ == "__main__":
