@@ -124,13 +124,39 @@ def claim_assignment(*, request: ClaimRequest, now: datetime) -> uuid.UUID | Non
 
 def assignment_close(*, row: DispatchedJob, outcome: DispatchOutcome, reason: str, now: datetime) -> bool:
     """Close an open assignment, with its fact on the evaluation's record. False (and nothing written)
-    when it was closed already: every close carries WHERE finished_at IS NULL."""
-    closed = DispatchedJob.objects.filter(id=row.id, finished_at__isnull=True).update(
-        finished_at=now, outcome=outcome, reason=reason[:2000]
-    )
-    if closed == 1:
-        history.closed(row=row, outcome=outcome, reason=reason, now=now)
-    return closed == 1
+    when it was closed already: every close carries WHERE finished_at IS NULL. A batch of one."""
+    return row.id in assignments_close(rows=[row], outcome=outcome, reason=reason, now=now)
+
+
+def assignments_close(
+    *, rows: Sequence[DispatchedJob], outcome: DispatchOutcome, reason: str, now: datetime
+) -> set[uuid.UUID]:
+    """assignment_close for many assignments of one outcome and reason, in one statement (two with
+    their lock): the ids of those this call closed."""
+    if not rows:
+        return set()
+    ids = [row.id for row in rows]
+    if len(ids) == 1:
+        closed = (
+            {ids[0]}
+            if DispatchedJob.objects.filter(id=ids[0], finished_at__isnull=True).update(
+                finished_at=now, outcome=outcome, reason=reason[:2000]
+            )
+            else set()
+        )
+    else:
+        closed = set(
+            DispatchedJob.objects.select_for_update(no_key=True)
+            .filter(id__in=ids, finished_at__isnull=True)
+            .values_list("id", flat=True)
+        )
+        DispatchedJob.objects.filter(id__in=list(closed)).update(
+            finished_at=now, outcome=outcome, reason=reason[:2000]
+        )
+    for row in rows:
+        if row.id in closed:
+            history.closed(row=row, outcome=outcome, reason=reason, now=now)
+    return closed
 
 
 @dataclass(frozen=True, slots=True)

@@ -436,23 +436,45 @@ def complete_build(
     row: DispatchedJob, *, now: datetime, substituted: bool = False, effects: BatchEffects | None = None
 ) -> None:
     """The build of `row` succeeded (built, or its outputs substituted): its dependents may be queued,
-    its evaluations may finish (at once, or with `effects` once for the caller's whole batch)."""
-    build_id = row.derivation_build_id
-    if build_id is None:
+    its evaluations may finish (at once, or with `effects` once for the caller's whole batch). A batch
+    of one (complete_builds)."""
+    complete_builds([(row, substituted)], now=now, effects=effects)
+
+
+def complete_builds(
+    done: Sequence[tuple[DispatchedJob, bool]], *, now: datetime, effects: BatchEffects | None = None
+) -> None:
+    """complete_build for many assignments at once, each with whether its outputs were substituted: a
+    statement per outcome for the builds and one for their attempts, whatever the number."""
+    rows = [(row, substituted) for row, substituted in done if row.derivation_build_id is not None]
+    if not rows:
         return
-    status = BuildStatus.SUBSTITUTED if substituted else BuildStatus.COMPLETED
-    changed = DerivationBuild.objects.filter(id=build_id, status=BuildStatus.BUILDING).update(
-        status=status, finished_at=now, updated_at=now, retry_at=None, failure_kind=None
-    )
-    BuildAttempt.objects.filter(dispatched_job_id=row.id, outcome=BuildAttemptOutcome.RUNNING).update(
-        outcome=BuildAttemptOutcome.SUBSTITUTED if substituted else BuildAttemptOutcome.BUILT, finished_at=now
-    )
-    if changed:
-        own = effects is None
-        effects = effects if effects is not None else BatchEffects()
-        effects.completed.append(build_id)
-        if own:
-            effects.settle(now)
+    own = effects is None
+    effects = effects if effects is not None else BatchEffects()
+    for substituted in (False, True):
+        group = [row for row, s in rows if s is substituted]
+        if not group:
+            continue
+        build_ids = [row.derivation_build_id for row in group]
+        status = BuildStatus.SUBSTITUTED if substituted else BuildStatus.COMPLETED
+        changed = list(
+            DerivationBuild.objects.select_for_update(no_key=True)
+            .filter(id__in=build_ids, status=BuildStatus.BUILDING)
+            .values_list("id", flat=True)
+        )
+        if changed:
+            DerivationBuild.objects.filter(id__in=changed).update(
+                status=status, finished_at=now, updated_at=now, retry_at=None, failure_kind=None
+            )
+        BuildAttempt.objects.filter(
+            dispatched_job_id__in=[row.id for row in group], outcome=BuildAttemptOutcome.RUNNING
+        ).update(
+            outcome=BuildAttemptOutcome.SUBSTITUTED if substituted else BuildAttemptOutcome.BUILT,
+            finished_at=now,
+        )
+        effects.completed.extend(changed)
+    if own:
+        effects.settle(now)
 
 
 def _locked_evaluation(row: DispatchedJob) -> Evaluation:
@@ -801,12 +823,26 @@ def note_reports(assignment_ids: Sequence[uuid.UUID], *, now: datetime) -> None:
 
 def note_accepted(row: DispatchedJob, *, now: datetime) -> None:
     """The worker accepted the assignment (once: a repeated accept keeps the first time)."""
-    DispatchedJob.objects.filter(id=row.id, accepted_at__isnull=True).update(accepted_at=now)
+    note_accepted_all([row.id], now=now)
+
+
+def note_accepted_all(assignment_ids: Sequence[uuid.UUID], *, now: datetime) -> None:
+    """note_accepted for a whole batch, in one statement."""
+    if assignment_ids:
+        DispatchedJob.objects.filter(id__in=list(assignment_ids), accepted_at__isnull=True).update(
+            accepted_at=now
+        )
 
 
 def note_phase(row: DispatchedJob, phase: str) -> None:
     """The last JobUpdate kind the worker reported for this assignment."""
-    DispatchedJob.objects.filter(id=row.id).update(phase=phase)
+    note_phase_all([row.id], phase)
+
+
+def note_phase_all(assignment_ids: Sequence[uuid.UUID], phase: str) -> None:
+    """note_phase for a whole batch of one phase, in one statement."""
+    if assignment_ids:
+        DispatchedJob.objects.filter(id__in=list(assignment_ids)).update(phase=phase)
 
 
 def record_report(row: DispatchedJob, *, worker: str, kind: ReportKind, summary: str, now: datetime) -> None:

@@ -32,7 +32,9 @@ from gradient.core.lines import first_line
 from gradient.core.protocol import (
     AssignJobResponse,
     BuildFailureKind,
+    Building,
     BuildLog,
+    BuildOutput,
     BuildProgress,
     EvalProgress,
     EvalResult,
@@ -46,8 +48,8 @@ from gradient.core.vocab import DispatchOutcome, JobKind
 from gradient.records.schemas import ReportKind
 from gradient.runtime import savepoints
 from gradient.scheduling.models import DispatchedJob
-from gradient.scheduling.services import lifecycle, logs
-from gradient.scheduling.services.claims import assignment_close
+from gradient.scheduling.services import graph, lifecycle, logs
+from gradient.scheduling.services.claims import assignment_close, assignments_close
 from gradient.scheduling.services.fence import DROPPED, fenced_assignment, fenced_assignments
 from gradient.scheduling.services.lifecycle import BatchEffects, ReportOutcome
 
@@ -135,35 +137,110 @@ def _apply_batch(
     effects = BatchEffects()
     closed: set[uuid.UUID] = set()  # assignments a report of this batch closed: later ones are stale
     noted: list[uuid.UUID] = []
-    results: list[Result] = []
-    for worker_id, message in batch:
+    results: list[Result | None] = [None] * len(batch)
+    # Without savepoints, a shared build's usual reports go by kind into set statements (_Common); with
+    # them (a batch applied again because a report failed) every report goes alone.
+    common = _Common(now, effects, results) if not savepoints else None
+    for index, (worker_id, message) in enumerate(batch):
         assignment_id = parse_uuid(message.assignment_id)
         if assignment_id is not None and assignment_id in member_ids:
             if not members:
-                results.append(MEMBER)
+                results[index] = MEMBER
                 continue
             member = functools.partial(_member, worker_id, message, now)
-            results.append(_contained(member, worker_id, message, None, savepoint=savepoints))
+            results[index] = _contained(member, worker_id, message, None, savepoint=savepoints)
             continue
         row = fenced.get(assignment_id) if assignment_id is not None else None
         if row is None or row.id in closed:
-            results.append(DROPPED)
+            results[index] = DROPPED
             continue
-        mark = len(effects.completed)
-        apply = functools.partial(_apply_and_record, row, message, now, effects)
-        result = _contained(
-            apply, worker_id, message, row, effects=effects, mark=mark, now=now, savepoint=savepoints
-        )
+        if common is not None and row.id in common.rows:
+            common.apply()  # a later report of the same job: what came before it first, in order
+        if common is not None and common.takes(row, message):
+            common.add(index, row, message)
+        else:
+            mark = len(effects.completed)
+            apply = functools.partial(_apply_and_record, row, message, now, effects)
+            results[index] = _contained(
+                apply, worker_id, message, row, effects=effects, mark=mark, now=now, savepoint=savepoints
+            )
         if not isinstance(message, BuildLog):
             noted.append(row.id)
         if isinstance(message, JobCompleted | JobFailed) or (
             isinstance(message, AssignJobResponse) and not message.accepted
         ):
             closed.add(row.id)
-        results.append(result)
+    if common is not None:
+        common.apply()
     lifecycle.note_reports(noted, now=now)
     effects.settle(now)
-    return results
+    return [r if r is not None else DROPPED for r in results]
+
+
+class _Common:
+    """A shared build's usual reports (accepted, building, build_output, completed), collected from a
+    batch and applied by kind: a statement or two per kind, however many jobs reported. They make the
+    same transitions as `_apply` does one by one (lifecycle's batch forms of the same functions), and
+    shared builds keep no record of their own yet, so there is no fact to append. A job's reports apply
+    in order: a second report of one job first applies what was collected (`rows`)."""
+
+    def __init__(self, now: datetime, effects: BatchEffects, results: list[Result | None]) -> None:
+        self.now, self.effects, self.results = now, effects, results
+        self._clear()
+
+    def _clear(self) -> None:
+        self.rows: dict[uuid.UUID, DispatchedJob] = {}
+        self.accepted: list[tuple[int, DispatchedJob]] = []
+        self.building: list[tuple[int, DispatchedJob]] = []
+        self.outputs: list[tuple[int, DispatchedJob, BuildOutput]] = []
+        self.completed: list[tuple[int, DispatchedJob]] = []
+
+    @staticmethod
+    def takes(row: DispatchedJob, message: Incoming) -> bool:
+        if row.kind != JobKind.BUILD or row.derivation_build_id is None:
+            return False
+        match message:
+            case AssignJobResponse(accepted=True) | JobCompleted():
+                return True
+            case JobUpdate(update=Building() | BuildOutput() as update):
+                return update.build_id == str(row.derivation_build_id)
+        return False
+
+    def add(self, index: int, row: DispatchedJob, message: Incoming) -> None:
+        self.rows[row.id] = row
+        match message:
+            case AssignJobResponse():
+                self.accepted.append((index, row))
+            case JobUpdate(update=BuildOutput() as update):
+                self.outputs.append((index, row, update))
+            case JobUpdate():
+                self.building.append((index, row))
+            case JobCompleted():
+                self.completed.append((index, row))
+
+    def apply(self) -> None:
+        now = self.now
+        lifecycle.note_accepted_all([row.id for _, row in self.accepted], now=now)
+        lifecycle.note_phase_all([row.id for _, row in self.building], tag_of(Building))
+        lifecycle.note_phase_all([row.id for _, row, _ in self.outputs], tag_of(BuildOutput))
+        graph.cache_paths(
+            paths=((o.path, o.nar_size) for _, _, update in self.outputs for o in update.outputs)
+        )
+        lifecycle.complete_builds(
+            [(row, update.substituted) for _, row, update in self.outputs], now=now, effects=self.effects
+        )
+        rows = [row for _, row in self.completed]
+        assignments_close(rows=rows, outcome=DispatchOutcome.COMPLETED, reason="completed", now=now)
+        lifecycle.complete_builds([(row, False) for row in rows], now=now, effects=self.effects)
+        for index, _ in self.accepted:
+            self.results[index] = ReportOutcome(True, "accepted")
+        for index, _ in self.building:
+            self.results[index] = ReportOutcome(True, "building")
+        for index, _, _ in self.outputs:
+            self.results[index] = ReportOutcome(True, "build_output")
+        for index, _ in self.completed:
+            self.results[index] = ReportOutcome(True, "build completed")
+        self._clear()
 
 
 def _apply_and_record(
