@@ -6,12 +6,14 @@ connection health check (`CONN_HEALTH_CHECKS`: a `SELECT 1` before the first que
 "request"); a connection is checked only when it failed: the caller that sees an OperationalError or
 InterfaceError outside a transaction drops it (`drop_connection`) and the next query opens a new one.
 
-Three lanes, so that slow work cannot hold up fast work:
+Four lanes, so that slow work cannot hold up fast work:
 
 - `SESSIONS`: handshakes, session closes and the presence flush (gradient.workers.presence): however
   deep the job traffic's queue, a worker connects, a closed session is closed at once (its worker may
   reconnect), and "seen" reaches the database long before the liveness timeout.
-- `HOT`: RequestJob and the batched reports (gradient.workers.proto.batcher).
+- `CLAIMS`: the batches of RequestJob{build} (the claim batcher, gradient.workers.proto.batcher), and
+  a single RequestJob for an evaluation.
+- `HOT`: the batched reports (gradient.workers.proto.batcher).
 - `OFFERS`: the offer pass of one worker (JobOffer deltas, JobListChunk pages) and score uploads, which
   with a deep queue take far longer than a claim; they queue behind each other, never behind a claim.
 
@@ -101,6 +103,10 @@ def _hot_threads() -> int:
     return int(getattr(settings, "GRADIENT_HOT_LANE_THREADS", 4))
 
 
+def _claim_threads() -> int:
+    return int(getattr(settings, "GRADIENT_CLAIM_LANE_THREADS", 4))
+
+
 def _offer_threads() -> int:
     return int(getattr(settings, "GRADIENT_OFFER_LANE_THREADS", 1))
 
@@ -110,9 +116,10 @@ def _session_threads() -> int:
 
 
 SESSIONS = Lane("sessions", _session_threads)
+CLAIMS = Lane("claims", _claim_threads)
 HOT = Lane("hot", _hot_threads)
 OFFERS = Lane("offers", _offer_threads)
-LANES = (SESSIONS, HOT, OFFERS)
+LANES = (SESSIONS, CLAIMS, HOT, OFFERS)
 
 
 async def run(lane: Lane, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import threading
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -41,6 +42,8 @@ from gradient.workers.models import IdleSlot
 log = logging.getLogger("gradient.assignment")
 
 MAX_LOST_CLAIMS = 3
+# Rounds of claims a batch of RequestJobs makes: those whose claim lost try their next choice.
+CLAIM_ROUNDS = 5
 # Candidates a RequestJob looks at, best first, skipping those another RequestJob is claiming.
 MAX_TRIED_CANDIDATES = 32
 
@@ -164,37 +167,61 @@ def request_builds(
     next choice. None for a request left unanswered: an idle slot for cluster placement. `tried`
     collects every claim's assignment id before it is made (hand_out_builds finds unheard ones)."""
     answers: list[Assignment | None] = [None] * len(worker_ids)
-    with transaction.atomic(durable=True):
-        states = selectors.worker_states(worker_ids)
-        open_builds = selectors.open_builds_of(list(states))
-        held = selectors.workers_held(list(states), JobKind.BUILD)
-        full: list[uuid.UUID] = []
-        idle: list[uuid.UUID] = []
-        asking: list[_Asking] = []
-        planned: dict[uuid.UUID, int] = {}
-        scores = _worker_scores_of([w for w in states if w not in held])
-        for index, worker_id in enumerate(worker_ids):
-            state = states.get(worker_id)
-            if state is None or state.draining:
-                continue
-            counts = open_builds.get(worker_id, selectors.OpenBuilds())
-            if counts.running + planned.get(worker_id, 0) >= max(1, state.worker.max_concurrent_builds):
-                full.append(worker_id)
-                continue
-            if worker_id in held:
-                idle.append(worker_id)  # a reserved seat: it waits, idle, for its cluster
-                continue
-            planned[worker_id] = planned.get(worker_id, 0) + 1
-            view = _worker_view(state, counts.large_transfers)
-            asking.append(_Asking(index, state, view, scores.get(worker_id, {})))
-        pool = selectors.pool_view(now)
-        policy = _policy()
-        _rank_each(asking, pool, policy, now)
-        won = _claim_choices(asking, answers, pool, policy, now, tried)
-        idle.extend(a.state.id for a in asking if answers[a.index] is None)
-        _clear_idle_slots(full + won, JobKind.BUILD)
-        _record_idle_slots(idle, JobKind.BUILD, now)
+    chosen: set[str] = set()
+    try:
+        with transaction.atomic(durable=True):
+            _request_builds(worker_ids, answers, chosen, now, tried)
+    finally:
+        with _claiming_lock:
+            _claiming.difference_update(chosen)
     return answers
+
+
+# The builds that the batches of this process being applied right now have chosen (batches are applied
+# several at once: batcher.IN_FLIGHT). Another batch passes over them instead of losing its claim on a
+# row locked by the first one; the claim statement still decides, so this can only make a claim lose.
+_claiming: set[str] = set()
+_claiming_lock = threading.Lock()
+
+
+def _request_builds(
+    worker_ids: Sequence[uuid.UUID],
+    answers: list[Assignment | None],
+    chosen: set[str],
+    now: datetime,
+    tried: list[uuid.UUID],
+) -> None:
+    states = selectors.worker_states(worker_ids)
+    open_builds = selectors.open_builds_of(list(states))
+    held = selectors.workers_held(list(states), JobKind.BUILD)
+    full: list[uuid.UUID] = []
+    idle: list[uuid.UUID] = []
+    asking: list[_Asking] = []
+    planned: dict[uuid.UUID, int] = {}
+    scores = _worker_scores_of([w for w in states if w not in held])
+    for index, worker_id in enumerate(worker_ids):
+        state = states.get(worker_id)
+        if state is None or state.draining:
+            continue
+        counts = open_builds.get(worker_id, selectors.OpenBuilds())
+        if counts.running + planned.get(worker_id, 0) >= max(1, state.worker.max_concurrent_builds):
+            full.append(worker_id)
+            continue
+        if worker_id in held:
+            idle.append(worker_id)  # a reserved seat: it waits, idle, for its cluster
+            continue
+        planned[worker_id] = planned.get(worker_id, 0) + 1
+        view = _worker_view(state, counts.large_transfers)
+        asking.append(_Asking(index, state, view, scores.get(worker_id, {})))
+    pool = selectors.pool_view(now)
+    policy = _policy()
+    with _claiming_lock:
+        busy = set(_claiming)
+    _rank_each(asking, pool, policy, now, len(busy))
+    won = _claim_choices(asking, answers, pool, policy, now, tried, busy, chosen)
+    idle.extend(a.state.id for a in asking if answers[a.index] is None)
+    _clear_idle_slots(full + won, JobKind.BUILD)
+    _record_idle_slots(idle, JobKind.BUILD, now)
 
 
 def _worker_view(state: selectors.WorkerState, large_transfers: int | None = None) -> WorkerView:
@@ -249,7 +276,7 @@ def _candidate(ref: selectors.BuildRef, now: datetime, scores: dict[str, tuple[i
     )
 
 
-def _rank_each(asking: list[_Asking], pool: PoolView, policy: str, now: datetime) -> None:
+def _rank_each(asking: list[_Asking], pool: PoolView, policy: str, now: datetime, busy: int) -> None:
     """Give every request its choices, best first: a worker without scores takes the order its group
     shares (one read of the queue and one ranking per kind of worker); a worker that scores its offers
     is ranked on its own, its scores and RescoreWait applied."""
@@ -261,7 +288,7 @@ def _rank_each(asking: list[_Asking], pool: PoolView, policy: str, now: datetime
         plain = [a for a in members if not a.scores]
         if plain:
             refs = selectors.queued_build_refs(
-                plain[0].state, now, wait_cap_secs=cap, preselect=max(PRESELECT, 2 * len(plain) + 8)
+                plain[0].state, now, wait_cap_secs=cap, preselect=max(PRESELECT, 2 * len(plain) + 8 + busy)
             )
             by_key = {r.job_key: r for r in refs}
             order = [
@@ -294,27 +321,35 @@ def _claim_choices(
     policy: str,
     now: datetime,
     tried: list[uuid.UUID],
+    busy: set[str],
+    chosen: set[str],
 ) -> list[uuid.UUID]:
     """Claim each request's best free choice, all in one statement; the requests whose claim lost try
-    their next choice, up to MAX_LOST_CLAIMS rounds. Fills `answers`; returns the workers served."""
-    taken: set[str] = set()
+    their next choice, up to CLAIM_ROUNDS rounds. `busy`: builds other batches are claiming now;
+    `chosen` collects this batch's choices (while it runs, the other batches pass over them). Fills
+    `answers`; returns the workers served."""
+    taken: set[str] = set(busy)
     waiting = list(asking)
     served: list[uuid.UUID] = []
-    for _round in range(MAX_LOST_CLAIMS):
-        chosen: list[tuple[_Asking, Score]] = []
-        for a in waiting:
-            choice = a.next_choice(taken, pool, policy)
-            if choice is not None:
-                taken.add(choice.job_id)
-                chosen.append((a, choice))
-        if not chosen:
+    for _round in range(CLAIM_ROUNDS):
+        chosen_now: list[tuple[_Asking, Score]] = []
+        with _claiming_lock:  # chosen and marked at once: two batches never choose the same build
+            taken |= _claiming
+            for a in waiting:
+                choice = a.next_choice(taken, pool, policy)
+                if choice is not None:
+                    taken.add(choice.job_id)
+                    chosen_now.append((a, choice))
+            _claiming.update(c.job_id for _, c in chosen_now)
+        if not chosen_now:
             break
-        builds = DerivationBuild.objects.in_bulk([_build_id(c.job_id) for _, c in chosen])
+        chosen.update(c.job_id for _, c in chosen_now)
+        builds = DerivationBuild.objects.in_bulk([_build_id(c.job_id) for _, c in chosen_now])
         # The claim's time is when the rows are locked, not when the requests arrived: a build queued by a
         # dependency that finished meanwhile is never shown dispatched before that dependency finished.
         claimed_at = max(now, timezone.now())
         claims: list[tuple[_Asking, Score, BuildClaim, Job]] = []
-        for a, choice in chosen:
+        for a, choice in chosen_now:
             build = builds.get(_build_id(choice.job_id))
             if build is None:
                 continue

@@ -26,6 +26,7 @@ from gradient.core.vocab import (
     DispatchOutcome,
     JobKind,
 )
+from gradient.runtime import setsql
 from gradient.scheduling import history
 from gradient.scheduling.models import DispatchedJob
 
@@ -131,28 +132,16 @@ def assignment_close(*, row: DispatchedJob, outcome: DispatchOutcome, reason: st
 def assignments_close(
     *, rows: Sequence[DispatchedJob], outcome: DispatchOutcome, reason: str, now: datetime
 ) -> set[uuid.UUID]:
-    """assignment_close for many assignments of one outcome and reason, in one statement (two with
-    their lock): the ids of those this call closed."""
+    """assignment_close for many assignments of one outcome and reason, in one statement: the ids of
+    those this call closed."""
     if not rows:
         return set()
-    ids = [row.id for row in rows]
-    if len(ids) == 1:
-        closed = (
-            {ids[0]}
-            if DispatchedJob.objects.filter(id=ids[0], finished_at__isnull=True).update(
-                finished_at=now, outcome=outcome, reason=reason[:2000]
-            )
-            else set()
-        )
-    else:
-        closed = set(
-            DispatchedJob.objects.select_for_update(no_key=True)
-            .filter(id__in=ids, finished_at__isnull=True)
-            .values_list("id", flat=True)
-        )
-        DispatchedJob.objects.filter(id__in=list(closed)).update(
-            finished_at=now, outcome=outcome, reason=reason[:2000]
-        )
+    closed = setsql.update_returning(
+        DispatchedJob,
+        [row.id for row in rows],
+        {"finished_at": now, "outcome": outcome, "reason": reason[:2000]},
+        where={"finished_at": None},
+    )
     for row in rows:
         if row.id in closed:
             history.closed(row=row, outcome=outcome, reason=reason, now=now)

@@ -47,7 +47,7 @@ from gradient.core.vocab import (
     JobKind,
 )
 from gradient.records.schemas import ReportKind
-from gradient.runtime import metrics, savepoints
+from gradient.runtime import metrics, savepoints, setsql
 from gradient.scheduling import history, jobs
 from gradient.scheduling.decisions.failures import (
     BuildVerdict,
@@ -457,22 +457,19 @@ def complete_builds(
             continue
         build_ids = [row.derivation_build_id for row in group]
         status = BuildStatus.SUBSTITUTED if substituted else BuildStatus.COMPLETED
-        changed = list(
-            DerivationBuild.objects.select_for_update(no_key=True)
-            .filter(id__in=build_ids, status=BuildStatus.BUILDING)
-            .values_list("id", flat=True)
+        changed = setsql.update_returning(
+            DerivationBuild,
+            build_ids,
+            {"status": status, "finished_at": now, "updated_at": now, "retry_at": None, "failure_kind": None},
+            where={"status": BuildStatus.BUILDING},
         )
-        if changed:
-            DerivationBuild.objects.filter(id__in=changed).update(
-                status=status, finished_at=now, updated_at=now, retry_at=None, failure_kind=None
-            )
         BuildAttempt.objects.filter(
             dispatched_job_id__in=[row.id for row in group], outcome=BuildAttemptOutcome.RUNNING
         ).update(
             outcome=BuildAttemptOutcome.SUBSTITUTED if substituted else BuildAttemptOutcome.BUILT,
             finished_at=now,
         )
-        effects.completed.extend(changed)
+        effects.completed.extend(sorted(changed))
     if own:
         effects.settle(now)
 

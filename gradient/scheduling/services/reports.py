@@ -154,10 +154,15 @@ def _apply_batch(
         if row is None or row.id in closed:
             results[index] = DROPPED
             continue
-        if common is not None and row.id in common.rows:
-            common.apply()  # a later report of the same job: what came before it first, in order
-        if common is not None and common.takes(row, message):
-            common.add(index, row, message)
+        stage = common.stage_of(row, message) if common is not None else None
+        if (
+            common is not None
+            and row.id in common.stages
+            and (stage is None or stage <= common.stages[row.id])
+        ):
+            common.apply()  # what came before this report of the same job first, in order
+        if common is not None and stage is not None:
+            common.add(index, row, message, stage)
         else:
             mark = len(effects.completed)
             apply = functools.partial(_apply_and_record, row, message, now, effects)
@@ -181,33 +186,48 @@ class _Common:
     """A shared build's usual reports (accepted, building, build_output, completed), collected from a
     batch and applied by kind: a statement or two per kind, however many jobs reported. They make the
     same transitions as `_apply` does one by one (lifecycle's batch forms of the same functions), and
-    shared builds keep no record of their own yet, so there is no fact to append. A job's reports apply
-    in order: a second report of one job first applies what was collected (`rows`)."""
+    shared builds keep no record of their own yet, so there is no fact to append.
+
+    The kinds are applied in the order a job goes through them (its stages), so one job's reports in
+    that order are collected together; any other report of a job with reports collected (a repeat, a
+    log piece, a failure) first applies what was collected, so a job's reports still apply in order."""
+
+    ACCEPTED, BUILDING, OUTPUT, COMPLETED = range(4)
 
     def __init__(self, now: datetime, effects: BatchEffects, results: list[Result | None]) -> None:
         self.now, self.effects, self.results = now, effects, results
         self._clear()
 
     def _clear(self) -> None:
-        self.rows: dict[uuid.UUID, DispatchedJob] = {}
+        self.stages: dict[uuid.UUID, int] = {}  # the last stage collected of each job
         self.accepted: list[tuple[int, DispatchedJob]] = []
         self.building: list[tuple[int, DispatchedJob]] = []
         self.outputs: list[tuple[int, DispatchedJob, BuildOutput]] = []
         self.completed: list[tuple[int, DispatchedJob]] = []
 
-    @staticmethod
-    def takes(row: DispatchedJob, message: Incoming) -> bool:
+    @classmethod
+    def stage_of(cls, row: DispatchedJob, message: Incoming) -> int | None:
+        """The stage of this report, or None when it is not one of these (it goes alone)."""
         if row.kind != JobKind.BUILD or row.derivation_build_id is None:
-            return False
+            return None
         match message:
-            case AssignJobResponse(accepted=True) | JobCompleted():
-                return True
-            case JobUpdate(update=Building() | BuildOutput() as update):
-                return update.build_id == str(row.derivation_build_id)
-        return False
+            case AssignJobResponse(accepted=True):
+                return cls.ACCEPTED
+            case JobCompleted():
+                return cls.COMPLETED
+            case JobUpdate(update=Building() | BuildOutput() as update) if update.build_id == str(
+                row.derivation_build_id
+            ):
+                return cls.OUTPUT if isinstance(update, BuildOutput) else cls.BUILDING
+        return None
 
-    def add(self, index: int, row: DispatchedJob, message: Incoming) -> None:
-        self.rows[row.id] = row
+    def out_of_order(self, row: DispatchedJob, stage: int | None) -> bool:
+        """Whether this report of a job with reports collected must wait until they are applied."""
+        last = self.stages.get(row.id)
+        return last is not None and (stage is None or stage <= last)
+
+    def add(self, index: int, row: DispatchedJob, message: Incoming, stage: int) -> None:
+        self.stages[row.id] = stage
         match message:
             case AssignJobResponse():
                 self.accepted.append((index, row))
@@ -223,9 +243,8 @@ class _Common:
         lifecycle.note_accepted_all([row.id for _, row in self.accepted], now=now)
         lifecycle.note_phase_all([row.id for _, row in self.building], tag_of(Building))
         lifecycle.note_phase_all([row.id for _, row, _ in self.outputs], tag_of(BuildOutput))
-        graph.cache_paths(
-            paths=((o.path, o.nar_size) for _, _, update in self.outputs for o in update.outputs)
-        )
+        outputs = [(o.path, o.nar_size) for _, _, update in self.outputs for o in update.outputs]
+        graph.cache_paths(paths=outputs)
         lifecycle.complete_builds(
             [(row, update.substituted) for _, row, update in self.outputs], now=now, effects=self.effects
         )

@@ -20,6 +20,7 @@ import asyncio
 import functools
 import logging
 import weakref
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -30,6 +31,11 @@ log = logging.getLogger("gradient.workers")
 
 WINDOW_SECS = 0.003
 MAX_BATCH = 256
+# Batches applied at once: while one waits for its COMMIT (the disk's flush, tens of milliseconds on a
+# busy machine), the next ones are applied beside it and PostgreSQL flushes their commits together. A
+# session's messages are in one batch at a time (what it queued meanwhile waits for the next), so they
+# still apply in the order it sent them.
+IN_FLIGHT = 4
 
 Apply = Callable[[Sequence[tuple[Any, Any]]], list[Any]]
 
@@ -48,9 +54,19 @@ def _apply_with_retries(apply: Apply, batch: Sequence[tuple[Any, Any]]) -> list[
 class Batcher:
     """One per event loop (a serve process has one): collects and applies."""
 
-    def __init__(self, apply: Apply, window: float = WINDOW_SECS) -> None:
+    def __init__(
+        self,
+        apply: Apply,
+        window: float = WINDOW_SECS,
+        in_flight: int = IN_FLIGHT,
+        lane: lanes.Lane = lanes.HOT,
+    ) -> None:
         self._apply = apply
         self._window = window
+        self._lane = lane
+        self._in_flight = asyncio.Semaphore(in_flight)
+        self._applying: set[asyncio.Task[None]] = set()
+        self._sessions_applying: Counter[Any] = Counter()
         self._items: list[_Item] = []
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -75,17 +91,48 @@ class Batcher:
         while True:
             await self._wake.wait()
             self._wake.clear()
-            if not self._items:
+            if not any(item.session not in self._sessions_applying for item in self._items):
                 continue
             await asyncio.sleep(self._window)  # let the other sessions' messages join
-            while self._items:
-                items, self._items = self._items[:MAX_BATCH], self._items[MAX_BATCH:]
-                await self._apply_batch(items)
+            while True:
+                # Taken only once a batch may start: while every slot is busy, the next batch grows.
+                await self._in_flight.acquire()
+                items = self._take()
+                if not items:
+                    self._in_flight.release()
+                    break
+                task = asyncio.get_running_loop().create_task(self._apply_batch(items))
+                self._applying.add(task)
+                task.add_done_callback(functools.partial(self._applied, items))
+
+    def _take(self) -> list[_Item]:
+        """The next batch: up to MAX_BATCH items, in order, of sessions with none in a batch being
+        applied (a session held back has all its items held back, so its order stays)."""
+        taken: list[_Item] = []
+        held: list[_Item] = []
+        blocked: set[Any] = set()
+        for item in self._items:
+            if len(taken) >= MAX_BATCH or item.session in blocked or item.session in self._sessions_applying:
+                blocked.add(item.session)
+                held.append(item)
+            else:
+                taken.append(item)
+        self._items = held
+        self._sessions_applying.update(item.session for item in taken)
+        return taken
+
+    def _applied(self, items: list[_Item], task: asyncio.Task[None]) -> None:
+        self._applying.discard(task)
+        self._sessions_applying.subtract(item.session for item in items)
+        self._sessions_applying += Counter()  # drop the zeros
+        self._in_flight.release()
+        if self._items:
+            self._wake.set()  # what was held back for these sessions may go now
 
     async def _apply_batch(self, items: list[_Item]) -> None:
         batch = [(item.session, item.message) for item in items]
         try:
-            results = await lanes.run(lanes.HOT, _apply_with_retries, self._apply, batch)
+            results = await lanes.run(self._lane, _apply_with_retries, self._apply, batch)
         except Exception as exc:
             for item in items:
                 if not item.future.done():
@@ -101,12 +148,12 @@ _batchers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[Apply, Batc
 )
 
 
-def batcher_for(apply: Apply, window: float = WINDOW_SECS) -> Batcher:
-    """This event loop's batcher of `apply` (tests run several loops, one per test): one for reports, one
-    for RequestJobs."""
+def batcher_for(apply: Apply, window: float = WINDOW_SECS, lane: lanes.Lane = lanes.HOT) -> Batcher:
+    """This event loop's batcher of `apply` (tests run several loops, one per test): one for reports on
+    the hot lane, one for RequestJobs on the claims lane."""
     loop = asyncio.get_running_loop()
     mine = _batchers.setdefault(loop, {})
     batcher = mine.get(apply)
     if batcher is None:
-        batcher = mine[apply] = Batcher(apply, window)
+        batcher = mine[apply] = Batcher(apply, window, lane=lane)
     return batcher

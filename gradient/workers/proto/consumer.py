@@ -606,11 +606,17 @@ class WorkerConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]  # channels 
                     raise result.error
                 replies: list[ServerMessage] = []
             elif isinstance(message, RequestJob) and message.kind == "build":
-                claims = batcher_for(jobloop.request_builds_batch, CLAIM_WINDOW_SECS)
+                claims = batcher_for(jobloop.request_builds_batch, CLAIM_WINDOW_SECS, lanes.CLAIMS)
                 handed = await claims.submit(session, message)
                 replies = [handed] if handed is not None else []
             else:
-                lane = lanes.OFFERS if isinstance(message, OFFER_LANE) else lanes.HOT
+                lane = (
+                    lanes.OFFERS
+                    if isinstance(message, OFFER_LANE)
+                    else lanes.CLAIMS
+                    if isinstance(message, RequestJob)
+                    else lanes.HOT
+                )
                 replies = await lanes.run(lane, _handle, handler, session, message)
         except Exception:
             # Our failure, not the worker's: no 400. Close; the worker reconnects and its jobs requeue.
