@@ -227,3 +227,74 @@ def test_serve_killed_in_the_middle_of_a_report_batch_commits_none_of_it_and_eve
     offenders = jobs_not_completed_exactly_once([evaluation])
     assert offenders == {}, explain_jobs(list(offenders))
     assert not DispatchedJob.objects.filter(finished_at__isnull=True).exists()
+
+
+def test_serve_killed_in_the_middle_of_a_claim_batch_commits_none_of_its_claims_and_everything_finishes_once(
+    tmp_path: Path,
+) -> None:
+    """A batch of RequestJobs is one transaction: SIGKILL while one is claiming (held open, here, by this
+    test's lock on the idle slots, which the batch writes after its claim statement) commits none of its
+    claims: no AssignJob went out for them, the builds are still Queued after the next boot, and every
+    build still completes exactly once."""
+    import psycopg
+    from django.db import connection
+
+    env = service_env()
+    with ExitStack() as stack:
+        beat = stack.enter_context(celery_worker(env, tmp_path))
+        server = stack.enter_context(serve(env, tmp_path))
+        port = server.port
+        op = Operator.login(server)
+        op.project("demo")
+        evaluation = op.evaluation("sim:wide?n=12&duration_ms=200&eval_ms=200&salt=claim-kill")
+        start_workers(stack, op, server.ws_url, tmp_path, [f"w{k}" for k in range(3)])
+        settings = connection.settings_dict
+        holder = psycopg.connect(
+            host=settings["HOST"] or "127.0.0.1",
+            port=int(settings["PORT"] or 5432),
+            user=settings["USER"],
+            dbname=settings["NAME"],
+            autocommit=False,
+        )
+        stack.callback(holder.close)
+        wait_until(
+            lambda: DispatchedJob.objects.filter(kind="build").exists(),
+            timeout=60,
+            what="a build handed out",
+        )
+        # Every claim batch writes the idle slots after its claim statement, inside its transaction.
+        holder.execute("LOCK TABLE idle_slot IN SHARE ROW EXCLUSIVE MODE")
+
+        def batch_waiting() -> int | None:
+            """The backend of a claim batch waiting for the idle slots, its claims written, not committed."""
+            pid = scalar(
+                "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+                "AND wait_event_type = 'Lock' AND query LIKE '%%idle_slot%%' AND pid <> %s",
+                (holder.info.backend_pid,),
+            )
+            return int(pid) if pid is not None else None
+
+        try:
+            blocked = wait_until(batch_waiting, timeout=60, what="a claim batch waiting in its transaction")
+            dispatched_before = DispatchedJob.objects.filter(kind="build").count()
+            assert server.stop(signal.SIGKILL) == -signal.SIGKILL
+        finally:
+            holder.rollback()
+        wait_until(
+            lambda: not scalar("SELECT count(*) FROM pg_stat_activity WHERE pid = %s", (blocked,)),
+            timeout=30,
+            what="the killed boot's claim transaction to end",
+        )
+        # None of the batch's claims committed: no build was handed out after the lock was taken.
+        assert DispatchedJob.objects.filter(kind="build").count() == dispatched_before
+        server = stack.enter_context(serve(env, tmp_path, port=port))
+        try:
+            wait_all_completed([evaluation], [], 90, "the evaluation after the kill mid-claim-batch")
+        except BaseException:
+            print(f"--- serve\n{server.log()[-5000:]}")
+            print(f"--- celery\n{beat.log()[-4000:]}")
+            raise
+    assert invariant_violations() == {}
+    offenders = jobs_not_completed_exactly_once([evaluation])
+    assert offenders == {}, explain_jobs(list(offenders))
+    assert not DispatchedJob.objects.filter(finished_at__isnull=True).exists()

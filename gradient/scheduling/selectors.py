@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
@@ -11,6 +12,7 @@ from typing import Any
 
 import msgspec
 from django.conf import settings
+from django.db import connection
 from django.db.models import Count, Exists, OuterRef, Q, QuerySet
 from django.utils import timezone
 
@@ -264,6 +266,25 @@ def queued_build_refs(
     worker = state.worker
     if not worker.can_build:
         return []
+    scored_ids = [parsed for key in scored if (parsed := _build_id(key)) is not None]
+    if connection.vendor == "postgresql":
+        rows = _queued_heads(state, now, wait_cap_secs, scored_ids, preselect)
+    else:
+        rows = _queued_heads_orm(state, now, wait_cap_secs, scored_ids, preselect)
+    refs: dict[uuid.UUID, BuildRef] = {}
+    for b, q, c, p, system, features in rows:
+        if b not in refs and worker_can_build(worker, system, features):
+            refs[b] = BuildRef(id=b, queued_at=q, created_at=c, prioritized=p)
+    return list(refs.values())
+
+
+def _queued_heads_orm(
+    state: WorkerState,
+    now: datetime,
+    wait_cap_secs: float | None,
+    scored_ids: list[uuid.UUID],
+    preselect: int,
+) -> list[tuple[Any, ...]]:
     base = _queued_builds_for(state, now)
     columns = ("id", "queued_at", "created_at", "prioritized", "system", "required_features")
     parts = [base.filter(prioritized=True).values_list(*columns)[: preselect * 4]]
@@ -273,15 +294,62 @@ def queued_build_refs(
         cap = now - timedelta(seconds=wait_cap_secs)
         parts.append(base.filter(queued_at__gt=cap).values_list(*columns)[:preselect])
         parts.append(base.filter(queued_at__lte=cap).order_by("id").values_list(*columns)[:preselect])
-    scored_ids = [parsed for key in scored if (parsed := _build_id(key)) is not None]
     for start in range(0, len(scored_ids), 5000):
         parts.append(base.filter(id__in=scored_ids[start : start + 5000]).values_list(*columns))
-    refs: dict[uuid.UUID, BuildRef] = {}
-    for part in parts:
-        for b, q, c, p, system, features in part:
-            if b not in refs and worker_can_build(worker, system, features):
-                refs[b] = BuildRef(id=b, queued_at=q, created_at=c, prioritized=p)
-    return list(refs.values())
+    return [row for part in parts for row in part]
+
+
+# _queued_builds_for as one statement of fixed text (PostgreSQL): RequestJob batches ask it many times a
+# second, and building the ORM's query (its EXISTS subqueries) cost more than running it. The same
+# rules; tests/test_scheduling_assignment.py holds it to the ORM's queued_builds.
+_HEADS_WHERE = """
+    b.status = %(queued)s AND b.system = ANY(%(systems)s)
+    AND (b.retry_at IS NULL OR b.retry_at <= %(now)s)
+    AND NOT EXISTS (
+        SELECT 1 FROM cluster_member m JOIN cluster_job c ON c.id = m.cluster_job_id
+        WHERE m.derivation_build_id = b.id AND c.status <> ALL(%(cluster_ended)s))
+    AND EXISTS (
+        SELECT 1 FROM evaluation_build eb JOIN evaluation e ON e.id = eb.evaluation_id
+        WHERE eb.build_id = b.id AND eb.blocks_evaluation AND e.status = ANY(%(active)s)
+          AND e.project_id = ANY(%(projects)s))"""
+_HEADS_FROM = (
+    "(SELECT b.id, b.queued_at, b.created_at, b.prioritized, b.system, b.required_features "
+    "FROM derivation_build b WHERE " + _HEADS_WHERE
+)
+_HEADS_PRIORITIZED = _HEADS_FROM + " AND b.prioritized ORDER BY b.queued_at, b.id LIMIT %(many)s)"
+_HEADS_OLDEST = _HEADS_FROM + " ORDER BY b.queued_at, b.id LIMIT %(few)s)"
+_HEADS_YOUNGER = _HEADS_FROM + " AND b.queued_at > %(cap)s ORDER BY b.queued_at, b.id LIMIT %(few)s)"
+_HEADS_CAPPED_BY_ID = _HEADS_FROM + " AND b.queued_at <= %(cap)s ORDER BY b.id LIMIT %(few)s)"
+_HEADS_SCORED = _HEADS_FROM + " AND b.id = ANY(%(scored)s))"
+_HEADS_UNCAPPED = " UNION ALL ".join((_HEADS_PRIORITIZED, _HEADS_OLDEST, _HEADS_SCORED))
+_HEADS_CAPPED = " UNION ALL ".join((_HEADS_PRIORITIZED, _HEADS_YOUNGER, _HEADS_CAPPED_BY_ID, _HEADS_SCORED))
+
+
+def _queued_heads(
+    state: WorkerState,
+    now: datetime,
+    wait_cap_secs: float | None,
+    scored_ids: list[uuid.UUID],
+    preselect: int,
+) -> list[tuple[Any, ...]]:
+    params: dict[str, Any] = {
+        "queued": BuildStatus.QUEUED.value,
+        "systems": [*(state.worker.architectures or []), BUILTIN_SYSTEM],
+        "now": now,
+        "cluster_ended": [s.value for s in CLUSTER_TERMINAL],
+        "active": [s.value for s in EVALUATION_ACTIVE],
+        "projects": list(state.project_ids),
+        "many": preselect * 4,
+        "few": preselect,
+        "cap": now - timedelta(seconds=wait_cap_secs) if wait_cap_secs is not None else None,
+        "scored": scored_ids,
+    }
+    with connection.cursor() as cursor:
+        cursor.execute(_HEADS_UNCAPPED if wait_cap_secs is None else _HEADS_CAPPED, params)
+        # Django reads jsonb as text and decodes it itself: so does this.
+        return [
+            (*row[:5], json.loads(row[5]) if isinstance(row[5], str) else row[5]) for row in cursor.fetchall()
+        ]
 
 
 def _build_id(text: str) -> uuid.UUID | None:

@@ -246,11 +246,22 @@ def _fresh_candidates(state: selectors.WorkerState, now: datetime, limit: int) -
     made, _ = _build_candidates(list(rows.values()), [])
     made.update(recent)
     fresh.extend(made[i] for i in fresh_ids if i in made)
-    SentCandidate.objects.bulk_create(
-        [SentCandidate(worker_id=state.id, job_id=c.job_id, sent_at=now) for c in fresh],
-        ignore_conflicts=True,
-    )
+    _remember_sent(state.id, [c.job_id for c in fresh], now)
     return fresh
+
+
+_REMEMBER_SENT = (
+    "INSERT INTO sent_candidate (worker_id, job_id, sent_at) SELECT %s, k, %s FROM unnest(%s::text[]) AS k "
+    "ON CONFLICT DO NOTHING"
+)
+
+
+def _remember_sent(worker_id: uuid.UUID, job_keys: list[str], now: datetime) -> None:
+    """The worker was sent these candidates: one statement with the keys as an array (PostgreSQL), not a
+    row of parameters per candidate (a connecting worker is sent up to 1 000)."""
+    if job_keys:
+        with connection.cursor() as cursor:
+            cursor.execute(_REMEMBER_SENT, [worker_id, now, job_keys])
 
 
 def promote_retries(*, now: datetime) -> int:
