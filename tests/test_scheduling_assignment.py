@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import uuid
+
 import msgspec
 import pytest
 from django.utils import timezone
@@ -331,3 +333,36 @@ def test_a_claimed_job_drops_out_of_every_workers_sent_set_and_a_finished_one_ou
     other = DerivationBuild.objects.exclude(id=build_id_of(a)).get()
     assert CandidateScore.objects.filter(job_id=other.job_key).count() == 2, "other jobs keep theirs"
     assert SentCandidate.objects.filter(job_id=other.job_key).count() == 2
+
+
+def test_a_batch_of_requests_claims_distinct_builds_at_once_and_never_more_than_a_worker_has_slots() -> (
+    None
+):
+    from gradient.scheduling.services.assignment import request_builds
+
+    project = ProjectFactory()
+    _building_evaluation(project, [drv(f"b{k}") for k in range(6)])
+    one = connected_worker([project], max_concurrent_builds=1)
+    two = connected_worker([project], max_concurrent_builds=2)
+    busy = connected_worker([project], max_concurrent_builds=1)
+    stranger = connected_worker([ProjectFactory()], max_concurrent_builds=1)
+    assert ask(busy.id) is not None  # its one slot taken before the batch
+
+    tried: list[uuid.UUID] = []
+    asked = [one.id, two.id, two.id, busy.id, one.id, stranger.id]
+    answers = request_builds(worker_ids=asked, now=timezone.now(), tried=tried)
+
+    handed = {i: a for i, a in enumerate(answers) if a is not None}
+    assert sorted(handed) == [0, 1, 2]  # `one` once, `two` twice; `busy` full, `stranger` unauthorized
+    assert len({a.job_key for a in handed.values()}) == 3
+    for index, a in handed.items():
+        row = DispatchedJob.objects.get(id=a.assignment_id)
+        assert (row.worker_id, row.finished_at, row.job_id) == (asked[index], None, a.job_key)
+        b = DerivationBuild.objects.get(id=row.derivation_build_id)
+        assert (b.status, b.attempts) == (BuildStatus.BUILDING, 1)
+        assert BuildAttempt.objects.get(build=b).dispatched_job_id == a.assignment_id
+    assert {a.assignment_id for a in handed.values()} <= set(tried)
+    assert DerivationBuild.objects.filter(status=BuildStatus.QUEUED).count() == 2
+    # A worker whose request went unanswered for want of work is an idle slot; a full one is not.
+    assert IdleSlot.objects.filter(worker=stranger).exists()
+    assert not IdleSlot.objects.filter(worker__in=[one, two, busy]).exists()

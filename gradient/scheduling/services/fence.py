@@ -11,8 +11,6 @@ from __future__ import annotations
 import uuid
 from collections.abc import Sequence
 
-from django.db.models import Q
-
 from gradient.core.ids import parse_uuid
 from gradient.scheduling.models import DispatchedJob
 from gradient.scheduling.services.lifecycle import ReportOutcome
@@ -37,13 +35,14 @@ def fenced_assignments(
 ) -> tuple[dict[uuid.UUID, DispatchedJob], set[uuid.UUID]]:
     """The fence for a whole batch of (worker_id, job key, assignment_id): the open single-job
     assignments they name, each locked (in id order, so two batches never wait on each other in a cycle)
-    and kept only where worker and job match; and the ids of open cluster-member assignments among them,
-    left unlocked (the cluster code locks its cluster first, then the member's row)."""
-    wanted: dict[uuid.UUID, tuple[uuid.UUID, str]] = {}
+    and kept only where worker and job match (the caller matches each report to its row again); and
+    the ids of open cluster-member assignments among them, left unlocked (the cluster code locks its
+    cluster first, then the member's row)."""
+    wanted: dict[uuid.UUID, set[tuple[uuid.UUID, str]]] = {}
     for worker_id, job_key, named in claims:
         parsed = parse_uuid(named)
         if parsed is not None:
-            wanted[parsed] = (worker_id, job_key)
+            wanted.setdefault(parsed, set()).add((worker_id, job_key))
     if not wanted:
         return {}, set()
     ids = list(wanted)
@@ -52,15 +51,14 @@ def fenced_assignments(
             id__in=ids, finished_at__isnull=True, cluster_attempt__isnull=False
         ).values_list("id", flat=True)
     )
-    fence = Q()
-    for assignment_id, (worker_id, job_key) in wanted.items():
-        if assignment_id not in members:
-            fence |= Q(id=assignment_id, worker_id=worker_id, job_id=job_key)
-    if not fence:
+    singles = [assignment_id for assignment_id in wanted if assignment_id not in members]
+    if not singles:
         return {}, members
     rows = (
         DispatchedJob.objects.select_for_update(no_key=True)
-        .filter(fence, finished_at__isnull=True, cluster_attempt__isnull=True)
+        .filter(id__in=singles, finished_at__isnull=True, cluster_attempt__isnull=True)
         .order_by("id")
     )
-    return {row.id: row for row in rows}, members
+    # The worker and the job must match too: checked here rather than as one OR term per report in the
+    # statement (a batch of hundreds made the ORM build a statement far costlier than the read).
+    return {row.id: row for row in rows if (row.worker_id, row.job_id) in wanted[row.id]}, members

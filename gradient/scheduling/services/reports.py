@@ -151,7 +151,7 @@ def _apply_batch(
             results[index] = _contained(member, worker_id, message, None, savepoint=savepoints)
             continue
         row = fenced.get(assignment_id) if assignment_id is not None else None
-        if row is None or row.id in closed:
+        if row is None or row.id in closed or (row.worker_id, row.job_id) != (worker_id, message.job_id):
             results[index] = DROPPED
             continue
         stage = common.stage_of(row, message) if common is not None else None
