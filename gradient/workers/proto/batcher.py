@@ -1,17 +1,20 @@
-"""The report batcher: every session's reports of this process, applied together.
+"""The batchers: every session's messages of one kind in this process, applied together.
 
-A session's consumer hands each report (JobUpdate, JobCompleted, JobFailed, BuildProgress, EvalProgress,
-BuildLog, and the AssignJobResponse answer) to `submit` and awaits its result, so one session still has
-one report in flight and its reports apply in the order it sent them. The batcher collects what every
-session submits for at most WINDOW_SECS (or MAX_BATCH reports), and applies the lot in one call on the
-hot lane: one transaction, one commit (gradient.scheduling.services.reports.worker_reports, through the
-job loop). While one batch is applied the next one fills, so under load batches grow and commits per
-report fall; a lone report waits at most the window.
+Two per process: the report batcher (JobUpdate, JobCompleted, JobFailed, BuildProgress, EvalProgress,
+BuildLog, and the AssignJobResponse answer; gradient.scheduling.services.reports.worker_reports, on the
+hot lane) and the claim batcher (RequestJob{build}; assignment.hand_out_builds, on the claims lane). A
+session's consumer hands each message to `enqueue` (a report: without waiting for its result) or
+`submit` (a RequestJob: waiting for its AssignJob). The batcher collects what every session queued for
+at most its window (or MAX_BATCH items) and applies the lot in one call on its lane: one transaction,
+one commit. Up to IN_FLIGHT batches are applied at once, so while one waits for its commit the next
+fills and goes; under load batches grow and commits per message fall, and a lone message waits at most
+the window. A session's messages are in one batch at a time, in the order it queued them.
 
 A batch whose database connection died is applied again on a fresh connection (runtime.lanes.retrying:
 every report is fenced by its assignment_id and every write is conditional, so a batch that did commit
-unheard changes nothing the second time); after its attempts the error goes to every report of the
-batch, and each consumer ends its session as for any failure of ours.
+unheard changes nothing the second time; a claim batch hands out a claim that committed unheard,
+assignment.hand_out_builds); after its attempts the error goes to every message of the batch, and each
+consumer ends its session as for any failure of ours.
 """
 
 from __future__ import annotations
