@@ -53,7 +53,7 @@ def test_over_the_total_cap_the_oldest_of_the_most_crowded_address_makes_room() 
     assert plan_admission(strangers, "b", total_cap=3, per_address_cap=2) == Admission(True, ("2",))
 
 
-def test_a_pending_socket_is_never_closed_nor_counted_per_address_and_without_room_the_newcomer_is_refused() -> None:
+def test_a_pending_socket_is_never_closed_nor_counted_per_address_and_a_full_total_refuses() -> None:
     # "1" has sent its InitConnection (pending): the address has one silent socket, below its cap of 2.
     strangers = [_s("1", "a", handshaking=True), _s("2", "a")]
     assert plan_admission(strangers, "a", total_cap=10, per_address_cap=2) == Admission(True, ())
@@ -193,38 +193,40 @@ class _Refused(Exception):
     refused upgrade, or Reject{503}."""
 
 
-async def _fleet_worker(url: str, worker_id: str, token: str, all_in: asyncio.Event, seen: Counter[str]) -> None:
+async def _fleet_worker(
+    url: str, worker_id: str, token: str, all_in: asyncio.Event, seen: Counter[str]
+) -> None:
     """Connect as a worker behind FLEET_ADDRESS does, retrying what it retries; once in, hold the session
-    until the whole fleet is in. A final refusal (any other Reject) raises."""
-    for _ in range(50):
-        try:
-            async with websockets.connect(
-                url, open_timeout=60, close_timeout=1, ping_interval=None, local_addr=(FLEET_ADDRESS, 0)
-            ) as ws:
-                await ws.send(json.dumps(init_connection(worker_id, token)))
-                frame = json.loads(await asyncio.wait_for(ws.recv(), 60))
-                seen[f"{frame['type']} {frame.get('code', '')}".strip()] += 1
-                if frame["type"] == "InitAck":
-                    await all_in.wait()
-                    return
-                if frame.get("code") != 503:
-                    raise AssertionError(f"a final refusal: {frame}")
-        except websockets.InvalidStatus as exc:
-            seen[f"HTTP {exc.response.status_code}"] += 1
-        await asyncio.sleep(random.uniform(0.1, 0.5))  # noqa: S311 (a worker's jitter, not security)
-    raise AssertionError(f"worker {worker_id} did not get in: {seen}")
+    until the whole fleet is in. A final refusal (any other Reject) raises, and lets the others go."""
+    try:
+        for _ in range(50):
+            try:
+                async with websockets.connect(
+                    url, open_timeout=60, close_timeout=1, ping_interval=None, local_addr=(FLEET_ADDRESS, 0)
+                ) as ws:
+                    await ws.send(json.dumps(init_connection(worker_id, token)))
+                    frame = json.loads(await asyncio.wait_for(ws.recv(), 60))
+                    seen[f"{frame['type']} {frame.get('code', '')}".strip()] += 1
+                    if frame["type"] == "InitAck":
+                        if seen["InitAck"] == FLEET:
+                            all_in.set()
+                        await all_in.wait()
+                        return
+                    if frame.get("code") != 503:
+                        raise AssertionError(f"a final refusal: {frame}")
+            except websockets.InvalidStatus as exc:
+                seen[f"HTTP {exc.response.status_code}"] += 1
+            await asyncio.sleep(random.uniform(0.1, 0.5))  # noqa: S311 (a worker's jitter, not security)
+        raise AssertionError(f"worker {worker_id} did not get in: {seen}")
+    except BaseException:
+        all_in.set()
+        raise
 
 
 async def _fleet(url: str, credentials: list[tuple[str, str]]) -> Counter[str]:
     all_in = asyncio.Event()
     seen: Counter[str] = Counter()
-    tasks = [asyncio.create_task(_fleet_worker(url, w, t, all_in, seen)) for w, t in credentials]
-    while sum(1 for t in tasks if t.done()) + seen["InitAck"] < len(tasks) and not any(
-        t.done() and t.exception() for t in tasks
-    ):
-        await asyncio.sleep(0.1)
-    all_in.set()
-    await asyncio.gather(*tasks)
+    await asyncio.gather(*(_fleet_worker(url, w, t, all_in, seen) for w, t in credentials))
     return seen
 
 
@@ -255,7 +257,11 @@ async def _silent_and_a_worker(url: str, worker_id: str, token: str, grace: floa
             try:
                 sockets.append(
                     await websockets.connect(
-                        url, open_timeout=30, close_timeout=1, ping_interval=None, local_addr=(SILENT_ADDRESS, 0)
+                        url,
+                        open_timeout=30,
+                        close_timeout=1,
+                        ping_interval=None,
+                        local_addr=(SILENT_ADDRESS, 0),
                     )
                 )
                 return
@@ -286,7 +292,9 @@ def test_300_silent_sockets_of_one_address_cannot_keep_a_worker_of_that_address_
     worker, token = make_worker()
     with serve(database_env(redis=False), tmp_path, ["--no-passes"]) as server:
         opened, still_open, attempts = asyncio.run(
-            _silent_and_a_worker(server.ws_url, str(worker.id), token, settings.GRADIENT_PROTO_SILENT_GRACE_SECS)
+            _silent_and_a_worker(
+                server.ws_url, str(worker.id), token, settings.GRADIENT_PROTO_SILENT_GRACE_SECS
+            )
         )
         log = server.log()
     assert opened == FLEET

@@ -136,7 +136,12 @@ async def admit(consumer: Any, address: str) -> bool:
     )
     shown = address or "a client"
     if not plan.admitted:
-        _line(address, "refused %s: %d sockets have not completed the handshake, none silent", shown, len(strangers))
+        _line(
+            address,
+            "refused %s: %d sockets have not completed the handshake, none silent",
+            shown,
+            len(strangers),
+        )
         return False
     if plan.close:
         _line(address, "closed %d socket(s) without a handshake to make room for %s", len(plan.close), shown)
