@@ -28,16 +28,19 @@ from django.db import transaction
 from django.db.models import F
 
 from gradient.core.vocab import EvaluationKind, EvaluationStatus
+from gradient.runtime import metrics
 from gradient.scheduling import history
+from gradient.scheduling.decisions.derivations import conflicts
 from gradient.scheduling.decisions.messages import MessageCap, with_messages
 from gradient.scheduling.models import DispatchedJob, EvalIngest, EvalIngestInput, Evaluation, EvaluationBuild
 from gradient.scheduling.services import drv_recovery, graph
-from gradient.scheduling.services.ingest import store_part
+from gradient.scheduling.services.ingest import held_derivations, store_part
 
 log = logging.getLogger("gradient.reports")
 
 # A message is cut beyond this (or beyond GRADIENT_EVAL_MESSAGES_MAX_BYTES, if lower).
 MAX_MESSAGE_BYTES = 64 * 1024
+CONFLICTS_NAMED = 10  # conflicting paths named in the evaluation's error; the rest are counted
 
 
 def message_cap() -> MessageCap:
@@ -65,6 +68,11 @@ def eval_result_part(
     ingest = EvalIngest.objects.filter(assignment_id=row.id).first()
     if ingest is not None and ingest.decided_at is not None:
         return _outcome(False, "dropped: a part after the final one")
+    if evaluation.kind != EvaluationKind.DRV_RECOVERY:
+        reported = update.get("derivations", [])
+        found = conflicts(reported, held_derivations(d["drv_path"] for d in reported))
+        if found:
+            return _refuse_conflicting(row=row, ingest=ingest, evaluation=evaluation, found=found, now=now)
     cap = message_cap()
     evaluation.warnings = with_messages(
         evaluation.warnings, update.get("warnings", []), what="warnings", cap=cap
@@ -127,6 +135,43 @@ def eval_result_part(
         f"eval_result, final part {part}: {builds} builds, {decided.queued} queued, "
         f"{decided.substituted} substituted, {decided.dependency_failed} failed",
     )
+
+
+def _refuse_conflicting(
+    *, row: DispatchedJob, ingest: EvalIngest | None, evaluation: Evaluation, found: list[str], now: datetime
+) -> Outcome:
+    """A part names derivation paths the server holds with another derivation (protocol.md, "Tenants"):
+    nothing of it is stored, the held builds are unchanged, and the evaluation fails naming what
+    differed. The ingest is decided, so a later part of the same result is dropped as stale."""
+    if ingest is None:
+        EvalIngest.objects.create(
+            assignment_id=row.id, evaluation_id=evaluation.id, started_at=now, decided_at=now
+        )
+    else:
+        EvalIngest.objects.filter(pk=ingest.pk).update(decided_at=now)
+    more = len(found) - CONFLICTS_NAMED
+    error = "the eval_result names derivations the server holds otherwise, refused: " + "; ".join(
+        found[:CONFLICTS_NAMED]
+    )
+    if more > 0:
+        error += f"; and {more} more"
+    history.evaluation_transition(
+        evaluation_id=evaluation.id,
+        to=EvaluationStatus.FAILED,
+        expect=None,
+        reason=error,
+        now=now,
+        errors=[*evaluation.errors, error],  # the server's own line, past the cap: one, always kept
+    )
+    metrics.count(metrics.DERIVATION_CONFLICTS, amount=len(found))
+    log.warning(
+        "worker %s reported %d derivation(s) unlike the held ones for evaluation %s: %s",
+        row.worker_id,
+        len(found),
+        evaluation.id,
+        found[0],
+    )
+    return _outcome(True, f"eval_result refused: {len(found)} conflicting derivation(s); evaluation failed")
 
 
 def _decide_in_slices(evaluation_id: uuid.UUID, now: datetime) -> None:
