@@ -69,6 +69,18 @@ def test_serve_without_a_secret_key_refuses_to_listen_beyond_loopback(tmp_path: 
     assert "DJANGO_SECRET_KEY is not set" in log and "Traceback" not in log
 
 
+def test_debug_with_the_development_key_is_no_reason_to_listen_beyond_loopback(tmp_path: Path) -> None:
+    env = database_env(redis=False, DJANGO_SECRET_KEY=None, DJANGO_DEBUG="1")
+    process = _serve(env, "0.0.0.0", tmp_path)  # noqa: S104 (that is the point)
+    try:
+        assert process.wait(60) != 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+    log = (tmp_path / "serve-0.0.0.0.log").read_text()
+    assert "DJANGO_SECRET_KEY is not set" in log and "Traceback" not in log
+
+
 def test_serve_with_a_secret_key_listens_anywhere(tmp_path: Path) -> None:
     from gradient.deploy import refuse_insecure_start
 
