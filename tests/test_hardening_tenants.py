@@ -106,3 +106,32 @@ def test_a_held_path_named_otherwise_by_another_project_is_refused_and_the_build
     assert _held_rows() == held
     b2_eval.refresh_from_db()
     assert b2_eval.status != EvaluationStatus.FAILED
+
+
+# --- An eval_result is bounded (issue 36, finding 9) -------------------------------------------------------
+
+
+def test_an_eval_result_past_the_derivation_cap_fails_its_evaluation_and_nothing_of_it_is_queued() -> None:
+    from django.test import override_settings
+    from django.utils import timezone
+
+    from gradient.scheduling.models import BuildStatus
+    from gradient.scheduling.services.passes import build_resync_pass
+
+    evaluation, worker, a = _evaluating("capped")
+    parts = [[drv(f"c{n}-{i}") for i in range(20)] for n in range(4)]
+    with override_settings(GRADIENT_EVAL_MAX_DERIVATIONS=50):
+        assert _report(worker, a, parts[0], is_final=False).accepted
+        assert _report(worker, a, parts[1], is_final=False).accepted
+        outcome = _report(worker, a, parts[2], is_final=False)  # 60 > 50
+        assert outcome.accepted and "refused" in outcome.detail
+        assert not _report(worker, a, parts[3]).accepted  # the final part, after the refusal: stale
+    evaluation.refresh_from_db()
+    assert evaluation.status == EvaluationStatus.FAILED
+    assert "more than 50 derivations" in evaluation.errors[-1]
+    assert "GRADIENT_EVAL_MAX_DERIVATIONS" in evaluation.errors[-1]
+    # What the first parts stored ends as a cancel ends it; the resync queues none of it.
+    build_resync_pass(now=timezone.now())
+    statuses = set(DerivationBuild.objects.values_list("status", flat=True))
+    assert statuses == {BuildStatus.ABORTED}, statuses
+    assert DerivationBuild.objects.count() == 40

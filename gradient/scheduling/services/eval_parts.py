@@ -34,6 +34,7 @@ from gradient.scheduling.decisions.derivations import conflicts
 from gradient.scheduling.decisions.messages import MessageCap, with_messages
 from gradient.scheduling.models import DispatchedJob, EvalIngest, EvalIngestInput, Evaluation, EvaluationBuild
 from gradient.scheduling.services import drv_recovery, graph
+from gradient.scheduling.services.evaluations import abort_orphaned_builds
 from gradient.scheduling.services.ingest import held_derivations, store_part
 
 log = logging.getLogger("gradient.reports")
@@ -70,6 +71,14 @@ def eval_result_part(
         return _outcome(False, "dropped: a part after the final one")
     if evaluation.kind != EvaluationKind.DRV_RECOVERY:
         reported = update.get("derivations", [])
+        so_far = ingest.derivations if ingest is not None else 0
+        most = settings.GRADIENT_EVAL_MAX_DERIVATIONS
+        if most > 0 and so_far + len(reported) > most:
+            error = (
+                f"the eval_result names more than {most} derivations (GRADIENT_EVAL_MAX_DERIVATIONS): "
+                f"{so_far} received before this part, {len(reported)} in it; refused"
+            )
+            return _refuse(row=row, ingest=ingest, evaluation=evaluation, error=error, now=now)
         found = conflicts(reported, held_derivations(d["drv_path"] for d in reported))
         if found:
             return _refuse_conflicting(row=row, ingest=ingest, evaluation=evaluation, found=found, now=now)
@@ -137,24 +146,19 @@ def eval_result_part(
     )
 
 
-def _refuse_conflicting(
-    *, row: DispatchedJob, ingest: EvalIngest | None, evaluation: Evaluation, found: list[str], now: datetime
+def _refuse(
+    *, row: DispatchedJob, ingest: EvalIngest | None, evaluation: Evaluation, error: str, now: datetime
 ) -> Outcome:
-    """A part names derivation paths the server holds with another derivation (protocol.md, "Tenants"):
-    nothing of it is stored, the held builds are unchanged, and the evaluation fails naming what
-    differed. The ingest is decided, so a later part of the same result is dropped as stale."""
+    """A part that cannot be taken: nothing of it is stored, and the evaluation fails with `error`. The
+    ingest is decided, so a later part of the same result is dropped as stale; what earlier parts stored
+    ends as a cancel ends it (builds that no other evaluation needs are aborted), so nothing of the
+    refused result is queued."""
     if ingest is None:
         EvalIngest.objects.create(
             assignment_id=row.id, evaluation_id=evaluation.id, started_at=now, decided_at=now
         )
     else:
         EvalIngest.objects.filter(pk=ingest.pk).update(decided_at=now)
-    more = len(found) - CONFLICTS_NAMED
-    error = "the eval_result names derivations the server holds otherwise, refused: " + "; ".join(
-        found[:CONFLICTS_NAMED]
-    )
-    if more > 0:
-        error += f"; and {more} more"
     history.evaluation_transition(
         evaluation_id=evaluation.id,
         to=EvaluationStatus.FAILED,
@@ -163,6 +167,22 @@ def _refuse_conflicting(
         now=now,
         errors=[*evaluation.errors, error],  # the server's own line, past the cap: one, always kept
     )
+    abort_orphaned_builds(evaluation_id=evaluation.id, reason=error, now=now)
+    return _outcome(True, "eval_result refused; evaluation failed")
+
+
+def _refuse_conflicting(
+    *, row: DispatchedJob, ingest: EvalIngest | None, evaluation: Evaluation, found: list[str], now: datetime
+) -> Outcome:
+    """A part names derivation paths the server holds with another derivation (protocol.md, "Tenants"):
+    refused (see `_refuse`), the held builds unchanged, the evaluation's error naming what differed."""
+    more = len(found) - CONFLICTS_NAMED
+    error = "the eval_result names derivations the server holds otherwise, refused: " + "; ".join(
+        found[:CONFLICTS_NAMED]
+    )
+    if more > 0:
+        error += f"; and {more} more"
+    _refuse(row=row, ingest=ingest, evaluation=evaluation, error=error, now=now)
     metrics.count(metrics.DERIVATION_CONFLICTS, amount=len(found))
     log.warning(
         "worker %s reported %d derivation(s) unlike the held ones for evaluation %s: %s",
