@@ -302,3 +302,41 @@ def test_300_silent_sockets_of_one_address_cannot_keep_a_worker_of_that_address_
     # The address's silent sockets past the grace made room: no more than its cap are left.
     assert still_open <= settings.GRADIENT_PROTO_MAX_UNAUTHENTICATED_PER_ADDRESS, still_open
     assert "without a handshake to make room" in log
+
+
+# --- Their log lines are sampled (issue 36, finding 10) ---------------------------------------------------
+
+SAMPLED_ADDRESS = "127.0.0.9"
+
+
+async def _silent_sockets(url: str, n: int, wait: float) -> int:
+    """n sockets from SAMPLED_ADDRESS that say nothing for `wait` seconds (the handshake time-out closes
+    them); returns how many were taken."""
+
+    async def one() -> bool:
+        try:
+            async with websockets.connect(
+                url, open_timeout=30, close_timeout=1, ping_interval=None, local_addr=(SAMPLED_ADDRESS, 0)
+            ) as ws:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(ws.recv(), wait)
+                return True
+        except websockets.InvalidStatus:
+            return False
+
+    return sum(await asyncio.gather(*(one() for _ in range(n))))
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_hundred_silent_sockets_of_one_address_write_a_few_lines_not_hundreds(tmp_path: Path) -> None:
+    env = database_env(redis=False, GRADIENT_PROTO_HANDSHAKE_TIMEOUT_SECS="1")
+    with serve(env, tmp_path, ["--no-passes"]) as server:
+        taken = asyncio.run(_silent_sockets(server.ws_url, 100, 3.0))
+        log = server.log()
+    assert taken >= 50, taken
+    access = [line for line in log.splitlines() if SAMPLED_ADDRESS in line and '"WebSocket /proto"' in line]
+    timeouts = [
+        line for line in log.splitlines() if SAMPLED_ADDRESS in line and "no InitConnection within" in line
+    ]
+    # One line per address per 10 s each (the run lasts a few seconds): 2 at most, not one per socket.
+    assert 1 <= len(access) <= 2 and 1 <= len(timeouts) <= 2, (access, timeouts)
