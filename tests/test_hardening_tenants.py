@@ -14,8 +14,8 @@ from gradient.runtime import metrics
 from gradient.scheduling.decisions.derivations import HeldDerivation, conflict, inputs_digest, outputs_of
 from gradient.scheduling.models import DerivationBuild, Evaluation, EvaluationStatus
 from gradient.scheduling.services.assignment import Assignment
-from tests.factories import EvaluationFactory, ProjectFactory, connected_worker
-from tests.scheduling_helpers import ask, drv, update
+from tests.factories import ProjectFactory
+from tests.scheduling_helpers import drv, evaluating, update
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -44,13 +44,7 @@ def test_a_report_that_agrees_with_the_held_derivation_is_no_conflict_and_one_th
 
 
 def _evaluating(project_name: str) -> tuple[Evaluation, Any, Assignment]:
-    project = ProjectFactory(name=project_name)
-    evaluation = EvaluationFactory(project=project)
-    worker = connected_worker([project])
-    a = ask(worker.id, "flake")
-    assert a is not None and a.job_key == evaluation.job_key
-    update(worker.id, a, kind="evaluating_derivations")
-    return evaluation, worker, a
+    return evaluating(ProjectFactory(name=project_name))
 
 
 def _report(worker: Any, a: Assignment, derivations: list[dict[str, Any]], **extra: Any) -> Any:

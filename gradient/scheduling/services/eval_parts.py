@@ -146,6 +146,17 @@ def eval_result_part(
     )
 
 
+def _fail(evaluation: Evaluation, error: str, now: datetime) -> None:
+    history.evaluation_transition(
+        evaluation_id=evaluation.id,
+        to=EvaluationStatus.FAILED,
+        expect=None,
+        reason=error,
+        now=now,
+        errors=[*evaluation.errors, error],  # the server's own line, past the cap: one, always kept
+    )
+
+
 def _refuse(
     *, row: DispatchedJob, ingest: EvalIngest | None, evaluation: Evaluation, error: str, now: datetime
 ) -> Outcome:
@@ -159,14 +170,7 @@ def _refuse(
         )
     else:
         EvalIngest.objects.filter(pk=ingest.pk).update(decided_at=now)
-    history.evaluation_transition(
-        evaluation_id=evaluation.id,
-        to=EvaluationStatus.FAILED,
-        expect=None,
-        reason=error,
-        now=now,
-        errors=[*evaluation.errors, error],  # the server's own line, past the cap: one, always kept
-    )
+    _fail(evaluation, error, now)
     abort_orphaned_builds(evaluation_id=evaluation.id, reason=error, now=now)
     return _outcome(True, "eval_result refused; evaluation failed")
 
@@ -233,12 +237,5 @@ def incomplete_result(*, row: DispatchedJob, evaluation: Evaluation, now: dateti
         f"the evaluation job completed before the final part of its eval_result ({ingest.parts} parts, "
         f"{ingest.derivations} derivations received): the result is incomplete"
     )
-    history.evaluation_transition(
-        evaluation_id=evaluation.id,
-        to=EvaluationStatus.FAILED,
-        expect=None,
-        reason=error,
-        now=now,
-        errors=[*evaluation.errors, error],  # the server's own line, past the cap: one, always kept
-    )
+    _fail(evaluation, error, now)
     return _outcome(True, "completed before the final eval_result part: failed")
