@@ -196,3 +196,19 @@ def test_an_operator_cancels_evaluations_from_the_admin(setup) -> None:  # type:
     assert RecordEntry.objects.filter(
         record__job_key=f"eval:{created['id']}", kind="control", actor="staff"
     ).exists()
+
+
+def test_the_build_list_says_nothing_of_another_projects_evaluations(setup) -> None:  # type: ignore[no-untyped-def]
+    # Issue 36, finding 8: a build shared with another project was counted under `?project=<other>`.
+    project, member, _, staff = setup
+    other = ProjectFactory(name="other-ci")
+    mine = Evaluation.objects.create(project=project, repository="sim:x", commit="1")
+    theirs = Evaluation.objects.create(project=other, repository="sim:x", commit="1")
+    shared = [drv("shared-lib"), drv("shared-app", "shared-lib")]
+    graph.ingest_eval_result(evaluation=mine, derivations=shared, now=timezone.now())
+    graph.ingest_eval_result(evaluation=theirs, derivations=[*shared, drv("their-own")], now=timezone.now())
+
+    assert client(member).get("/api/v1/builds?project=nixpkgs-ci").json()["count"] == 2
+    assert client(member).get("/api/v1/builds?project=other-ci").json()["count"] == 0
+    assert client(member).get(f"/api/v1/builds?evaluation={theirs.id}").json()["count"] == 0
+    assert client(staff).get("/api/v1/builds?project=other-ci").json()["count"] == 3

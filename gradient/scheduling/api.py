@@ -405,19 +405,23 @@ class BuildsView(APIView):
             if member_of(BuildStatus, wanted_status) is None:
                 errors["status"] = [f"Unknown status: {wanted_status}."]
             qs = qs.filter(status=wanted_status)
+        # The evaluation and project filters look only at what the caller may read: a shared build that
+        # another project also needs must not say so (issue 36, finding 8: `?project=<another>` counted
+        # that project's builds among the caller's).
+        links = (
+            EvaluationBuild.objects.all()
+            if request.user.is_staff
+            else EvaluationBuild.objects.filter(evaluation__project__members=request.user.pk)
+        )
         if params.get("evaluation"):
             evaluation_id = parse_uuid(params["evaluation"])
             if evaluation_id is None:
                 errors["evaluation"] = ["evaluation must be an evaluation id (a UUID)."]
                 evaluation_id = uuid.UUID(int=0)
-            qs = qs.filter(
-                id__in=EvaluationBuild.objects.filter(evaluation_id=evaluation_id).values("build_id")
-            )
+            qs = qs.filter(id__in=links.filter(evaluation_id=evaluation_id).values("build_id"))
         if params.get("project"):
             qs = qs.filter(
-                id__in=EvaluationBuild.objects.filter(evaluation__project__name=params["project"]).values(
-                    "build_id"
-                )
+                id__in=links.filter(evaluation__project__name=params["project"]).values("build_id")
             )
         if errors:
             raise serializers.ValidationError(errors)
