@@ -1,7 +1,8 @@
 """REST routes of ../shared/spec/rest.md that the scheduling app owns: evaluations and builds.
 
 A submitter may submit to and read the projects it is a member of; staff may do everything. Bad input
-is a 400 with field errors, an unknown id a 404, another project's job a 403, never a 500.
+is a 400 with field errors, an unknown id a 404 (another project's job too: its id is not the caller's
+to learn), never a 500.
 """
 
 from __future__ import annotations
@@ -58,12 +59,13 @@ def visible_projects(user: Any) -> QuerySet[Project]:
 
 
 def evaluation_for(user: Any, evaluation_id: str) -> Evaluation:
-    """The evaluation, 404 when unknown, 403 when it belongs to a project the user may not read."""
+    """The evaluation; 404 when unknown, and when it belongs to a project the user may not read (a 403
+    would tell an outsider that the id exists: issue 36, finding 8)."""
     evaluation = Evaluation.objects.select_related("project").filter(id=uuid_or_404(evaluation_id)).first()
     if evaluation is None:
         raise NotFound("No evaluation with this id.")
     if not user.is_staff and not evaluation.project.members.filter(id=user.id).exists():
-        raise PermissionDenied("You are not a member of this evaluation's project.")
+        raise NotFound("No evaluation with this id.")
     return evaluation
 
 
@@ -348,12 +350,12 @@ class EvaluationCancelView(APIView):
 
 
 def build_for(user: Any, build_id: str) -> DerivationBuild:
-    """The build, 404 when unknown, 403 when no evaluation of the user's projects needs it."""
+    """The build; 404 when unknown, and when no evaluation of the user's projects needs it."""
     build = DerivationBuild.objects.filter(id=uuid_or_404(build_id)).first()
     if build is None:
         raise NotFound("No build with this id.")
     if not user.is_staff and not selectors.build_visible_to(build.id, user):
-        raise PermissionDenied("No evaluation of your projects needs this build.")
+        raise NotFound("No build with this id.")
     return build
 
 
