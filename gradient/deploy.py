@@ -2,8 +2,9 @@
 
 Without DJANGO_SECRET_KEY the settings fall back to a key that is in the source code, so anyone could
 sign a session cookie or a password-reset link. That is fine for the embedded development mode (SQLite,
-one process) and for DEBUG; outside them, `serve` listens on loopback only (a local test, a conformance
-run: operations.md documents the development key as the default) and refuses any other address.
+one process); outside it, `serve` listens on loopback only (a local test, a conformance run:
+operations.md documents the development key as the default) and refuses any other address. DEBUG is no
+exception (issue 36, finding 5): with DJANGO_DEBUG=1 a public key served on every address, silently.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ def _loopback(host: str) -> bool:
 def refuse_insecure_start(*, host: str) -> str | None:
     """Raise CommandError when `serve` must not start with these settings on `host`; returns a warning
     to print when it may, but only on loopback."""
-    if not settings.USING_DEVELOPMENT_SECRET_KEY or settings.EMBEDDED or settings.DEBUG:
+    if not settings.USING_DEVELOPMENT_SECRET_KEY or settings.EMBEDDED:
         return None
     if not _loopback(host):
         raise CommandError(

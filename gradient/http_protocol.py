@@ -175,3 +175,38 @@ class StrictTextWebSocketProtocol(WebSocketsSansIOProtocol):
         if not self.read_paused:
             self.read_paused = True
             self.transport.pause_reading()
+
+
+class SocketLinesSampled(logging.Filter):
+    """One line per client address per 10 s, with the count of those left out, for the lines every
+    socket on /proto makes whatever it does: uvicorn's access line (`"WebSocket /proto" [accepted]`, or
+    `403` when admission refused it before the upgrade) and the handshake time-out of a socket that
+    never said who it is. 12 800 stranger sockets wrote 25 600 INFO lines in 25 s (issue 36, finding
+    10); the refusals and evictions themselves already were one line per address per interval
+    (workers.proto.admission). A worker's own session is still logged whole (`worker ... connected`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._lines = LineEvery(every_secs=10.0)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = str(record.msg)
+        if '"WebSocket %s"' in message or ("rejected" in message and "handshake from" in message):
+            args = record.args if isinstance(record.args, tuple) else ()
+            if "handshake from" in message and "no InitConnection within" not in str(args[-1:]):
+                return True  # a refused handshake that said something (a bad token): each one counts
+            address = str(args[0]).rsplit(":", 1)[0] if args else ""
+            unlogged = self._lines.due(f"{record.name}:{address}", time.monotonic())
+            if unlogged is None:
+                return False
+            if unlogged:
+                record.msg = f"{message} ({unlogged} more like it from this address since the last line)"
+        return True
+
+
+def sample_socket_lines() -> None:
+    """Install SocketLinesSampled on uvicorn's and the consumer's loggers (after uvicorn configured its
+    logging, which would not keep it otherwise)."""
+    sampled = SocketLinesSampled()
+    for name in ("uvicorn.error", "gradient.workers"):
+        logging.getLogger(name).addFilter(sampled)

@@ -275,13 +275,19 @@ GRADIENT_HTTP_BODY_TIMEOUT_SECS = _env_int("GRADIENT_HTTP_BODY_TIMEOUT_SECS", 30
 # Open HTTP connections per client address and process (not the trusted proxies'; 0: no cap).
 GRADIENT_HTTP_MAX_CONNECTIONS_PER_ADDRESS = _env_int("GRADIENT_HTTP_MAX_CONNECTIONS_PER_ADDRESS", 128)
 GRADIENT_PROTO_HANDSHAKE_TIMEOUT_SECS = _env_int("GRADIENT_PROTO_HANDSHAKE_TIMEOUT_SECS", 10)
-GRADIENT_PROTO_MAX_UNAUTHENTICATED = _env_int("GRADIENT_PROTO_MAX_UNAUTHENTICATED", 256)
-# ... and per client address (not a trusted proxy's; 0: no cap of its own). Over either cap the oldest
-# socket that has not sent InitConnection is closed to make room (gradient.workers.proto.admission).
+# /proto sockets of a process before their handshake completes, silent and pending together: over it
+# the oldest silent one (no InitConnection read yet) makes room (gradient.workers.proto.admission).
+GRADIENT_PROTO_MAX_UNAUTHENTICATED = _env_int("GRADIENT_PROTO_MAX_UNAUTHENTICATED", 1024)
+# ... silent ones per client address (not a trusted proxy's; 0: no cap of its own): over it the
+# address's oldest that has been silent for GRADIENT_PROTO_SILENT_GRACE_SECS makes room.
 GRADIENT_PROTO_MAX_UNAUTHENTICATED_PER_ADDRESS = _env_int(
     "GRADIENT_PROTO_MAX_UNAUTHENTICATED_PER_ADDRESS", 16
 )
+GRADIENT_PROTO_SILENT_GRACE_SECS = _env_int("GRADIENT_PROTO_SILENT_GRACE_SECS", 5)
 GRADIENT_PROTO_HANDSHAKE_CONCURRENCY = _env_int("GRADIENT_PROTO_HANDSHAKE_CONCURRENCY", 16)
+# Derivations of one eval_result, of all its parts together (0: no cap): past it the evaluation fails and
+# nothing of the result is built (scheduling.services.eval_parts).
+GRADIENT_EVAL_MAX_DERIVATIONS = _env_int("GRADIENT_EVAL_MAX_DERIVATIONS", 250_000)
 GRADIENT_BUILD_LOG_MAX_BYTES = _env_int("GRADIENT_BUILD_LOG_MAX_BYTES", 64 * 1024 * 1024)
 # ... of all tries of one build together, and of one worker's logs per hour (0: no such cap; docs/logs.md).
 GRADIENT_BUILD_LOG_MAX_BYTES_PER_BUILD = _env_int("GRADIENT_BUILD_LOG_MAX_BYTES_PER_BUILD", 128 * 1024 * 1024)

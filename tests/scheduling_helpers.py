@@ -37,6 +37,20 @@ def diamond() -> list[dict[str, Any]]:
     return [drv("a"), drv("b", "a"), drv("c", "a"), drv("d", "b", "c", attr="packages.x86_64-linux.d")]
 
 
+def evaluating(project: Any = None) -> tuple[Any, Any, Assignment]:
+    """An evaluation of `project` (a new one by default) on a connected worker of it, evaluating
+    derivations: (evaluation, worker, assignment)."""
+    from tests.factories import EvaluationFactory, ProjectFactory, connected_worker
+
+    project = project if project is not None else ProjectFactory()
+    evaluation = EvaluationFactory(project=project)
+    worker = connected_worker([project])
+    a = ask(worker.id, "flake")
+    assert a is not None and a.job_key == evaluation.job_key
+    update(worker.id, a, kind="evaluating_derivations")
+    return evaluation, worker, a
+
+
 def ask(worker_id: uuid.UUID, kind: str = "build") -> Assignment | None:
     return request_job(worker_id=worker_id, protocol_kind=kind, now=timezone.now())
 

@@ -160,7 +160,7 @@ def test_a_stranger_may_neither_group_nor_read_another_projects_jobs(setup) -> N
     )
     assert response.status_code == 403
     cluster = make_cluster([("a", build)])
-    assert client(stranger).get(f"/api/v1/clusters/{cluster.id}").status_code == 403
+    assert client(stranger).get(f"/api/v1/clusters/{cluster.id}").status_code == 404
 
 
 def test_only_staff_may_prioritize_or_abort(setup) -> None:  # type: ignore[no-untyped-def]

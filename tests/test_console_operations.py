@@ -338,7 +338,7 @@ def test_a_submitter_may_restart_its_own_projects_evaluation_but_not_prioritize_
     assert c.post(f"/api/v1/builds/{DerivationBuildFactory().id}/rebuild").status_code == 403
     assert c.post(f"/api/v1/evaluations/{evaluation.id}/restart").status_code == 202
     stranger = User.objects.create_user("stranger", password="pw-stranger-1")
-    assert api(stranger).post(f"/api/v1/evaluations/{evaluation.id}/restart").status_code == 403
+    assert api(stranger).post(f"/api/v1/evaluations/{evaluation.id}/restart").status_code == 404
 
 
 def test_the_actions_are_in_the_openapi_schema(staff: User) -> None:

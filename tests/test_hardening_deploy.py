@@ -57,8 +57,12 @@ def _serve(env: dict[str, str], host: str, tmp_path: Path) -> subprocess.Popen[b
     )
 
 
-def test_serve_without_a_secret_key_refuses_to_listen_beyond_loopback(tmp_path: Path) -> None:
-    env = database_env(redis=False, DJANGO_SECRET_KEY=None, DJANGO_DEBUG=None)
+# DEBUG is no exception (issue 36, finding 5): with DJANGO_DEBUG=1 serve listened anywhere, silently.
+@pytest.mark.parametrize("debug", [None, "1"])
+def test_serve_without_a_secret_key_refuses_to_listen_beyond_loopback(
+    tmp_path: Path, debug: str | None
+) -> None:
+    env = database_env(redis=False, DJANGO_SECRET_KEY=None, DJANGO_DEBUG=debug)
     process = _serve(env, "0.0.0.0", tmp_path)  # noqa: S104 (that is the point)
     try:
         assert process.wait(60) != 0

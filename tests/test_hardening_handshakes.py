@@ -67,7 +67,8 @@ async def test_sockets_that_have_not_completed_the_handshake_are_capped_per_proc
         newer = communicator()
         assert (await newer.connect(timeout=TIMEOUT))[0]  # taken: the oldest makes room
         reject, code = await expect_refusal(idle[0], "Reject")
-        assert (reject["code"], code) == (400, 4400) and "room" in reject["reason"]
+        # 503: "busy or making room, try again" (protocol.md); a 400 would be final for a worker.
+        assert (reject["code"], code) == (503, 4503) and "room" in reject["reason"]
         for comm in [*idle[1:], newer]:
             assert await comm.receive_nothing(timeout=0.2)
             await comm.disconnect(timeout=TIMEOUT)

@@ -63,3 +63,45 @@ def test_the_admin_refuses_them_too(path: str, model: type) -> None:
     response = client.post(path, {"name": "c\u200bi", "max_concurrent_builds": 1, "active": "on"})
     assert response.status_code == 200 and "control or format" in response.content.decode()
     assert not model.objects.exists()
+
+
+# --- Look-alike names (issue 36, finding 7) -------------------------------------------------------------
+
+CONFUSABLE = [
+    "proj\u0410",
+    "\uff50\uff52\uff4f\uff4aA",
+    "\U0001d429\U0001d42b\U0001d428\U0001d423A",
+    "PROJA",
+    "proja",
+]
+
+
+@pytest.mark.parametrize("name", CONFUSABLE)
+@pytest.mark.parametrize(("route", "model"), [("/api/v1/projects", Project), ("/api/v1/workers", Worker)])
+def test_a_name_that_looks_like_an_existing_one_is_400(
+    staff: APIClient, route: str, model: type, name: str
+) -> None:
+    assert staff.post(route, {"name": "projA"}, format="json").status_code == 201
+    response = staff.post(route, {"name": name}, format="json")
+    assert response.status_code == 400, response.content
+    text = response.json()["name"][0]
+    assert "looks the same as the existing 'projA'" in text or "several scripts" in text, text
+    assert list(model.objects.values_list("name", flat=True)) == ["projA"]
+
+
+@pytest.mark.parametrize("value", [123, 1.5, True, None, ["a"], {"a": 1}])
+def test_a_name_is_a_string_only(staff: APIClient, value: object) -> None:
+    for route in ("/api/v1/projects", "/api/v1/workers"):
+        response = staff.post(route, {"name": value}, format="json")
+        assert response.status_code == 400, (route, value, response.content)
+    assert not Project.objects.exists() and not Worker.objects.exists()
+
+
+def test_east_asian_scripts_may_join_latin_and_the_admin_refuses_a_lookalike_too(staff: APIClient) -> None:
+    assert staff.post("/api/v1/projects", {"name": "ci-プロジェクト-项目"}, format="json").status_code == 201
+    admin = User.objects.create_superuser("admin", password="pw-admin-1", email="a@b.c")
+    client = Client()
+    client.force_login(admin)
+    response = client.post("/admin/scheduling/project/add/", {"name": "CI-プロジェクト-项目"})
+    assert response.status_code == 200 and "looks the same as the existing" in response.content.decode()
+    assert Project.objects.count() == 1

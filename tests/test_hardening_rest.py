@@ -112,3 +112,44 @@ def test_a_value_the_database_refuses_is_400_not_500(monkeypatch: pytest.MonkeyP
     response = _staff().get("/api/v1/projects")
     assert response.status_code == 400
     assert "cannot be stored" in response.json()["non_field_errors"][0]
+
+
+# --- Anonymous requests cause no 500 (issue 36, finding 6) ------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        '{"username": "\\ud800", "password": "x"}',
+        '{"username": "op", "password": "\\udfff"}',
+        '{"\\ud800": "op", "password": "x"}',
+    ],
+)
+def test_a_lone_surrogate_in_the_token_routes_body_is_400(body: str) -> None:
+    response = APIClient().post("/api/v1/auth/token", body, content_type="application/json")
+    assert response.status_code == 400, response.content[:300]
+    assert "surrogate" in response.json()["detail"]
+
+
+def test_a_static_path_that_climbs_out_of_the_static_files_is_404_without_a_traceback(
+    tmp_path: Any,
+) -> None:
+    import http.client
+
+    from tests.support.processes import database_env, serve
+
+    with serve(database_env(redis=False), tmp_path, ["--no-passes"]) as server:
+        answers = []
+        for path in (
+            "/static/admin/../../../../etc/passwd",
+            "/static/admin/%2e%2e/%2e%2e/%2e%2e/%2e%2e/etc/passwd",
+            "/static/../gradient/settings.py",
+        ):
+            conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
+            conn.request("GET", path)  # sent as written: http.client does not normalise the path
+            response = conn.getresponse()
+            answers.append((path, response.status, b"root:" in response.read()))
+            conn.close()
+        log = server.log()
+    assert all(status == 404 and not leaked for _, status, leaked in answers), answers
+    assert "Traceback" not in log, log[log.find("Traceback") - 300 :][:3000]

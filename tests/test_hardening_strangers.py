@@ -11,7 +11,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import random
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -51,12 +53,43 @@ def test_over_the_total_cap_the_oldest_of_the_most_crowded_address_makes_room() 
     assert plan_admission(strangers, "b", total_cap=3, per_address_cap=2) == Admission(True, ("2",))
 
 
-def test_a_socket_in_its_handshake_is_never_closed_and_without_room_the_newcomer_is_refused() -> None:
+def test_a_pending_socket_is_never_closed_nor_counted_per_address_and_a_full_total_refuses() -> None:
+    # "1" has sent its InitConnection (pending): the address has one silent socket, below its cap of 2.
     strangers = [_s("1", "a", handshaking=True), _s("2", "a")]
+    assert plan_admission(strangers, "a", total_cap=10, per_address_cap=2) == Admission(True, ())
+    strangers = [_s("1", "a", handshaking=True), _s("2", "a"), _s("3", "a")]
     assert plan_admission(strangers, "a", total_cap=10, per_address_cap=2) == Admission(True, ("2",))
+    # Sixteen pending sockets of one address (a fleet behind one NAT) do not keep the seventeenth out.
+    fleet = [_s(str(n), "a", handshaking=True) for n in range(16)]
+    assert plan_admission(fleet, "a", total_cap=100, per_address_cap=16) == Admission(True, ())
+    # The total counts pending sockets too: full of them, the newcomer is refused, nothing is closed.
     busy = [_s("1", "a", handshaking=True), _s("2", "a", handshaking=True)]
-    assert plan_admission(busy, "a", total_cap=10, per_address_cap=2) == Admission(False, ())
     assert plan_admission(busy, "b", total_cap=2, per_address_cap=2) == Admission(False, ())
+
+
+def test_a_silent_socket_within_its_grace_is_closed_for_the_total_only_and_after_every_older_one() -> None:
+    def at(key: str, address: str, since: float) -> Stranger:
+        return Stranger(key, address, False, since)
+
+    young = [at(str(n), "a", 8.0) for n in range(3)]
+    # Over the address's cap, but every one may be a worker whose InitConnection is on its way: the
+    # newcomer is taken and none is closed.
+    assert plan_admission(young, "a", total_cap=10, per_address_cap=2, now=10.0, grace_secs=5.0) == (
+        Admission(True, ())
+    )
+    # Those silent past the grace make room, oldest first, only as many as the cap needs.
+    mixed = [at("old1", "a", 1.0), at("old2", "a", 2.0), *young]
+    assert plan_admission(mixed, "a", total_cap=10, per_address_cap=2, now=10.0, grace_secs=5.0) == (
+        Admission(True, ("old1", "old2"))
+    )
+    # Over the total the stale go first, even from a less crowded address; then the young.
+    crowd = [*young, at("stale", "b", 1.0)]
+    assert plan_admission(crowd, "c", total_cap=4, per_address_cap=None, now=10.0, grace_secs=5.0) == (
+        Admission(True, ("stale",))
+    )
+    assert plan_admission(crowd, "c", total_cap=3, per_address_cap=None, now=10.0, grace_secs=5.0) == (
+        Admission(True, ("stale", "0"))
+    )
 
 
 def test_an_address_without_its_own_cap_is_capped_in_total_only() -> None:
@@ -146,3 +179,164 @@ def test_a_worker_gets_in_at_once_however_many_strangers_keep_reopening(
     # One line per address per 10 s for the refusals and the sockets closed to make room.
     lines = log.count("without a handshake to make room") + log.count("have not completed the handshake")
     assert 1 <= lines <= (len(STRANGER_ADDRESSES) + 1) * (FLOOD_SECS // 10 + 2), lines
+
+
+# --- A fleet behind one address, and silent sockets from it (issue 35, item 6) ------------------------
+
+FLEET = 300
+FLEET_ADDRESS = "127.0.0.1"
+SILENT_ADDRESS = "127.0.0.7"
+
+
+class _Refused(Exception):
+    """What a worker retries: HTTP 503 before the upgrade (too many open connections of the address), a
+    refused upgrade, or Reject{503}."""
+
+
+async def _fleet_worker(
+    url: str, worker_id: str, token: str, all_in: asyncio.Event, seen: Counter[str]
+) -> None:
+    """Connect as a worker behind FLEET_ADDRESS does, retrying what it retries; once in, hold the session
+    until the whole fleet is in. A final refusal (any other Reject) raises, and lets the others go."""
+    try:
+        for _ in range(50):
+            try:
+                async with websockets.connect(
+                    url, open_timeout=60, close_timeout=1, ping_interval=None, local_addr=(FLEET_ADDRESS, 0)
+                ) as ws:
+                    await ws.send(json.dumps(init_connection(worker_id, token)))
+                    frame = json.loads(await asyncio.wait_for(ws.recv(), 60))
+                    seen[f"{frame['type']} {frame.get('code', '')}".strip()] += 1
+                    if frame["type"] == "InitAck":
+                        if seen["InitAck"] == FLEET:
+                            all_in.set()
+                        await all_in.wait()
+                        return
+                    if frame.get("code") != 503:
+                        raise AssertionError(f"a final refusal: {frame}")
+            except websockets.InvalidStatus as exc:
+                seen[f"HTTP {exc.response.status_code}"] += 1
+            await asyncio.sleep(random.uniform(0.1, 0.5))  # noqa: S311 (a worker's jitter, not security)
+        raise AssertionError(f"worker {worker_id} did not get in: {seen}")
+    except BaseException:
+        all_in.set()
+        raise
+
+
+async def _fleet(url: str, credentials: list[tuple[str, str]]) -> Counter[str]:
+    all_in = asyncio.Event()
+    seen: Counter[str] = Counter()
+    await asyncio.gather(*(_fleet_worker(url, w, t, all_in, seen) for w, t in credentials))
+    return seen
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_fleet_of_300_workers_behind_one_address_all_get_in_with_the_default_caps(
+    tmp_path: Path, make_worker: Any
+) -> None:
+    credentials = [make_worker() for _ in range(FLEET)]
+    with serve(database_env(redis=False), tmp_path, ["--no-passes"]) as server:
+        seen = asyncio.run(_fleet(server.ws_url, [(str(w.id), t) for w, t in credentials]))
+        log = server.log()
+    assert seen["InitAck"] == FLEET, seen
+    # No worker's socket was closed to make room: each had sent its InitConnection, however long the
+    # busy server took to read it (before: the 17th socket of the address closed the oldest, with 400).
+    assert not [k for k in seen if k.startswith("Reject")], seen
+    assert "without a handshake to make room" not in log
+    assert "Traceback" not in log, log[log.find("Traceback") - 300 :][:3000]
+
+
+async def _silent_and_a_worker(url: str, worker_id: str, token: str, grace: float) -> tuple[int, int, int]:
+    """300 silent sockets from SILENT_ADDRESS (each retried until the server took it), then, once they
+    are past the grace, a worker from the same address. Returns (opened, still open when the worker got
+    in, the worker's attempts)."""
+    sockets: list[Any] = []
+
+    async def open_one() -> None:
+        for _ in range(50):
+            try:
+                sockets.append(
+                    await websockets.connect(
+                        url,
+                        open_timeout=30,
+                        close_timeout=1,
+                        ping_interval=None,
+                        local_addr=(SILENT_ADDRESS, 0),
+                    )
+                )
+                return
+            except websockets.InvalidStatus:
+                await asyncio.sleep(0.2)
+
+    await asyncio.gather(*(open_one() for _ in range(FLEET)))
+    await asyncio.sleep(grace + 1)
+    try:
+        attempts = await _worker_in(url, worker_id, token, SILENT_ADDRESS)
+        await asyncio.sleep(0.5)  # the closes the worker's socket caused have reached the silent ones
+        still_open = 0
+        for ws in sockets:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(ws.recv(), 0.01)
+            still_open += ws.close_code is None
+        return len(sockets), still_open, attempts
+    finally:
+        await asyncio.gather(*(ws.close() for ws in sockets), return_exceptions=True)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_300_silent_sockets_of_one_address_cannot_keep_a_worker_of_that_address_out(
+    tmp_path: Path, make_worker: Any
+) -> None:
+    from django.conf import settings
+
+    worker, token = make_worker()
+    with serve(database_env(redis=False), tmp_path, ["--no-passes"]) as server:
+        opened, still_open, attempts = asyncio.run(
+            _silent_and_a_worker(
+                server.ws_url, str(worker.id), token, settings.GRADIENT_PROTO_SILENT_GRACE_SECS
+            )
+        )
+        log = server.log()
+    assert opened == FLEET
+    assert attempts == 1
+    # The address's silent sockets past the grace made room: no more than its cap are left.
+    assert still_open <= settings.GRADIENT_PROTO_MAX_UNAUTHENTICATED_PER_ADDRESS, still_open
+    assert "without a handshake to make room" in log
+
+
+# --- Their log lines are sampled (issue 36, finding 10) ---------------------------------------------------
+
+SAMPLED_ADDRESS = "127.0.0.9"
+
+
+async def _silent_sockets(url: str, n: int, wait: float) -> int:
+    """n sockets from SAMPLED_ADDRESS that say nothing for `wait` seconds (the handshake time-out closes
+    them); returns how many were taken."""
+
+    async def one() -> bool:
+        try:
+            async with websockets.connect(
+                url, open_timeout=30, close_timeout=1, ping_interval=None, local_addr=(SAMPLED_ADDRESS, 0)
+            ) as ws:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(ws.recv(), wait)
+                return True
+        except websockets.InvalidStatus:
+            return False
+
+    return sum(await asyncio.gather(*(one() for _ in range(n))))
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_hundred_silent_sockets_of_one_address_write_a_few_lines_not_hundreds(tmp_path: Path) -> None:
+    env = database_env(redis=False, GRADIENT_PROTO_HANDSHAKE_TIMEOUT_SECS="1")
+    with serve(env, tmp_path, ["--no-passes"]) as server:
+        taken = asyncio.run(_silent_sockets(server.ws_url, 100, 3.0))
+        log = server.log()
+    assert taken >= 50, taken
+    access = [line for line in log.splitlines() if SAMPLED_ADDRESS in line and '"WebSocket /proto"' in line]
+    timeouts = [
+        line for line in log.splitlines() if SAMPLED_ADDRESS in line and "no InitConnection within" in line
+    ]
+    # One line per address per 10 s each (the run lasts a few seconds): 2 at most, not one per socket.
+    assert 1 <= len(access) <= 2 and 1 <= len(timeouts) <= 2, (access, timeouts)

@@ -116,10 +116,10 @@ def test_an_evaluation_without_a_record_is_404() -> None:
     assert _client(staff).get(_url(EvaluationFactory(record=False).id)).status_code == 404
 
 
-def test_a_user_outside_the_project_is_403_and_staff_reads_everything() -> None:
+def test_a_user_outside_the_project_is_404_and_staff_reads_everything() -> None:
     evaluation = _evaluation_with_history()
     outsider = User.objects.create_user("eve")
-    assert _client(outsider).get(_url(evaluation.id)).status_code == 403
+    assert _client(outsider).get(_url(evaluation.id)).status_code == 404
     staff = User.objects.create_user("root", is_staff=True)
     assert _client(staff).get(_url(evaluation.id)).status_code == 200
 

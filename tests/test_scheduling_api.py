@@ -83,8 +83,10 @@ def test_a_stranger_may_neither_submit_to_nor_read_another_project(setup) -> Non
     _, member, stranger, _ = setup
     assert client(stranger).post("/api/v1/evaluations", BODY, format="json").status_code == 403
     created = client(member).post("/api/v1/evaluations", BODY, format="json").json()
-    assert client(stranger).get(f"/api/v1/evaluations/{created['id']}").status_code == 403
-    assert client(stranger).post(f"/api/v1/evaluations/{created['id']}/cancel").status_code == 403
+    assert (
+        client(stranger).get(f"/api/v1/evaluations/{created['id']}").status_code == 404
+    )  # not 403: the id is not the stranger's to learn
+    assert client(stranger).post(f"/api/v1/evaluations/{created['id']}/cancel").status_code == 404
     assert client(stranger).get("/api/v1/evaluations").json()["count"] == 0
     assert Evaluation.objects.get().status == "Queued"
 
@@ -161,7 +163,9 @@ def test_a_build_shows_its_dependencies_to_members_of_a_project_that_needs_it(se
         and body["system"] == "x86_64-linux"
         and body["status"] == "Created"
     )
-    assert client(stranger).get(f"/api/v1/builds/{app.id}").status_code == 403
+    assert (
+        client(stranger).get(f"/api/v1/builds/{app.id}").status_code == 404
+    )  # not 403: the id is not the stranger's to learn
     detail = client(member).get(f"/api/v1/evaluations/{evaluation.id}").json()
     assert {b["drv_path"] for b in detail["builds"]} == {app.drv_path, lib.drv_path}
 
@@ -196,3 +200,19 @@ def test_an_operator_cancels_evaluations_from_the_admin(setup) -> None:  # type:
     assert RecordEntry.objects.filter(
         record__job_key=f"eval:{created['id']}", kind="control", actor="staff"
     ).exists()
+
+
+def test_the_build_list_says_nothing_of_another_projects_evaluations(setup) -> None:  # type: ignore[no-untyped-def]
+    # Issue 36, finding 8: a build shared with another project was counted under `?project=<other>`.
+    project, member, _, staff = setup
+    other = ProjectFactory(name="other-ci")
+    mine = Evaluation.objects.create(project=project, repository="sim:x", commit="1")
+    theirs = Evaluation.objects.create(project=other, repository="sim:x", commit="1")
+    shared = [drv("shared-lib"), drv("shared-app", "shared-lib")]
+    graph.ingest_eval_result(evaluation=mine, derivations=shared, now=timezone.now())
+    graph.ingest_eval_result(evaluation=theirs, derivations=[*shared, drv("their-own")], now=timezone.now())
+
+    assert client(member).get("/api/v1/builds?project=nixpkgs-ci").json()["count"] == 2
+    assert client(member).get("/api/v1/builds?project=other-ci").json()["count"] == 0
+    assert client(member).get(f"/api/v1/builds?evaluation={theirs.id}").json()["count"] == 0
+    assert client(staff).get("/api/v1/builds?project=other-ci").json()["count"] == 3

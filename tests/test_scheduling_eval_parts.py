@@ -25,8 +25,8 @@ from gradient.scheduling.services import graph, ingest
 from gradient.scheduling.services.assignment import Assignment
 from gradient.scheduling.services.lifecycle import assignment_return_to_pool
 from gradient.scheduling.services.passes import build_resync_pass
-from tests.factories import EvaluationFactory, ProjectFactory, connected_worker
-from tests.scheduling_helpers import ask, drv, report, update
+from tests.factories import EvaluationFactory, connected_worker
+from tests.scheduling_helpers import ask, drv, evaluating, report, update
 
 pytestmark = pytest.mark.django_db
 
@@ -66,13 +66,7 @@ def _status(status: str) -> set[str]:
 
 
 def _evaluating() -> tuple[Evaluation, Any, Assignment]:
-    project = ProjectFactory()
-    evaluation = EvaluationFactory(project=project)
-    worker = connected_worker([project])
-    a = ask(worker.id, "flake")
-    assert a is not None and a.job_key == evaluation.job_key
-    update(worker.id, a, kind="evaluating_derivations")
-    return evaluation, worker, a
+    return evaluating()
 
 
 def _send(

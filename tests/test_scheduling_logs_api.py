@@ -126,8 +126,8 @@ def test_bad_parameters_are_a_400_with_field_errors(setup: dict[str, Any], query
 def test_the_log_is_readable_by_whoever_may_read_the_build(setup: dict[str, Any]) -> None:
     worker, build = setup["worker"], setup["build"]
     send(worker, ask(worker.id), 0, "secret\n")
-    assert client(setup["stranger"]).get(f"/api/v1/builds/{build.id}").status_code == 403
-    assert client(setup["stranger"]).get(f"/api/v1/builds/{build.id}/log").status_code == 403
+    assert client(setup["stranger"]).get(f"/api/v1/builds/{build.id}").status_code == 404
+    assert client(setup["stranger"]).get(f"/api/v1/builds/{build.id}/log").status_code == 404
     assert APIClient().get(f"/api/v1/builds/{build.id}/log").status_code == 401
     staff = User.objects.create_user("staff", password="pw-staff-1", is_staff=True)
     assert client(staff).get(f"/api/v1/builds/{build.id}/log").status_code == 200

@@ -9,6 +9,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from websockets.asyncio.server import Server, ServerConnection, serve
 
 from gradient.core.protocol import (
@@ -56,7 +58,7 @@ from gradient.core.protocol import (
     encode,
 )
 from gradient.workers.client.config import WorkerConfig
-from gradient.workers.client.worker import EXIT_OK, EXIT_REJECTED, Worker
+from gradient.workers.client.worker import EXIT_OK, EXIT_REJECTED, Worker, reconnect_delay
 from gradient.workers.executors.sim import SimExecutor, graph_from_url, source_store_path
 
 TIMEOUT = 10.0
@@ -476,13 +478,39 @@ async def test_a_refused_worker_exits_and_a_busy_one_retries(
     worker = _worker(server)
     task = asyncio.create_task(worker.run())
 
-    busy = await server.accept()
-    await busy.recv()
-    await busy.send(Reject(code=496, reason="already connected"))
-    await busy.ws.close(4496)
+    # Busy, making room, a session still open, a server that restarted mid-handshake: all retried
+    # (before, a 400, which the server answered to a socket it closed to make room, was final).
+    for retried in (496, 503, 400):
+        busy = await server.accept()
+        await busy.recv()
+        await busy.send(Reject(code=retried, reason="try again"))
+        await busy.ws.close(4000 + retried)
     refused = await server.accept()  # it came back after its backoff
     await refused.recv()
     await refused.send(Reject(code=code, reason="no"))
     await refused.ws.close(4000 + code)
 
     assert await asyncio.wait_for(task, TIMEOUT) == exit_code
+
+
+async def test_a_socket_closed_to_make_room_without_a_reject_frame_is_retried(server: ScriptedServer) -> None:
+    worker = _worker(server)
+    task = asyncio.create_task(worker.run())
+    evicted = await server.accept()
+    await evicted.recv()
+    await evicted.ws.close(4503, "making room")  # the close code alone, its Reject lost on the way
+    again = await server.accept()
+    assert isinstance(await again.recv(), InitConnection)
+    worker.request_stop()
+    await again.ws.close(1000)
+    assert await asyncio.wait_for(task, TIMEOUT) == EXIT_OK
+
+
+@given(failures=st.integers(0, 200), cap=st.floats(1.0, 600.0), draw=st.floats(0.0, 1.0, exclude_max=True))
+def test_the_reconnect_delay_grows_exponentially_to_its_cap_over_the_upper_half_of_its_step(
+    failures: int, cap: float, draw: float
+) -> None:
+    step = min(cap, 2.0 ** max(failures - 1, 0))
+    delay = reconnect_delay(failures, cap, draw)
+    assert step / 2 <= delay <= step <= cap
+    assert reconnect_delay(failures + 1, cap, draw) >= delay  # never shorter after one more failure

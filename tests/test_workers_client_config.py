@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -80,3 +81,15 @@ def test_the_token_can_come_from_a_file(tmp_path: Path) -> None:
 def test_missing_or_bad_settings_are_a_config_error(argv: list[str]) -> None:
     with pytest.raises(ConfigError):
         parse_config(argv, {})
+
+
+def test_the_token_leaves_the_workers_environment_once_it_is_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    from gradient.workers.client.__main__ import main
+    from gradient.workers.client.worker import EXIT_CONFIG
+
+    monkeypatch.setenv("GRADIENT_WORKER_TOKEN", "the-token")
+    monkeypatch.setenv("PATH", "/nonexistent")  # no nix: main stops after reading its configuration
+    assert (
+        main(["--server", "ws://127.0.0.1:9/proto", "--worker-id", "w1", "--executor", "nix"]) == EXIT_CONFIG
+    )
+    assert "GRADIENT_WORKER_TOKEN" not in os.environ

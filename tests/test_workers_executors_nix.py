@@ -570,3 +570,51 @@ async def test_a_cancelled_build_stops_nix_and_its_builder(nix: NixExecutor, tmp
     assert _processes_with(f"sleep {seconds}") == []
     assert "abort-me" not in nix._running
     assert await nix.present_paths([o.path for o in slow.outputs]) == set()
+
+
+# --- No secret of the worker reaches an evaluated flake (issue 36, finding 1) -------------------------
+
+LEAKING_FLAKE = """{
+  outputs = { self }: {
+    packages.x86_64-linux.leak = builtins.derivation {
+      name = "leak-${builtins.getEnv "GRADIENT_WORKER_TOKEN"}"; system = "x86_64-linux";
+      builder = "/bin/sh"; args = [ "-c" "echo > $out" ];
+    };
+    packages.x86_64-linux.other = builtins.derivation {
+      name = "other-${builtins.getEnv "OPERATOR_SECRET"}"; system = "x86_64-linux";
+      builder = "/bin/sh"; args = [ "-c" "echo > $out" ];
+    };
+    packages.x86_64-linux.file = builtins.derivation {
+      name = "file-${builtins.readFile @SECRET_FILE@}"; system = "x86_64-linux";
+      builder = "/bin/sh"; args = [ "-c" "echo > $out" ];
+    };
+  };
+}"""
+
+
+@requires_nix
+async def test_a_flake_reads_neither_the_workers_token_nor_its_environment_nor_its_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    token, secret, in_file = (f"{name}{uuid.uuid4().hex[:12]}" for name in ("tok", "sec", "fil"))
+    monkeypatch.setenv("GRADIENT_WORKER_TOKEN", token)
+    monkeypatch.setenv("OPERATOR_SECRET", secret)
+    secret_file = tmp_path / "secret"
+    secret_file.write_text(in_file)
+    nix = NixExecutor.detect(nix_environ())
+    directory, commit = write_flake(
+        tmp_path / "leak", LEAKING_FLAKE.replace("@SECRET_FILE@", str(secret_file))
+    )
+
+    _, attrs, evaluation = await _evaluate(nix, directory, commit, [], Ctx())
+
+    assert attrs == [f"packages.x86_64-linux.{n}" for n in ("file", "leak", "other")]
+    names = sorted(d.drv_path.split("-", 1)[1] for d in evaluation.derivations)
+    assert names == ["leak-.drv", "other-.drv"]  # builtins.getEnv is "" in a pure evaluation
+    (error,) = evaluation.errors
+    assert error.startswith("packages.x86_64-linux.file: ") and "pure eval" in error
+    said = repr(evaluation) + "".join(_read(d.drv_path) for d in evaluation.derivations)
+    assert token not in said and secret not in said and in_file not in said
+    # Nor does any nix child get them: its environment is allow-listed.
+    assert not [k for k in nix.env if k.startswith("GRADIENT_") or k == "OPERATOR_SECRET"]
+    assert nix.env["PATH"] == os.environ["PATH"] and "nix-command flakes" in nix.env["NIX_CONFIG"]

@@ -155,7 +155,7 @@ def cluster_for(user: Any, cluster_id: str) -> ClusterJob:
     if cluster is None:
         raise NotFound("No cluster with this id.")
     if not _can_read(user, cluster):
-        raise PermissionDenied("No job of this cluster belongs to your projects.")
+        raise NotFound("No cluster with this id.")  # another project's: not the caller's to learn
     return cluster
 
 

@@ -11,7 +11,7 @@ from typing import Any
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import serializers
-from rest_framework.exceptions import NotFound, PermissionDenied
+from rest_framework.exceptions import NotFound
 from rest_framework.permissions import IsAuthenticated
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -75,7 +75,7 @@ class EvaluationHistoryView(APIView):
         if access is ReadAccess.NO_SUCH_JOB:
             raise NotFound("No such evaluation.")
         if access is not ReadAccess.ALLOWED:
-            raise PermissionDenied("You are not a member of this evaluation's project.")
+            raise NotFound("No such evaluation.")  # another project's: not the caller's to learn
         record = JobRecord.objects.filter(job_key=job_key).first()
         if record is None:
             raise NotFound("This evaluation has no record.")

@@ -22,6 +22,9 @@ from gradient.recovery.models import MetricCount
 
 PASS_DURATION: Final = "gradient_pass_duration_seconds"
 CLAIMS_LOST: Final = "gradient_claims_lost_total"
+# Derivations of an eval_result refused because the server holds their path otherwise (issue 36). Kept
+# in metric_count, not yet a family of GET /metrics: rest.md lists those families exactly.
+DERIVATION_CONFLICTS: Final = "gradient_derivation_conflicts_total"
 # Passes take milliseconds to a few seconds; a pass slower than a minute is a problem to see.
 PASS_BUCKETS: Final = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 

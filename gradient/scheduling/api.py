@@ -1,7 +1,8 @@
 """REST routes of ../shared/spec/rest.md that the scheduling app owns: evaluations and builds.
 
 A submitter may submit to and read the projects it is a member of; staff may do everything. Bad input
-is a 400 with field errors, an unknown id a 404, another project's job a 403, never a 500.
+is a 400 with field errors, an unknown id a 404 (another project's job too: its id is not the caller's
+to learn), never a 500.
 """
 
 from __future__ import annotations
@@ -58,12 +59,13 @@ def visible_projects(user: Any) -> QuerySet[Project]:
 
 
 def evaluation_for(user: Any, evaluation_id: str) -> Evaluation:
-    """The evaluation, 404 when unknown, 403 when it belongs to a project the user may not read."""
+    """The evaluation; 404 when unknown, and when it belongs to a project the user may not read (a 403
+    would tell an outsider that the id exists: issue 36, finding 8)."""
     evaluation = Evaluation.objects.select_related("project").filter(id=uuid_or_404(evaluation_id)).first()
     if evaluation is None:
         raise NotFound("No evaluation with this id.")
     if not user.is_staff and not evaluation.project.members.filter(id=user.id).exists():
-        raise PermissionDenied("You are not a member of this evaluation's project.")
+        raise NotFound("No evaluation with this id.")
     return evaluation
 
 
@@ -348,12 +350,12 @@ class EvaluationCancelView(APIView):
 
 
 def build_for(user: Any, build_id: str) -> DerivationBuild:
-    """The build, 404 when unknown, 403 when no evaluation of the user's projects needs it."""
+    """The build; 404 when unknown, and when no evaluation of the user's projects needs it."""
     build = DerivationBuild.objects.filter(id=uuid_or_404(build_id)).first()
     if build is None:
         raise NotFound("No build with this id.")
     if not user.is_staff and not selectors.build_visible_to(build.id, user):
-        raise PermissionDenied("No evaluation of your projects needs this build.")
+        raise NotFound("No build with this id.")
     return build
 
 
@@ -405,19 +407,23 @@ class BuildsView(APIView):
             if member_of(BuildStatus, wanted_status) is None:
                 errors["status"] = [f"Unknown status: {wanted_status}."]
             qs = qs.filter(status=wanted_status)
+        # The evaluation and project filters look only at what the caller may read: a shared build that
+        # another project also needs must not say so (issue 36, finding 8: `?project=<another>` counted
+        # that project's builds among the caller's).
+        links = (
+            EvaluationBuild.objects.all()
+            if request.user.is_staff
+            else EvaluationBuild.objects.filter(evaluation__project__members=request.user.pk)
+        )
         if params.get("evaluation"):
             evaluation_id = parse_uuid(params["evaluation"])
             if evaluation_id is None:
                 errors["evaluation"] = ["evaluation must be an evaluation id (a UUID)."]
                 evaluation_id = uuid.UUID(int=0)
-            qs = qs.filter(
-                id__in=EvaluationBuild.objects.filter(evaluation_id=evaluation_id).values("build_id")
-            )
+            qs = qs.filter(id__in=links.filter(evaluation_id=evaluation_id).values("build_id"))
         if params.get("project"):
             qs = qs.filter(
-                id__in=EvaluationBuild.objects.filter(evaluation__project__name=params["project"]).values(
-                    "build_id"
-                )
+                id__in=links.filter(evaluation__project__name=params["project"]).values("build_id")
             )
         if errors:
             raise serializers.ValidationError(errors)

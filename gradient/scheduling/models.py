@@ -161,6 +161,13 @@ class DerivationBuild(models.Model):
     system = models.CharField(max_length=64, help_text="Nix system; `builtin` skips the system check.")
     required_features = models.JSONField(default=list, blank=True)
     outputs = models.JSONField(default=list, blank=True, help_text="[{name, path}]")
+    inputs_digest = models.CharField(
+        max_length=64,
+        blank=True,
+        default="",
+        help_text="sha256 of its input derivation paths as first reported (decisions.derivations); "
+        "a later report naming other inputs is refused. Empty: stored before it was kept.",
+    )
     status = models.CharField(max_length=20, choices=choices(BuildStatus), default=BuildStatus.CREATED)
     prioritized = models.BooleanField(default=False)
     attempts = models.PositiveIntegerField(

@@ -11,6 +11,7 @@ from typing import Any
 
 from django.contrib.auth import get_user_model
 from django.contrib.auth.validators import UnicodeUsernameValidator
+from django.core.exceptions import ValidationError as DjangoValidationError
 from django.db import IntegrityError
 from django.utils import timezone
 from drf_spectacular.types import OpenApiTypes
@@ -31,7 +32,7 @@ from rest_framework.views import APIView
 
 from gradient.auth import issue_token
 from gradient.core.ids import parse_uuid
-from gradient.names import refuse_invisible_characters
+from gradient.names import check_name
 from gradient.parsers import JSONParser
 from gradient.rest import (
     LOCATION,
@@ -94,13 +95,31 @@ class UserSerializer(serializers.Serializer[Any]):
     projects = serializers.ListField(child=serializers.CharField())
 
 
+class NameField(serializers.CharField):
+    """A name: a JSON string only (`{"name": 123}` is no name), at most 200 characters."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(max_length=200, **kwargs)
+
+    def to_internal_value(self, data: Any) -> str:
+        if not isinstance(data, str):
+            raise serializers.ValidationError("A name is a string.")
+        return str(super().to_internal_value(data))
+
+
+def _checked_name(value: str, existing: Any, what: str) -> str:
+    try:
+        check_name(value, existing, what)
+    except DjangoValidationError as exc:
+        raise serializers.ValidationError(exc.messages) from None
+    return value
+
+
 class ProjectCreateSerializer(serializers.Serializer[Any]):
-    name = serializers.CharField(max_length=200, validators=[refuse_invisible_characters])
+    name = NameField()
 
     def validate_name(self, value: str) -> str:
-        if Project.objects.filter(name=value).exists():
-            raise serializers.ValidationError("A project with that name already exists.")
-        return value
+        return _checked_name(value, Project.objects.values_list("name", flat=True), "project")
 
 
 class ProjectSerializer(serializers.Serializer[Any]):
@@ -109,13 +128,11 @@ class ProjectSerializer(serializers.Serializer[Any]):
 
 
 class WorkerCreateSerializer(serializers.Serializer[Any]):
-    name = serializers.CharField(max_length=200, validators=[refuse_invisible_characters])
+    name = NameField()
     projects = ProjectNamesField(default=list)
 
     def validate_name(self, value: str) -> str:
-        if Worker.objects.filter(name=value).exists():
-            raise serializers.ValidationError("A worker with that name already exists.")
-        return value
+        return _checked_name(value, Worker.objects.values_list("name", flat=True), "worker")
 
 
 class WorkerCreatedSerializer(serializers.Serializer[Any]):

@@ -22,7 +22,7 @@ from django.core.management.base import BaseCommand, CommandParser
 from django.db import close_old_connections
 from django.utils import timezone
 
-from gradient.http_protocol import StrictTextWebSocketProtocol, TimedHttpProtocol
+from gradient.http_protocol import StrictTextWebSocketProtocol, TimedHttpProtocol, sample_socket_lines
 from gradient.passrunner import PassRunner
 from gradient.runtime import lanes
 from gradient.runtime.boot import set_current_boot
@@ -171,6 +171,7 @@ class Command(BaseCommand):
             ws_ping_timeout=20.0,
             timeout_graceful_shutdown=20,
         )
+        sample_socket_lines()  # after uvicorn.Config, which configures its loggers
         try:
             server = GradientServer(config)
             server.boot_id = boot.id

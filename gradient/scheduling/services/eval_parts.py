@@ -28,16 +28,20 @@ from django.db import transaction
 from django.db.models import F
 
 from gradient.core.vocab import EvaluationKind, EvaluationStatus
+from gradient.runtime import metrics
 from gradient.scheduling import history
+from gradient.scheduling.decisions.derivations import conflicts
 from gradient.scheduling.decisions.messages import MessageCap, with_messages
 from gradient.scheduling.models import DispatchedJob, EvalIngest, EvalIngestInput, Evaluation, EvaluationBuild
 from gradient.scheduling.services import drv_recovery, graph
-from gradient.scheduling.services.ingest import store_part
+from gradient.scheduling.services.evaluations import abort_orphaned_builds
+from gradient.scheduling.services.ingest import held_derivations, store_part
 
 log = logging.getLogger("gradient.reports")
 
 # A message is cut beyond this (or beyond GRADIENT_EVAL_MESSAGES_MAX_BYTES, if lower).
 MAX_MESSAGE_BYTES = 64 * 1024
+CONFLICTS_NAMED = 10  # conflicting paths named in the evaluation's error; the rest are counted
 
 
 def message_cap() -> MessageCap:
@@ -65,6 +69,19 @@ def eval_result_part(
     ingest = EvalIngest.objects.filter(assignment_id=row.id).first()
     if ingest is not None and ingest.decided_at is not None:
         return _outcome(False, "dropped: a part after the final one")
+    if evaluation.kind != EvaluationKind.DRV_RECOVERY:
+        reported = update.get("derivations", [])
+        so_far = ingest.derivations if ingest is not None else 0
+        most = settings.GRADIENT_EVAL_MAX_DERIVATIONS
+        if most > 0 and so_far + len(reported) > most:
+            error = (
+                f"the eval_result names more than {most} derivations (GRADIENT_EVAL_MAX_DERIVATIONS): "
+                f"{so_far} received before this part, {len(reported)} in it; refused"
+            )
+            return _refuse(row=row, ingest=ingest, evaluation=evaluation, error=error, now=now)
+        found = conflicts(reported, held_derivations(d["drv_path"] for d in reported))
+        if found:
+            return _refuse_conflicting(row=row, ingest=ingest, evaluation=evaluation, found=found, now=now)
     cap = message_cap()
     evaluation.warnings = with_messages(
         evaluation.warnings, update.get("warnings", []), what="warnings", cap=cap
@@ -129,6 +146,58 @@ def eval_result_part(
     )
 
 
+def _fail(evaluation: Evaluation, error: str, now: datetime) -> None:
+    history.evaluation_transition(
+        evaluation_id=evaluation.id,
+        to=EvaluationStatus.FAILED,
+        expect=None,
+        reason=error,
+        now=now,
+        errors=[*evaluation.errors, error],  # the server's own line, past the cap: one, always kept
+    )
+
+
+def _refuse(
+    *, row: DispatchedJob, ingest: EvalIngest | None, evaluation: Evaluation, error: str, now: datetime
+) -> Outcome:
+    """A part that cannot be taken: nothing of it is stored, and the evaluation fails with `error`. The
+    ingest is decided, so a later part of the same result is dropped as stale; what earlier parts stored
+    ends as a cancel ends it (builds that no other evaluation needs are aborted), so nothing of the
+    refused result is queued."""
+    if ingest is None:
+        EvalIngest.objects.create(
+            assignment_id=row.id, evaluation_id=evaluation.id, started_at=now, decided_at=now
+        )
+    else:
+        EvalIngest.objects.filter(pk=ingest.pk).update(decided_at=now)
+    _fail(evaluation, error, now)
+    abort_orphaned_builds(evaluation_id=evaluation.id, reason=error, now=now)
+    return _outcome(True, "eval_result refused; evaluation failed")
+
+
+def _refuse_conflicting(
+    *, row: DispatchedJob, ingest: EvalIngest | None, evaluation: Evaluation, found: list[str], now: datetime
+) -> Outcome:
+    """A part names derivation paths the server holds with another derivation (protocol.md, "Tenants"):
+    refused (see `_refuse`), the held builds unchanged, the evaluation's error naming what differed."""
+    more = len(found) - CONFLICTS_NAMED
+    error = "the eval_result names derivations the server holds otherwise, refused: " + "; ".join(
+        found[:CONFLICTS_NAMED]
+    )
+    if more > 0:
+        error += f"; and {more} more"
+    _refuse(row=row, ingest=ingest, evaluation=evaluation, error=error, now=now)
+    metrics.count(metrics.DERIVATION_CONFLICTS, amount=len(found))
+    log.warning(
+        "worker %s reported %d derivation(s) unlike the held ones for evaluation %s: %s",
+        row.worker_id,
+        len(found),
+        evaluation.id,
+        found[0],
+    )
+    return _outcome(True, f"eval_result refused: {len(found)} conflicting derivation(s); evaluation failed")
+
+
 def _decide_in_slices(evaluation_id: uuid.UUID, now: datetime) -> None:
     try:
         decided = graph.decide_evaluation_graph_in_slices(evaluation_id=evaluation_id, now=now)
@@ -168,12 +237,5 @@ def incomplete_result(*, row: DispatchedJob, evaluation: Evaluation, now: dateti
         f"the evaluation job completed before the final part of its eval_result ({ingest.parts} parts, "
         f"{ingest.derivations} derivations received): the result is incomplete"
     )
-    history.evaluation_transition(
-        evaluation_id=evaluation.id,
-        to=EvaluationStatus.FAILED,
-        expect=None,
-        reason=error,
-        now=now,
-        errors=[*evaluation.errors, error],  # the server's own line, past the cap: one, always kept
-    )
+    _fail(evaluation, error, now)
     return _outcome(True, "completed before the final eval_result part: failed")

@@ -166,24 +166,32 @@ def evaluation_cancel(
         for row in DispatchedJob.objects.filter(evaluation_id=evaluation_id, finished_at__isnull=True):
             push_to_worker_on_commit(row.worker_id, abort_job_message(row, reason))
             abort_jobs += 1
+        aborted, build_jobs = abort_orphaned_builds(evaluation_id=evaluation_id, reason=reason, now=now)
+        return CancelResult(True, aborted, abort_jobs + build_jobs)
 
-        other_needs = EvaluationBuild.objects.filter(
-            build_id=OuterRef("pk"), blocks_evaluation=True, evaluation__status__in=EVALUATION_ACTIVE
-        ).exclude(evaluation_id=evaluation_id)
-        orphaned = list(
-            DerivationBuild.objects.filter(
-                evaluation_links__evaluation_id=evaluation_id, status__in=BUILD_ABORTABLE
-            )
-            .exclude(Exists(other_needs))
-            .values_list("id", flat=True)
+
+def abort_orphaned_builds(*, evaluation_id: uuid.UUID, reason: str, now: datetime) -> tuple[int, int]:
+    """The shared builds of an evaluation that has ended which no other active evaluation needs are
+    aborted (running ones get AbortJob); returns (builds aborted, AbortJobs sent). Call inside the
+    transaction that ended the evaluation."""
+    other_needs = EvaluationBuild.objects.filter(
+        build_id=OuterRef("pk"), blocks_evaluation=True, evaluation__status__in=EVALUATION_ACTIVE
+    ).exclude(evaluation_id=evaluation_id)
+    orphaned = list(
+        DerivationBuild.objects.filter(
+            evaluation_links__evaluation_id=evaluation_id, status__in=BUILD_ABORTABLE
         )
-        aborted = DerivationBuild.objects.filter(id__in=orphaned, status__in=BUILD_ABORTABLE).update(
-            status=BuildStatus.ABORTED, finished_at=now, updated_at=now, last_error=reason[:2000]
-        )
-        for row in DispatchedJob.objects.filter(derivation_build_id__in=orphaned, finished_at__isnull=True):
-            push_to_worker_on_commit(row.worker_id, abort_job_message(row, reason))
-            abort_jobs += 1
-        return CancelResult(True, aborted, abort_jobs)
+        .exclude(Exists(other_needs))
+        .values_list("id", flat=True)
+    )
+    aborted = DerivationBuild.objects.filter(id__in=orphaned, status__in=BUILD_ABORTABLE).update(
+        status=BuildStatus.ABORTED, finished_at=now, updated_at=now, last_error=reason[:2000]
+    )
+    abort_jobs = 0
+    for row in DispatchedJob.objects.filter(derivation_build_id__in=orphaned, finished_at__isnull=True):
+        push_to_worker_on_commit(row.worker_id, abort_job_message(row, reason))
+        abort_jobs += 1
+    return aborted, abort_jobs
 
 
 def abort_job_message(row: DispatchedJob, reason: str) -> AbortJob:

@@ -36,6 +36,7 @@ import msgspec
 from django.db import connection, transaction
 
 from gradient.core.vocab import BuildStatus
+from gradient.scheduling.decisions.derivations import HeldDerivation, inputs_digest, outputs_of
 from gradient.scheduling.models import (
     CachedPath,
     DerivationBuild,
@@ -123,6 +124,14 @@ def _inputs(path: str, d: dict[str, Any]) -> set[str]:
     return {p for p in d.get("input_drvs") or [] if p != path}
 
 
+def held_derivations(paths: Iterable[str]) -> dict[str, HeldDerivation]:
+    """What the server holds of those of `paths` it has a shared build for (one indexed lookup)."""
+    rows = DerivationBuild.objects.filter(drv_path__in=list(paths)).values_list(
+        "drv_path", "system", "outputs", "inputs_digest"
+    )
+    return {p: HeldDerivation(s, outputs_of(o or []), d) for p, s, o, d in rows}
+
+
 def store_part(
     *,
     evaluation: Evaluation,
@@ -158,8 +167,8 @@ _TEMP_TABLES = "; ".join(
         *(
             f"CREATE TEMP TABLE IF NOT EXISTS {table} ({columns}) ON COMMIT DELETE ROWS; DELETE FROM {table}"  # noqa: S608 (constants)
             for table, columns in (
-                ("gradient_ingest_drv", "p text, s text, f jsonb, o jsonb"),
-                ("gradient_ingest_new", "p text, s text, f jsonb, o jsonb"),
+                ("gradient_ingest_drv", "p text, s text, f jsonb, o jsonb, d text"),
+                ("gradient_ingest_new", "p text, s text, f jsonb, o jsonb, d text"),
                 ("gradient_ingest_link", "b uuid, a text"),
                 ("gradient_ingest_input", "i text"),
                 ("gradient_ingest_edge", "b uuid, d uuid"),
@@ -171,10 +180,10 @@ _TEMP_TABLES = "; ".join(
 )
 # The builds a part creates, from one of two temporary tables (all its derivations, or the missing ones).
 _INSERT_BUILDS_FROM = (
-    "INSERT INTO derivation_build (id, drv_path, system, required_features, outputs, status, "
-    "prioritized, attempts, max_attempts, timeout_secs, max_silent_secs, last_error, "
+    "INSERT INTO derivation_build (id, drv_path, system, required_features, outputs, inputs_digest, "
+    "status, prioritized, attempts, max_attempts, timeout_secs, max_silent_secs, last_error, "
     "ingest_id, created_at, updated_at) "
-    "SELECT gen_random_uuid(), t.p, t.s, t.f, t.o, %s, %s, 0, %s, %s, %s, '', %s, %s, %s FROM {table} t "
+    "SELECT gen_random_uuid(), t.p, t.s, t.f, t.o, t.d, %s, %s, 0, %s, %s, %s, '', %s, %s, %s FROM {table} t "
     "ORDER BY t.p ON CONFLICT (drv_path) DO NOTHING RETURNING drv_path, id::text"
 )
 _INSERT_BUILDS = {
@@ -226,6 +235,7 @@ def _store_postgres(
                     _json.encode(
                         [{"name": o["name"], "path": o["path"]} for o in by_path[p].get("outputs") or []]
                     ).decode(),
+                    inputs_digest(p, by_path[p].get("input_drvs") or []),
                 )
                 for p in ps
             )
@@ -275,12 +285,12 @@ def _store_postgres(
             read_existing()
             missing = [p for p in paths if p not in stored.ids]
             if missing:
-                _copy(cur, "gradient_ingest_new", "p, s, f, o", rows(missing))
+                _copy(cur, "gradient_ingest_new", "p, s, f, o, d", rows(missing))
                 insert("gradient_ingest_new")
                 if len(stored.ids) < len(paths):  # another ingest created some in between
                     read_existing()
         else:
-            _copy(cur, "gradient_ingest_drv", "p, s, f, o", rows(paths))
+            _copy(cur, "gradient_ingest_drv", "p, s, f, o, d", rows(paths))
             insert("gradient_ingest_drv")
             if stored.created < len(paths):
                 read_existing()
@@ -398,6 +408,7 @@ def _store_portable(
                 system=by_path[p]["system"],
                 required_features=sorted(set(by_path[p].get("required_features") or [])),
                 outputs=[{"name": o["name"], "path": o["path"]} for o in by_path[p].get("outputs") or []],
+                inputs_digest=inputs_digest(p, by_path[p].get("input_drvs") or []),
                 prioritized=priority,
                 ingest_id=ingest_id if hold else None,
             )

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 import sys
 from collections.abc import Sequence
 
-from gradient.workers.client.config import ConfigError, parse_config
+from gradient.workers.client.config import ConfigError, forget_secrets, parse_config
 from gradient.workers.client.worker import EXIT_CONFIG, Worker
 from gradient.workers.executors import ExecutorUnavailable, make_executor
 
@@ -26,6 +27,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"gradient worker: {exc}", file=sys.stderr)
         return EXIT_CONFIG
+    forget_secrets(os.environ)
     logging.basicConfig(
         level=getattr(logging, config.log_level, logging.INFO),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

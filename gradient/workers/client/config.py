@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -170,6 +170,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--log-level", dest="log_level", help=f"default INFO {env('log_level')}")
     return p
+
+
+def forget_secrets(environ: MutableMapping[str, str]) -> None:
+    """Once the configuration is read, the token leaves the process environment: no child (a nix
+    process, git, a builder) inherits it, whatever environment it is given."""
+    environ.pop(ENVIRONMENT["token"], None)
 
 
 def _bool(raw: str) -> bool:

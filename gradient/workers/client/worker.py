@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -85,7 +86,11 @@ log = logging.getLogger("gradient.worker")
 EXIT_OK = 0
 EXIT_CONFIG = 2
 EXIT_REJECTED = 3
-FATAL_REJECTS = frozenset({400, 401, 403})
+# Only these say the worker itself is refused (bad token, unknown or deactivated worker): retrying
+# cannot help. Every other refusal (503 busy or making room, 496 a session still open, even a 400 of a
+# server that restarted mid-handshake) is retried: a worker that exits on one stays away for good.
+FATAL_REJECTS = frozenset({401, 403})
+FIRST_BACKOFF_SECS = 1.0
 HANDSHAKE_TIMEOUT_SECS = 30.0
 BUILD_TIMEOUT_BACKSTOP_SECS = 10  # past a build's timeout_secs, when its executor has not ended it
 MAX_FRAME = 8 * 1024 * 1024  # what we accept from the server (a page of 1 000 candidates fits)
@@ -200,8 +205,9 @@ class Worker:
     async def run(self) -> int:
         """Connect, serve, reconnect with backoff until stopped. Returns the process exit code."""
         prime_cpu_usage()
-        backoff = 1.0
+        failures = 0
         while not self.stop_event.is_set():
+            session: Connection | None = None
             try:
                 async with connect(
                     self.config.server,
@@ -211,15 +217,14 @@ class Worker:
                     ping_timeout=20,
                     close_timeout=5,
                 ) as ws:
-                    backoff = 1.0
-                    await Connection(self, ws).serve()
+                    session = Connection(self, ws)
+                    await session.serve()
             except Rejected as rejected:
                 if rejected.code in FATAL_REJECTS:
                     log.error("the server refused this worker (%s): %s", rejected.code, rejected.reason)
                     return EXIT_REJECTED
-                log.warning(
-                    "the server refused this session (%s): %s; retrying", rejected.code, rejected.reason
-                )
+                why = f"the server refused this session ({rejected.code}): {rejected.reason}"
+                log.warning("%s; retrying", why)
             except InvalidURI as exc:
                 log.error("bad --server: %s", exc)
                 return EXIT_CONFIG
@@ -229,13 +234,26 @@ class Worker:
                 )
             if self.stop_event.is_set():
                 break
+            # Back to the first step only after a session that got its InitAck: a server that accepts
+            # the socket and then refuses it is no reason to come back faster.
+            failures = 0 if session is not None and session.acknowledged else failures + 1
+            delay = reconnect_delay(failures, self.config.reconnect_max_secs, random.random())  # noqa: S311
+            log.info("reconnecting in %.1f s", delay)
             try:
-                await asyncio.wait_for(self.stop_event.wait(), timeout=backoff)
+                await asyncio.wait_for(self.stop_event.wait(), timeout=delay)
             except TimeoutError:
                 pass
-            backoff = min(backoff * 2, self.config.reconnect_max_secs)
         log.info("stopped")
         return EXIT_OK
+
+
+def reconnect_delay(failures: int, cap_secs: float, draw: float) -> float:
+    """Seconds before the next connection attempt after `failures` failed ones in a row (0: the last
+    session had got in): exponential from FIRST_BACKOFF_SECS, capped at `cap_secs`, and jittered over
+    its upper half by `draw` in [0, 1) so that a fleet the same restart threw out comes back spread
+    out rather than all at once."""
+    ceiling = min(cap_secs, FIRST_BACKOFF_SECS * 2.0 ** min(max(failures - 1, 0), 30))
+    return ceiling / 2 + ceiling / 2 * draw
 
 
 class Connection:
@@ -249,6 +267,7 @@ class Connection:
         self.jobs: dict[str, Job] = {}  # by assignment_id
         self.server_draining = False
         self.listed = False
+        self.acknowledged = False  # InitAck came
         self._send_lock = asyncio.Lock()
         self._handlers: dict[type[Message], Callable[[Any], Awaitable[None]]] = {
             JobListChunk: self.on_job_list_chunk,
@@ -307,6 +326,7 @@ class Connection:
             raise Rejected(message.code, message.message)
         if not isinstance(message, InitAck):
             raise ProtocolError(f"expected InitAck, got {tag_of(type(message))}")
+        self.acknowledged = True
         log.info(
             "connected to %s as %s (projects: %s)",
             self.config.server,

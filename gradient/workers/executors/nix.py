@@ -2,8 +2,9 @@
 
 - FetchFlake: `nix flake metadata --json` on the repository at its commit copies the source into the
   store; its store path is the fetch_result.
-- EvaluateFlake: one `nix eval --impure --json` lists the attributes the wildcards select (default
-  `packages.<system>.*` and `checks.<system>.*`) whose values are derivations.
+- EvaluateFlake: one pure `nix eval --json` of the locked flake (`nix flake metadata` locks it) lists
+  the attributes the wildcards select (default `packages.<system>.*` and `checks.<system>.*`) whose
+  values are derivations. Pure: the flake reads neither the worker's environment nor its files.
 - EvaluateDerivations: one `nix eval` gives each attribute's derivation path (an attribute that fails
   is evaluated alone, for its error text, and reported in `errors`); `nix show-derivation -r` walks the
   closure of input derivations; `nix path-info --json` tells which outputs are already valid, with
@@ -17,7 +18,9 @@
 Every Nix process starts in its own session (process group). Cancelling a job (AbortJob, the worker
 stopping, a timeout) sends SIGTERM to the group, so Nix stops its builder and releases its locks,
 and SIGKILL after `kill_grace_secs`. Nix reads the operator's configuration (`/etc/nix/nix.conf`,
-NIX_CONFIG); the executor adds only `extra-experimental-features = nix-command flakes`.
+NIX_CONFIG); the executor adds only `extra-experimental-features = nix-command flakes`. A nix process
+gets an allow-listed environment (nix_parse.nix_environment_of): PATH, HOME, NIX_* and the like, never
+the worker's GRADIENT_* variables.
 """
 
 from __future__ import annotations
@@ -58,25 +61,26 @@ from gradient.workers.executors.base import (
     JobContext,
 )
 from gradient.workers.executors.nix_parse import (
-    EVAL_EXPRESSION,
     NixBuildLog,
     NixInputError,
     NixSettings,
     builds_elsewhere,
     classify_build_failure,
     discovered_derivations,
+    eval_argv,
     flake_ref,
     format_attr_path,
     is_store_path,
     local_flake_ref,
+    locked_flake_ref,
     nar_sizes_from_path_info,
+    nix_environment_of,
     outputs_of,
     settings_from_show_config,
     split_attr_path,
     store_flake_ref,
     strip_ansi,
     wildcard_patterns,
-    with_executor_config,
 )
 
 log = logging.getLogger("gradient.worker.nix")
@@ -114,9 +118,7 @@ class NixCommandFailed(Exception):
 
 
 def nix_environment(environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    env = dict(os.environ if environ is None else environ)
-    env["NIX_CONFIG"] = with_executor_config(env.get("NIX_CONFIG"))
-    return env
+    return nix_environment_of(os.environ if environ is None else environ)
 
 
 def detect_settings(env: Mapping[str, str]) -> NixSettings:
@@ -189,18 +191,16 @@ class NixExecutor(Executor):
         ctx: JobContext | None = None,
         *,
         on_stderr: Callable[[str], Awaitable[None]] | None = None,
-        extra_env: Mapping[str, str] | None = None,
     ) -> NixRun:
         """Run one Nix command in its own process group, streaming stderr lines to `on_stderr`.
         Cancelled, it stops the group (see `_stop`) before the cancellation goes on."""
-        env = {**self.env, **(extra_env or {})}
         try:
             process = await asyncio.create_subprocess_exec(
                 *argv,
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE,
-                env=env,
+                env=self.env,
                 start_new_session=True,
                 limit=STREAM_LIMIT,
             )
@@ -364,22 +364,27 @@ class NixExecutor(Executor):
     # --- EvaluateFlake / EvaluateDerivations ---------------------------------------------------------
 
     async def _flake_for_eval(self, flake: str, ctx: JobContext) -> str:
-        """A fetched source (a store path) or, without a fetch step, a repository URL."""
+        """A fetched source (a store path) or, without a fetch step, a repository URL, locked: pure
+        evaluation takes only a locked flake."""
         if flake.startswith("/nix/store/"):
             await self._ensure_valid(flake, ctx)
-            return store_flake_ref(flake)
+            ref = store_flake_ref(flake)
+        else:
+            try:
+                ref = self.repository_ref(flake, "")
+            except NixInputError as exc:
+                raise ExecutorFailure(BuildFailureKind.PERMANENT, str(exc)) from None
         try:
-            return self.repository_ref(flake, "")
+            return locked_flake_ref(await self._json(["nix", "flake", "metadata", "--json", ref], ctx))
+        except NixCommandFailed as failed:
+            raise ExecutorFailure(
+                BuildFailureKind.PERMANENT, f"locking {ref} failed: {failed.run.error_text()}"
+            ) from None
         except NixInputError as exc:
-            raise ExecutorFailure(BuildFailureKind.PERMANENT, str(exc)) from None
+            raise ExecutorFailure(BuildFailureKind.TRANSIENT, f"locking {ref} failed: {exc}") from None
 
     async def _eval(self, ref: str, ctx: JobContext, args: dict[str, Any]) -> tuple[Any, NixRun]:
-        payload = json.dumps({"flake": ref, **args})
-        run = await self._run(
-            ["nix", "eval", "--impure", "--json", "--expr", EVAL_EXPRESSION],
-            ctx,
-            extra_env={"GRADIENT_NIX_EVAL": payload},
-        )
+        run = await self._run(eval_argv({"flake": ref, **args}), ctx)
         if run.returncode != 0:
             raise NixCommandFailed(run)
         try:

@@ -181,14 +181,19 @@ def wildcard_patterns(wildcards: Iterable[str], system: str) -> list[list[str]]:
     return [[glob_to_regex(s) for s in split_attr_path(w)] for w in chosen]
 
 
-# The evaluation itself, one `nix eval --impure --json --expr` whose arguments come as JSON in the
-# environment (GRADIENT_NIX_EVAL), so no value is ever spliced into Nix source.
+# The evaluation itself, one pure `nix eval --json --expr EVAL_EXPRESSION --argstr request <json>
+# result` (eval_argv): the arguments come as one JSON string through --argstr, so no value is ever
+# spliced into Nix source, and the evaluation is pure, so the evaluated flake reads neither the worker's
+# environment (builtins.getEnv is "") nor its files: only a locked flake (`locked_flake_ref`).
+# Nix 2.8's `nix eval --expr` calls a function with --arg values only on the way along an attribute
+# path, hence the function returns `{ result = ...; }` and the path `result` is asked for.
 #   mode "attrs": every attribute path the patterns select whose value is a derivation; a value that
 #     fails to evaluate is listed too (its error surfaces when its derivation is evaluated);
 #   mode "drvs": the derivation path of each given attribute path, or null when it throws.
 EVAL_EXPRESSION = r"""
+{ request }:
 let
-  args = builtins.fromJSON (builtins.getEnv "GRADIENT_NIX_EVAL");
+  args = builtins.fromJSON request;
   outputs = (builtins.getFlake args.flake).outputs;
   isDrv = v: builtins.isAttrs v && (v.type or null) == "derivation";
   walk = path: value: segs:
@@ -203,9 +208,75 @@ let
     let r = builtins.tryEval (builtins.foldl' (v: n: v.${n}) outputs path).drvPath;
     in { attr = path; drv = if r.success then r.value else null; };
 in
-if args.mode == "attrs" then builtins.concatMap (p: walk [ ] outputs p) args.patterns
-else map drvOf args.attrs
+{
+  result =
+    if args.mode == "attrs" then builtins.concatMap (p: walk [ ] outputs p) args.patterns
+    else map drvOf args.attrs;
+}
 """
+
+
+def eval_argv(request: Mapping[str, Any]) -> list[str]:
+    """The pure `nix eval` of EVAL_EXPRESSION with `request` (the locked flake and the mode's values)."""
+    return [
+        "nix",
+        "eval",
+        "--json",
+        "--expr",
+        EVAL_EXPRESSION,
+        "--argstr",
+        "request",
+        json.dumps(request),
+        "result",
+    ]
+
+
+def locked_flake_ref(metadata: Mapping[str, Any]) -> str:
+    """The locked reference (with its narHash or revision) that `nix flake metadata --json` gives: pure
+    evaluation takes only a locked flake."""
+    url = metadata.get("url")
+    if not isinstance(url, str) or not url:
+        raise NixInputError("nix flake metadata gave no locked reference")
+    return url
+
+
+# Of the worker's environment, only what Nix itself reads reaches a nix process: never a GRADIENT_*
+# variable (the worker's token above all), nor anything else of the worker's. Pure evaluation already
+# keeps an evaluated flake from reading the environment; this keeps what Nix or git is not meant to
+# see out of their reach too. SSH_AUTH_SOCK and the proxies: fetching a private or remote repository.
+NIX_ENVIRONMENT_NAMES = frozenset(
+    {
+        "PATH",
+        "HOME",
+        "USER",
+        "LOGNAME",
+        "TMPDIR",
+        "TZ",
+        "LANG",
+        "LC_ALL",
+        "SSL_CERT_FILE",
+        "SSH_AUTH_SOCK",
+        "XDG_CACHE_HOME",
+        "XDG_CONFIG_HOME",
+        "XDG_CONFIG_DIRS",
+        "XDG_DATA_HOME",
+        "XDG_STATE_HOME",
+        "http_proxy",
+        "https_proxy",
+        "no_proxy",
+        "HTTP_PROXY",
+        "HTTPS_PROXY",
+        "NO_PROXY",
+    }
+)
+
+
+def nix_environment_of(environ: Mapping[str, str]) -> dict[str, str]:
+    """The environment of every nix child: the allow-listed names and Nix's own NIX_* variables of
+    `environ`, with the executor's experimental features added to NIX_CONFIG."""
+    env = {k: v for k, v in environ.items() if k in NIX_ENVIRONMENT_NAMES or k.startswith("NIX_")}
+    env["NIX_CONFIG"] = with_executor_config(env.get("NIX_CONFIG"))
+    return env
 
 
 # --- nix show-config ---------------------------------------------------------------------------------

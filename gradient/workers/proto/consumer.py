@@ -802,7 +802,8 @@ class WorkerConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]  # channels 
     async def make_room(self) -> None:
         """Closed by admission.py for a newer socket: this one has not sent its InitConnection."""
         reason = admission.EVICTED_REASON
-        await self._send_and_close(Reject(code=400, reason=reason), 4400, f"rejected: {reason}")
+        code = admission.EVICTED_CODE
+        await self._send_and_close(Reject(code=code, reason=reason), 4000 + code, f"rejected: {reason}")
 
     def _on_handshake_timeout(self) -> None:
         self._handshake_timer = None

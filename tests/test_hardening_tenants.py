@@ -1,0 +1,131 @@
+"""Tenants cannot decide each other's builds (issue 36, finding 2; protocol.md, "Tenants"): a derivation
+path names one derivation, so an eval_result that names a held path with another system, other inputs or
+other outputs is refused (its evaluation fails naming the path and what differed; the held build is
+unchanged; counted in the gradient_derivation_conflicts_total total), across two projects, whichever
+came first."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from gradient.runtime import metrics
+from gradient.scheduling.decisions.derivations import HeldDerivation, conflict, inputs_digest, outputs_of
+from gradient.scheduling.models import DerivationBuild, Evaluation, EvaluationStatus
+from gradient.scheduling.services.assignment import Assignment
+from tests.factories import ProjectFactory
+from tests.scheduling_helpers import drv, evaluating, update
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def _held(d: dict[str, Any]) -> HeldDerivation:
+    return HeldDerivation(
+        d["system"], outputs_of(d["outputs"]), inputs_digest(d["drv_path"], d["input_drvs"])
+    )
+
+
+def test_a_report_that_agrees_with_the_held_derivation_is_no_conflict_and_one_that_differs_says_how() -> None:
+    r = drv("r", "q")
+    assert conflict(r, _held(r)) is None
+    assert (
+        conflict({**r, "input_drvs": [*r["input_drvs"], r["drv_path"]]}, _held(r)) is None
+    )  # itself: ignored
+    text = conflict({**r, "system": "evil-none"}, _held(r))
+    assert text is not None and r["drv_path"] in text and "system 'evil-none'" in text
+    assert "other input_drvs" in (conflict({**r, "input_drvs": []}, _held(r)) or "")
+    other = [{"name": "out", "path": "/nix/store/" + "9" * 32 + "-elsewhere"}]
+    assert "other outputs" in (conflict({**r, "outputs": other}, _held(r)) or "")
+    # A build stored before digests were kept: its inputs are not compared.
+    assert (
+        conflict({**r, "input_drvs": []}, HeldDerivation(r["system"], outputs_of(r["outputs"]), "")) is None
+    )
+
+
+def _evaluating(project_name: str) -> tuple[Evaluation, Any, Assignment]:
+    return evaluating(ProjectFactory(name=project_name))
+
+
+def _report(worker: Any, a: Assignment, derivations: list[dict[str, Any]], **extra: Any) -> Any:
+    return update(worker.id, a, kind="eval_result", derivations=derivations, warnings=[], errors=[], **extra)
+
+
+def _held_rows() -> list[tuple[Any, ...]]:
+    return list(
+        DerivationBuild.objects.order_by("drv_path").values_list(
+            "drv_path", "system", "outputs", "inputs_digest", "status"
+        )
+    )
+
+
+def _conflicts_counted() -> float:
+    return sum(metrics.totals().get(metrics.DERIVATION_CONFLICTS, {}).values())
+
+
+def test_a_held_path_named_otherwise_by_another_project_is_refused_and_the_build_unchanged() -> None:
+    true_p, true_r = drv("p"), drv("r", "p")
+    # Project A's worker speaks first, and lies: R is for a system no worker has.
+    a_eval, a_worker, a_job = _evaluating("tenant-a")
+    liar_r = {**true_r, "system": "evil-none"}
+    assert _report(a_worker, a_job, [true_p, liar_r]).accepted
+    held = _held_rows()
+    counted = _conflicts_counted()
+
+    # Project B reports the truth about R: refused, B's evaluation fails saying so; R is unchanged.
+    b_eval, b_worker, b_job = _evaluating("tenant-b")
+    outcome = _report(b_worker, b_job, [true_p, true_r])
+    assert outcome.accepted and "refused" in outcome.detail
+    b_eval.refresh_from_db()
+    assert b_eval.status == EvaluationStatus.FAILED
+    (error,) = b_eval.errors
+    assert true_r["drv_path"] in error and "system 'x86_64-linux' (held: 'evil-none')" in error
+    assert true_p["drv_path"] not in error  # P agreed
+    assert _held_rows() == held
+    assert not b_eval.build_links.exists()  # nothing of the refused report was linked
+    assert _conflicts_counted() == counted + 1
+    # A part after the refusal is stale: dropped, nothing changes.
+    assert not _report(b_worker, b_job, [true_p]).accepted
+
+    # And the other way round: B first with the truth about Q, then A drops Q's input.
+    true_q = drv("q", "p")
+    b2_eval, b2_worker, b2_job = _evaluating("tenant-b2")
+    assert _report(b2_worker, b2_job, [true_p, true_q]).accepted
+    held = _held_rows()
+    a2_eval, a2_worker, a2_job = _evaluating("tenant-a2")
+    assert _report(a2_worker, a2_job, [{**true_q, "input_drvs": []}], is_final=False).accepted is True
+    a2_eval.refresh_from_db()
+    assert a2_eval.status == EvaluationStatus.FAILED
+    assert "other input_drvs" in a2_eval.errors[0] and true_q["drv_path"] in a2_eval.errors[0]
+    assert _held_rows() == held
+    b2_eval.refresh_from_db()
+    assert b2_eval.status != EvaluationStatus.FAILED
+
+
+# --- An eval_result is bounded (issue 36, finding 9) -------------------------------------------------------
+
+
+def test_an_eval_result_past_the_derivation_cap_fails_its_evaluation_and_nothing_of_it_is_queued() -> None:
+    from django.test import override_settings
+    from django.utils import timezone
+
+    from gradient.scheduling.models import BuildStatus
+    from gradient.scheduling.services.passes import build_resync_pass
+
+    evaluation, worker, a = _evaluating("capped")
+    parts = [[drv(f"c{n}-{i}") for i in range(20)] for n in range(4)]
+    with override_settings(GRADIENT_EVAL_MAX_DERIVATIONS=50):
+        assert _report(worker, a, parts[0], is_final=False).accepted
+        assert _report(worker, a, parts[1], is_final=False).accepted
+        outcome = _report(worker, a, parts[2], is_final=False)  # 60 > 50
+        assert outcome.accepted and "refused" in outcome.detail
+        assert not _report(worker, a, parts[3]).accepted  # the final part, after the refusal: stale
+    evaluation.refresh_from_db()
+    assert evaluation.status == EvaluationStatus.FAILED
+    assert "more than 50 derivations" in evaluation.errors[-1]
+    assert "GRADIENT_EVAL_MAX_DERIVATIONS" in evaluation.errors[-1]
+    # What the first parts stored ends as a cancel ends it; the resync queues none of it.
+    build_resync_pass(now=timezone.now())
+    statuses = set(DerivationBuild.objects.values_list("status", flat=True))
+    assert statuses == {BuildStatus.ABORTED}, statuses
+    assert DerivationBuild.objects.count() == 40
