@@ -192,6 +192,31 @@ class Statements:
         return [f"    {secs:7.2f} s  {sql}" for sql, secs in ranked]
 
 
+def independent(n: int, seed: int = 23) -> list[Any]:
+    """n derivations with no inputs and nothing cached: every one is a leaf, queued at the final part
+    (the outside check's shape that made the queueing quadratic on a fresh table, issue 30)."""
+    from gradient.core.protocol import DiscoveredDerivation, OutputPath
+
+    rng = random.Random(seed)
+
+    def store(i: int, suffix: str) -> str:
+        digest = "".join(rng.choice(NIX_BASE32) for _ in range(32))
+        return f"/nix/store/{digest}-leaf-{i}{suffix}"
+
+    return [
+        DiscoveredDerivation(
+            drv_path=store(i, ".drv"),
+            system="x86_64-linux",
+            required_features=[],
+            outputs=[OutputPath(name="out", path=store(i, ""))],
+            input_drvs=[],
+            cached_outputs=[],
+            attr=f"checks.x86_64-linux.leaf{i}",
+        )
+        for i in range(n)
+    ]
+
+
 def claim(project: Any, worker: Any, session: Any, commit: str) -> Any:
     from django.utils import timezone
     from msgspec.json import encode as encode_json
@@ -216,9 +241,23 @@ def claim(project: Any, worker: Any, session: Any, commit: str) -> Any:
     return handed, evaluation.id
 
 
-def send_result(session: Any, handed: Any, derivations: list[Any]) -> dict[str, Any]:
-    """The reference worker's parts, each encoded as its frame, decoded strictly and handed to the job
-    loop, one after the other (as one socket's frames are). Returns the figures."""
+def by_count(derivations: list[Any], size: int) -> list[Any]:
+    """The result in parts of `size` derivations each (the outside check's way), the last one final."""
+    from gradient.core.protocol import EvalResult
+
+    chunks = [derivations[i : i + size] for i in range(0, len(derivations), size)] or [[]]
+    return [
+        EvalResult(derivations=c, warnings=[], errors=[], is_final=i == len(chunks) - 1)
+        for i, c in enumerate(chunks)
+    ]
+
+
+def send_result(
+    session: Any, handed: Any, derivations: list[Any], part_size: int | None = None
+) -> dict[str, Any]:
+    """The reference worker's parts (or parts of `part_size` derivations), each encoded as its frame,
+    decoded strictly and handed to the job loop, one after the other (as one socket's frames are).
+    Returns the figures."""
     from django.db import connection
 
     from gradient.core.protocol import JobUpdate, decode_worker_message, encode
@@ -227,28 +266,37 @@ def send_result(session: Any, handed: Any, derivations: list[Any]) -> dict[str, 
 
     # The worker's side first (its split and its frames), so what is timed and measured is the server's.
     t0 = time.perf_counter()
-    frames = [
-        encode(JobUpdate(job_id=handed.job_key, assignment_id=str(handed.assignment_id), update=part))
-        for part in eval_result_parts(
+    parts_sent = (
+        by_count(derivations, part_size)
+        if part_size
+        else eval_result_parts(
             derivations=derivations,
             warnings=[],
             errors=[],
             job_id=handed.job_key,
             assignment_id=str(handed.assignment_id),
         )
+    )
+    frames = [
+        encode(JobUpdate(job_id=handed.job_key, assignment_id=str(handed.assignment_id), update=part))
+        for part in parts_sent
     ]
     worker_side = time.perf_counter() - t0
     frame_bytes = max(len(f) for f in frames)
     parts = len(frames)
     with RssSampler() as rss, Statements(connection) as counter:
         started = time.perf_counter()
+        final_arrived = started
         while frames:
+            if len(frames) == 1:
+                final_arrived = time.perf_counter()
             message = decode_worker_message(frames.pop(0))
             jobloop.job_update(session=session, message=message)
             del message
         elapsed = time.perf_counter() - started
     return {
         "seconds": elapsed,
+        "after_final": started + elapsed - final_arrived,
         "statements": counter.count,
         "peak_mb": rss.growth_mb,
         "longest": counter.longest_transaction,
@@ -289,27 +337,8 @@ def check(evaluation_id: Any, derivations: list[Any]) -> str:
 
 def run(n: int, profile: bool, verbose: bool) -> str:
     from django.db import connection
-    from django.utils import timezone
 
-    from gradient.runtime.passes import server_boot_start
-    from gradient.scheduling.services.projects import project_create
-    from gradient.workers.models import Worker, WorkerSession
-    from gradient.workers.services import SessionRef
-
-    reset_tables()
-    with connection.cursor() as cursor:
-        cursor.execute("TRUNCATE eval_ingest, eval_ingest_input CASCADE")
-    now = timezone.now()
-    project = project_create(name="ingest")
-    worker = Worker.objects.create(
-        name="evaluator", token_hash="-", can_fetch=True, can_eval=True, can_build=False, cpu_core_score=1000
-    )
-    worker.projects.set([project])
-    boot = server_boot_start(now=now)
-    row = WorkerSession.objects.create(
-        worker=worker, channel_name="bench.ingest", server_boot=boot.id, opened_at=now, last_seen=now
-    )
-    session = SessionRef(session_id=row.id, worker_id=worker.id)
+    project, worker, session = start(n)
     t0 = time.perf_counter()
     derivations = generate(n)
     print(f"N = {n}: generated in {time.perf_counter() - t0:.1f} s; {describe_machine()}", flush=True)
@@ -362,17 +391,83 @@ def run(n: int, profile: bool, verbose: bool) -> str:
     )
 
 
+def start(n: int) -> tuple[Any, Any, Any]:
+    """Empty tables, one project, an evaluating worker and its session: (project, worker, session)."""
+    from django.db import connection
+    from django.utils import timezone
+
+    from gradient.runtime.passes import server_boot_start
+    from gradient.scheduling.services.projects import project_create
+    from gradient.workers.models import Worker, WorkerSession
+    from gradient.workers.services import SessionRef
+
+    reset_tables()
+    with connection.cursor() as cursor:
+        cursor.execute("TRUNCATE eval_ingest, eval_ingest_input CASCADE")
+    now = timezone.now()
+    project = project_create(name="ingest")
+    worker = Worker.objects.create(
+        name="evaluator", token_hash="-", can_fetch=True, can_eval=True, can_build=False, cpu_core_score=1000
+    )
+    worker.projects.set([project])
+    boot = server_boot_start(now=now)
+    row = WorkerSession.objects.create(
+        worker=worker, channel_name="bench.ingest", server_boot=boot.id, opened_at=now, last_seen=now
+    )
+    return project, worker, SessionRef(session_id=row.id, worker_id=worker.id)
+
+
+def run_independent(n: int, part_size: int) -> str:
+    """The outside check's shape: n leaves in parts of `part_size`, on tables whose statistics were taken
+    while they were empty (a fresh database after autovacuum's first look): the plans of the ingest and
+    of the decision are made on statistics that say a few rows where there are n."""
+    from django.db import connection
+
+    from gradient.scheduling.models import DerivationBuild
+
+    project, worker, session = start(n)
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE")
+    derivations = independent(n)
+    print(f"N = {n} independent, parts of {part_size}; {describe_machine()}", flush=True)
+    handed, evaluation_id = claim(project, worker, session, "independent")
+    got = send_result(session, handed, derivations, part_size=part_size)
+    queued = DerivationBuild.objects.filter(status="Queued").count()
+    print(
+        f"  {got['parts']} parts in {got['seconds']:.2f} s, the final part {got['after_final']:.2f} s, "
+        f"{queued}/{n} queued, the longest transaction {got['longest']:.2f} s",
+        flush=True,
+    )
+    print("\n".join(got["top"]))
+    return (
+        f"independent: {n} derivations in parts of {part_size} in {got['seconds']:.1f} s; "
+        f"{'all' if queued == n else queued} queued {got['after_final']:.2f} s after the final part arrived"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--derivations", type=int, nargs="+", default=[1000, 10000, 150000])
     parser.add_argument("--profile", action="store_true", help="cProfile the largest N's first ingest")
     parser.add_argument("--statements", action="store_true", help="the statements that took longest")
+    parser.add_argument(
+        "--shape",
+        choices=["nixpkgs", "independent"],
+        default="nixpkgs",
+        help="independent: N leaves sent in parts of --part-size on tables analyzed empty",
+    )
+    parser.add_argument("--part-size", type=int, default=500, help="derivations a part (--shape independent)")
     args = parser.parse_args()
     setup_django()
     import logging
 
     logging.getLogger("gradient").setLevel(logging.WARNING)
-    lines = [run(n, args.profile and n == max(args.derivations), args.statements) for n in args.derivations]
+    if args.shape == "independent":
+        lines = [run_independent(n, args.part_size) for n in args.derivations]
+    else:
+        lines = [
+            run(n, args.profile and n == max(args.derivations), args.statements) for n in args.derivations
+        ]
     for line in lines:
         print(line)
 
