@@ -21,6 +21,7 @@ from gradient.core.vocab import (
     BUILD_PENDING,
     BUILD_SUCCESS,
     BUILD_UNFINISHED,
+    EVALUATION_ACTIVE,
     BuildStatus,
     EvaluationStatus,
 )
@@ -423,6 +424,27 @@ def dependents_of(build_ids: Sequence[uuid.UUID]) -> list[uuid.UUID]:
         .values_list("build_id", flat=True)
         .distinct()
     )
+
+
+def abort_unneeded_builds(
+    *, evaluation_id: uuid.UUID, statuses: Sequence[BuildStatus], reason: str, now: datetime
+) -> list[uuid.UUID]:
+    """The evaluation's builds in one of `statuses` that no other active evaluation needs end Aborted
+    (a cancel's end). Returns their ids."""
+    other_needs = EvaluationBuild.objects.filter(
+        build_id=OuterRef("pk"), blocks_evaluation=True, evaluation__status__in=EVALUATION_ACTIVE
+    ).exclude(evaluation_id=evaluation_id)
+    orphaned = list(
+        DerivationBuild.objects.filter(evaluation_links__evaluation_id=evaluation_id, status__in=statuses)
+        .exclude(Exists(other_needs))
+        .values_list("id", flat=True)
+    )
+    if not orphaned:
+        return []
+    DerivationBuild.objects.filter(id__in=orphaned, status__in=statuses).update(
+        status=BuildStatus.ABORTED, finished_at=now, updated_at=now, last_error=reason[:2000]
+    )
+    return orphaned
 
 
 def evaluations_needing(build_ids: Iterable[uuid.UUID]) -> list[uuid.UUID]:
