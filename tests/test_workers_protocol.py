@@ -139,8 +139,8 @@ SAMPLES_FROM_SERVER: list[p.Message] = [
     p.AbortJob(job_id="j", assignment_id="a", reason="r"),
     p.StartCluster(attempt="t", roster=[p.ClusterPeer(role="r", index=0, worker_id="w", zone=None)]),
     p.AbortCluster(attempt="t", reason="r"),
-    p.ClusterSignalDelivery(attempt="t", from_=p.ClusterAddress(role="r", index=0), payload="x"),
     p.KnownDerivations(job_id="j", assignment_id="a", drv_paths=["/nix/store/x.drv"]),
+    p.ClusterSignalDelivery(attempt="t", from_=p.ClusterAddress(role="r", index=0), payload="x"),
     p.Draining(),
 ]
 

@@ -157,6 +157,59 @@ class BuildRange:
         return out
 
 
+@dataclass(frozen=True)
+class BuildSet:
+    """Builds named by id: what one part of a result brought (services.eval_parts)."""
+
+    build_ids: tuple[str, ...]
+
+    def ids(self) -> QuerySet[Any]:
+        return DerivationBuild.objects.filter(id__in=self.build_ids).values("id")
+
+    def sql(self) -> tuple[str, list[Any]]:
+        return "SELECT unnest(%s::uuid[]) AS build_id", [list(self.build_ids)]
+
+
+@dataclass(frozen=True)
+class CreatedBuilds:
+    """Every Created build whose .drv is not lost (the resync's scope)."""
+
+    def ids(self) -> QuerySet[Any]:
+        return DerivationBuild.objects.filter(status=BuildStatus.CREATED, drv_lost_at__isnull=True).values(
+            "id"
+        )
+
+    def sql(self) -> tuple[str, list[Any]]:
+        return (
+            "SELECT id AS build_id FROM derivation_build WHERE status = %s AND drv_lost_at IS NULL",
+            [BuildStatus.CREATED.value],
+        )
+
+
+Scope = BuildRange | BuildSet | CreatedBuilds
+
+
+def decide_builds(*, build_ids: Iterable[Any], now: datetime) -> GraphDecision:
+    """decide_evaluation_graph for the builds a part brought (created, wanted again, or whose inputs it
+    completed) and the dependents of those it substitutes: a part decides only what it changed, as soon
+    as it is stored, so builds start while the result is still arriving (protocol.md, "Large
+    evaluations"). A build waits while an input of it has not arrived (eval_ingest_input) or has not
+    succeeded. Runs in the caller's transaction."""
+    ids = tuple(sorted({str(i) for i in build_ids}))
+    decision = GraphDecision()
+    if not ids:
+        return decision
+    scope = BuildSet(ids)
+    _no_jit()
+    substituted = _substitute_cached(scope, now)
+    decision.substituted = len(substituted)
+    decision.dependency_failed = _fail_needing_failed(scope, now)
+    if substituted:
+        scope = BuildSet(tuple(sorted({*ids, *(str(i) for i in dependents_of(substituted))})))
+    decision.queued = _queue_ready(scope, now)
+    return decision
+
+
 def decide_evaluation_graph(*, evaluation_id: uuid.UUID, now: datetime) -> GraphDecision:
     """The evaluation's whole result is in: what is cached is Substituted, what needs a lasting failure
     fails, what can start is Queued. Set-based over the evaluation's links and their edges: a few
@@ -165,7 +218,7 @@ def decide_evaluation_graph(*, evaluation_id: uuid.UUID, now: datetime) -> Graph
     scope = BuildRange(evaluation_id)
     decision = GraphDecision()
     _no_jit()
-    decision.substituted = _substitute_cached(scope, now)
+    decision.substituted = len(_substitute_cached(scope, now))
     decision.dependency_failed = _fail_needing_failed(scope, now)
     decision.queued = _queue_ready(scope, now)
     return decision
@@ -185,7 +238,7 @@ def decide_evaluation_graph_in_slices(*, evaluation_id: uuid.UUID, now: datetime
     for r in ranges:
         with transaction.atomic():
             _no_jit()
-            decision.substituted += _substitute_cached(r, now)
+            decision.substituted += len(_substitute_cached(r, now))
     for r in ranges:
         with transaction.atomic():
             _no_jit()
@@ -233,7 +286,18 @@ _ALL_CACHED = (
 )
 
 
-def _pick(r: BuildRange, condition: str, params: Sequence[Any]) -> list[str]:
+# _ready's conditions.
+_READY = (
+    f"b.status = %s AND b.drv_lost_at IS NULL AND NOT {_NEEDS_UNFINISHED} AND NOT {_INPUT_PENDING} "
+    f"AND NOT {_HELD}"
+)
+
+
+def _ready_params() -> list[Any]:
+    return [BuildStatus.CREATED.value, [s.value for s in BUILD_SUCCESS]]
+
+
+def _pick(r: Scope, condition: str, params: Sequence[Any]) -> list[str]:
     """The ids (as text) of the builds of `r` that meet `condition` (SQL over `b`, with `params`)."""
     sql, scope_params = r.sql()
     with connection.cursor() as cur:
@@ -241,7 +305,7 @@ def _pick(r: BuildRange, condition: str, params: Sequence[Any]) -> list[str]:
         return [row[0] for row in cur.fetchall()]
 
 
-def _fail_needing_failed(r: BuildRange, now: datetime) -> int:
+def _fail_needing_failed(r: Scope, now: datetime) -> int:
     if connection.vendor == "postgresql":
         doomed: list[Any] = _pick(
             r,
@@ -269,7 +333,7 @@ def _fail_needing_failed(r: BuildRange, now: datetime) -> int:
     return failed + fail_dependents(build_ids=doomed, now=now)
 
 
-def _queue_ready(r: BuildRange, now: datetime) -> int:
+def _queue_ready(r: Scope, now: datetime) -> int:
     candidates = DerivationBuild.objects.filter(
         id__in=r.ids(), status=BuildStatus.CREATED, drv_lost_at__isnull=True
     )
@@ -281,42 +345,34 @@ def _queue_ready(r: BuildRange, now: datetime) -> int:
     building = list(DerivationBuild.objects.filter(status=BuildStatus.BUILDING).values_list("id", flat=True))
     waiting_on_building = dependents_of(building) if building else []
     if waiting_on_building:
-        _lock_ids(
-            DerivationBuild.objects.filter(
-                id__in=r.ids().filter(build_id__in=waiting_on_building),
-                status=BuildStatus.CREATED,
-                drv_lost_at__isnull=True,
-            )
-        )
+        _lock_ids(candidates.filter(id__in=waiting_on_building))
     if connection.vendor != "postgresql":
         return int(_ready(candidates).update(status=BuildStatus.QUEUED, queued_at=now, updated_at=now))
-    # _ready's conditions.
-    ready = _pick(
-        r,
-        f"b.status = %s AND b.drv_lost_at IS NULL AND NOT {_NEEDS_UNFINISHED} AND NOT {_INPUT_PENDING} "
-        f"AND NOT {_HELD}",
-        [BuildStatus.CREATED.value, [s.value for s in BUILD_SUCCESS]],
+    ready = _pick(r, _READY, _ready_params())
+    return len(
+        _write_status(ready, expect=[BuildStatus.CREATED], status=BuildStatus.QUEUED, now=now, queued=True)
     )
-    return _write_status(ready, expect=[BuildStatus.CREATED], status=BuildStatus.QUEUED, now=now, queued=True)
 
 
 def _write_status(
     ids: Sequence[str], *, expect: Sequence[BuildStatus], status: BuildStatus, now: datetime, **stamp: bool
-) -> int:
-    """Builds `ids` still in one of `expect` take `status`: one statement by a constant array of ids."""
+) -> list[str]:
+    """Builds `ids` still in one of `expect` take `status`: one statement by a constant array of ids.
+    Returns the ids written."""
     if not ids:
-        return 0
+        return []
     stamps = "".join(f", {name}_at = %s" for name, on in stamp.items() if on)
     with connection.cursor() as cur:
         cur.execute(
             f"UPDATE derivation_build SET status = %s, updated_at = %s{stamps} "  # noqa: S608 (constants)
-            "WHERE id = ANY(%s::uuid[]) AND status = ANY(%s)",
+            "WHERE id = ANY(%s::uuid[]) AND status = ANY(%s) RETURNING id::text",
             [status.value, now, *(now for on in stamp.values() if on), list(ids), [s.value for s in expect]],
         )
-        return int(cur.rowcount)
+        return [row[0] for row in cur.fetchall()]
 
 
-def _substitute_cached(r: BuildRange, now: datetime) -> int:
+def _substitute_cached(r: Scope, now: datetime) -> list[Any]:
+    """The pending builds of `r` whose every output is cached become Substituted; returns their ids."""
     if connection.vendor != "postgresql":
         ids = list(
             DerivationBuild.objects.filter(id__in=r.ids(), status__in=BUILD_PENDING).values_list(
@@ -328,19 +384,20 @@ def _substitute_cached(r: BuildRange, now: datetime) -> int:
     return _write_status(cached, expect=BUILD_PENDING, status=BuildStatus.SUBSTITUTED, now=now, finished=True)
 
 
-def substitute_cached_builds(*, build_ids: Sequence[uuid.UUID], now: datetime) -> int:
+def substitute_cached_builds(*, build_ids: Sequence[uuid.UUID], now: datetime) -> list[Any]:
     """A pending build whose every output is in the cache needs no build: it is Substituted (one
-    statement for all of them)."""
+    statement for all of them). Returns their ids."""
     pending = DerivationBuild.objects.filter(id__in=build_ids, status__in=BUILD_PENDING).only("id", "outputs")
     candidates = [b for b in pending if b.outputs]
     paths = {o["path"] for b in candidates for o in b.outputs}
     cached = set(CachedPath.objects.filter(path__in=paths).values_list("path", flat=True))
     done = [b.id for b in candidates if all(o["path"] in cached for o in b.outputs)]
     if not done:
-        return 0
-    return DerivationBuild.objects.filter(id__in=done, status__in=BUILD_PENDING).update(
+        return []
+    DerivationBuild.objects.filter(id__in=done, status__in=BUILD_PENDING).update(
         status=BuildStatus.SUBSTITUTED, finished_at=now, updated_at=now
     )
+    return done
 
 
 def _ready(qs: QuerySet[Any]) -> QuerySet[Any]:
@@ -370,6 +427,21 @@ def queue_ready_builds(*, build_ids: Sequence[uuid.UUID] | None = None, now: dat
         # second waits for the first to commit and then reads both (READ COMMITTED: a fresh snapshot
         # per statement).
         _lock_ids(qs)
+    if connection.vendor == "postgresql":
+        # _ready's conditions in the form whose plan does not depend on statistics (see _PICK): as the
+        # ORM's anti joins, on a fresh database, every Created build read every edge (quadratic).
+        scope: Scope = (
+            BuildSet(tuple(str(i) for i in build_ids)) if build_ids is not None else CreatedBuilds()
+        )
+        return len(
+            _write_status(
+                _pick(scope, _READY, _ready_params()),
+                expect=[BuildStatus.CREATED],
+                status=BuildStatus.QUEUED,
+                now=now,
+                queued=True,
+            )
+        )
     ready = list(_ready(qs).values_list("id", flat=True))
     if not ready:
         return 0

@@ -18,10 +18,12 @@ from __future__ import annotations
 import uuid
 from collections.abc import Sequence
 from datetime import datetime
+from typing import Any
 
 from django.db import connection
 
 from gradient.core.ids import parse_uuid
+from gradient.core.vocab import BuildStatus
 from gradient.scheduling.models import (
     DerivationBuild,
     DerivationBuildDependency,
@@ -56,9 +58,13 @@ _LINK_CLOSURE = (
     "SELECT x.dependency_id FROM c CROSS JOIN LATERAL (SELECT e.dependency_id FROM "
     "derivation_build_dependency e WHERE e.build_id = c.id OFFSET 0) x WHERE NOT EXISTS ("
     "SELECT 1 FROM evaluation_build l WHERE l.evaluation_id = %s AND l.build_id = x.dependency_id OFFSET 0)"
-    ") "
-    "INSERT INTO evaluation_build (evaluation_id, build_id, attr, named, blocks_evaluation) "
-    "SELECT %s, id, NULL, false, true FROM c ORDER BY id ON CONFLICT (evaluation_id, build_id) DO NOTHING"
+    ")"
+    ", linked AS (INSERT INTO evaluation_build (evaluation_id, build_id, attr, named, blocks_evaluation) "
+    "SELECT %s, id, NULL, false, true FROM c ORDER BY id ON CONFLICT (evaluation_id, build_id) DO NOTHING "
+    "RETURNING build_id) "
+    # An Aborted build of the closure (its evaluations were cancelled) is wanted again, as when sent.
+    "UPDATE derivation_build b SET status = %s, retry_at = NULL, updated_at = %s "
+    "WHERE b.id = ANY(ARRAY(SELECT build_id FROM linked)) AND b.status = %s RETURNING b.id::text"
 )
 
 
@@ -100,13 +106,16 @@ def _known_portable(drv_paths: Sequence[str]) -> list[str]:
     )
 
 
-def link_known(*, evaluation_id: uuid.UUID, drv_paths: Sequence[str], now: datetime) -> tuple[int, list[str]]:
+def link_known(
+    *, evaluation_id: uuid.UUID, drv_paths: Sequence[str], now: datetime
+) -> tuple[list[Any], list[str]]:
     """A part's `known_drvs`: each known build and its closure linked to the evaluation (as if sent).
-    Returns how many links were made and the paths that are not known (the caller fails the evaluation
-    naming them; nothing is linked then). Call inside the part's transaction."""
+    Returns the builds of the closure that are wanted again (they were Aborted: Created now, to be
+    decided) and the paths that are not known (the caller fails the evaluation naming them; nothing is
+    linked then). Call inside the part's transaction."""
     paths = sorted(set(drv_paths))
     if not paths:
-        return 0, []
+        return [], []
     if connection.vendor == "postgresql":
         with connection.cursor() as cur:
             cur.execute(_KNOWN_AMONG, [paths])
@@ -115,15 +124,32 @@ def link_known(*, evaluation_id: uuid.UUID, drv_paths: Sequence[str], now: datet
         known = set(_known_portable(paths))
     unknown = [p for p in paths if p not in known]
     if unknown:
-        return 0, unknown
+        return [], unknown
     if connection.vendor == "postgresql":
         with connection.cursor() as cur:
-            cur.execute(_LINK_CLOSURE, [paths, evaluation_id, evaluation_id])
-            return int(cur.rowcount), []
-    return _link_portable(evaluation_id, paths), []
+            cur.execute(
+                _LINK_CLOSURE,
+                [
+                    paths,
+                    evaluation_id,
+                    evaluation_id,
+                    BuildStatus.CREATED.value,
+                    now,
+                    BuildStatus.ABORTED.value,
+                ],
+            )
+            return [row[0] for row in cur.fetchall()], []
+    linked = _link_portable(evaluation_id, paths)
+    revived = list(
+        DerivationBuild.objects.filter(id__in=linked, status=BuildStatus.ABORTED).values_list("id", flat=True)
+    )
+    DerivationBuild.objects.filter(id__in=revived).update(
+        status=BuildStatus.CREATED, retry_at=None, updated_at=now
+    )
+    return revived, []
 
 
-def _link_portable(evaluation_id: uuid.UUID, paths: list[str]) -> int:
+def _link_portable(evaluation_id: uuid.UUID, paths: list[str]) -> list[uuid.UUID]:
     linked = set(
         EvaluationBuild.objects.filter(evaluation_id=evaluation_id).values_list("build_id", flat=True)
     )
@@ -138,9 +164,11 @@ def _link_portable(evaluation_id: uuid.UUID, paths: list[str]) -> int:
             )
             if d not in closure and d not in linked
         }
-    rows = [EvaluationBuild(evaluation_id=evaluation_id, build_id=b) for b in closure - linked]
-    EvaluationBuild.objects.bulk_create(rows, ignore_conflicts=True)
-    return len(rows)
+    new = sorted(closure - linked)
+    EvaluationBuild.objects.bulk_create(
+        [EvaluationBuild(evaluation_id=evaluation_id, build_id=b) for b in new], ignore_conflicts=True
+    )
+    return new
 
 
 # Pending inputs of the ingest that name a build the evaluation now links (a known closure just linked):
@@ -152,16 +180,17 @@ _RESOLVE_PENDING = (
     "SELECT 1 FROM evaluation_build l WHERE l.evaluation_id = %s AND l.build_id = r.dep OFFSET 0)), "
     "e AS (INSERT INTO derivation_build_dependency (build_id, dependency_id) SELECT build_id, dep FROM k "
     "WHERE build_id <> dep ORDER BY build_id, dep ON CONFLICT (build_id, dependency_id) DO NOTHING) "
-    "DELETE FROM eval_ingest_input WHERE id IN (SELECT id FROM k)"
+    "DELETE FROM eval_ingest_input WHERE id IN (SELECT id FROM k) RETURNING build_id::text"
 )
 
 
-def resolve_pending_inputs(*, ingest_id: uuid.UUID, evaluation_id: uuid.UUID) -> int:
-    """The ingest's pending inputs that the evaluation now links become edges. Returns how many."""
+def resolve_pending_inputs(*, ingest_id: uuid.UUID, evaluation_id: uuid.UUID) -> set[Any]:
+    """The ingest's pending inputs that the evaluation now links become edges. Returns the builds that
+    had them."""
     if connection.vendor == "postgresql":
         with connection.cursor() as cur:
             cur.execute(_RESOLVE_PENDING, [ingest_id, evaluation_id])
-            return int(cur.rowcount)
+            return {row[0] for row in cur.fetchall()}
     pending = EvalIngestInput.objects.filter(ingest_id=ingest_id)
     by_path = dict(
         DerivationBuild.objects.filter(
@@ -178,4 +207,4 @@ def resolve_pending_inputs(*, ingest_id: uuid.UUID, evaluation_id: uuid.UUID) ->
         ignore_conflicts=True,
     )
     EvalIngestInput.objects.filter(id__in=[u for u, _, _ in resolved]).delete()
-    return len(resolved)
+    return {b for _, b, _ in resolved}

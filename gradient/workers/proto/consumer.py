@@ -61,6 +61,7 @@ from gradient.core.protocol import (
     JobUpdate,
     Message,
     ProtocolError,
+    QueryKnownDerivations,
     Reject,
     RequestJob,
     RequestJobChunk,
@@ -77,7 +78,7 @@ from gradient.runtime.boot import current_boot
 from gradient.runtime.outbox import CLOSE_SERVER_DRAINING, remember_serve_loop, worker_group
 from gradient.scheduling.services.reports import Failed, Incoming
 from gradient.workers import presence, services
-from gradient.workers.proto import admission, jobloop
+from gradient.workers.proto import admission, jobloop, known
 from gradient.workers.proto.batcher import batcher_for
 from gradient.workers.selectors import workers_with_open_assignments
 from gradient.workers.services import HandshakeRejected, SessionRef
@@ -102,6 +103,7 @@ JOB_LOOP: dict[type[Message], Handler] = {
     EvalProgress: jobloop.eval_progress,
     ClusterSignal: jobloop.cluster_signal,
     BuildLog: jobloop.build_log,
+    QueryKnownDerivations: known.query_known_derivations,
     Draining: jobloop.draining,
 }
 
