@@ -3,14 +3,14 @@
 A result too large for one frame arrives as several `eval_result` updates on the same assignment,
 every one but the last with `is_final: false` (absent means true: one frame is a whole result). Each
 part is one report, so one short transaction: its derivations are stored as it arrives
-(services.ingest); the graph is decided once, when the final part arrives
-(graph.decide_evaluation_graph). The `eval_ingest` row of the assignment keeps which parts came:
+(services.ingest), the known derivations it names linked with their closures (services.known), and
+what it brought decided at once (graph.decide_builds), so builds start while the rest is arriving. The
+`eval_ingest` row of the assignment keeps which parts came:
 
-- the builds a part created are held (never queued) while the result is arriving on an open
-  assignment, and a build whose inputs are not all known yet is never queued;
+- a build whose inputs are not all known yet is never queued;
 - a part after the final one is a stale report: dropped, nothing changes;
 - a JobCompleted before the final part fails the evaluation with a clear error (the result is
-  incomplete), and nothing of it is built.
+  incomplete), and its builds that have not started and that nothing else needs end Aborted.
 
 Call these from the report's transaction, with the assignment row locked by the fence (so the parts of
 one assignment never race each other) and the evaluation row locked.

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -85,12 +85,6 @@ class GraphDecision:
     queued: int = 0
 
 
-# An evaluation's builds are decided this many at a time, each slice in its own transaction when the
-# decision runs on its own (decide_evaluation_graph_in_slices): a short transaction per slice, however
-# large the evaluation.
-DECIDE_SLICE = 20_000
-
-
 _LINKS_SQL = (
     "SELECT eb.build_id FROM evaluation_build eb WHERE eb.evaluation_id = %s "
     "AND (%s::uuid IS NULL OR eb.build_id > %s) AND (%s::uuid IS NULL OR eb.build_id <= %s)"
@@ -130,31 +124,6 @@ class BuildRange:
     def sql(self) -> tuple[str, list[Any]]:
         """A subquery of the ids (column build_id), with its parameters."""
         return _LINKS_SQL, [self.evaluation_id, self.after, self.after, self.upto, self.upto]
-
-    def slices(self, size: int = DECIDE_SLICE) -> list[BuildRange]:
-        """This range in slices of about `size` builds, by id."""
-        if connection.vendor == "postgresql":
-            sql, params = self.sql()
-            with connection.cursor() as cur:
-                cur.execute(
-                    _scoped(
-                        "SELECT build_id FROM (SELECT build_id, row_number() OVER (ORDER BY build_id) AS n "
-                        "FROM ({scope}) s0) s WHERE n %% %s = 0 ORDER BY build_id",
-                        sql,
-                    ),
-                    [*params, size],
-                )
-                bounds = [row[0] for row in cur.fetchall()]
-        else:
-            ids = sorted(self.ids().values_list("build_id", flat=True))
-            bounds = ids[size - 1 : -1 : size] if len(ids) > size else []
-        out: list[BuildRange] = []
-        after = self.after
-        for upto in bounds:
-            out.append(replace(self, after=after, upto=upto))
-            after = upto
-        out.append(replace(self, after=after, upto=self.upto))
-        return out
 
 
 @dataclass(frozen=True)
@@ -221,32 +190,6 @@ def decide_evaluation_graph(*, evaluation_id: uuid.UUID, now: datetime) -> Graph
     decision.substituted = len(_substitute_cached(scope, now))
     decision.dependency_failed = _fail_needing_failed(scope, now)
     decision.queued = _queue_ready(scope, now)
-    return decision
-
-
-def decide_evaluation_graph_in_slices(*, evaluation_id: uuid.UUID, now: datetime) -> GraphDecision:
-    """decide_evaluation_graph for a large result, a slice of its builds per transaction: first every
-    slice's cached builds, then every slice's failures, then every slice's queueing (so a build of one
-    slice waiting on a build of a later one sees that one decided first)."""
-    decision = GraphDecision()
-    if connection.vendor == "postgresql":
-        # The tables grew by a whole evaluation since autovacuum last looked: plans made on the old
-        # statistics would scan them whole for every slice. A few hundred milliseconds, once.
-        with connection.cursor() as cur:
-            cur.execute("ANALYZE derivation_build, derivation_build_dependency, evaluation_build")
-    ranges = BuildRange(evaluation_id).slices()
-    for r in ranges:
-        with transaction.atomic():
-            _no_jit()
-            decision.substituted += len(_substitute_cached(r, now))
-    for r in ranges:
-        with transaction.atomic():
-            _no_jit()
-            decision.dependency_failed += _fail_needing_failed(r, now)
-    for r in ranges:
-        with transaction.atomic():
-            _no_jit()
-            decision.queued += _queue_ready(r, now)
     return decision
 
 
