@@ -79,18 +79,20 @@ def _ids(assign: dict[str, Any]) -> dict[str, str]:
     return {"job_id": assign["job_id"], "assignment_id": assign["assignment_id"]}
 
 
-async def _handled(comm: WebsocketCommunicator, timeout: float = 30) -> None:
+async def _handled(comm: WebsocketCommunicator, wait_secs: float = 30) -> None:
     """Every frame sent so far was handled: a RequestJobList is answered."""
     await comm.send_json_to({"type": "RequestJobList"})
     while True:
-        frame = json.loads(await comm.receive_from(timeout=timeout))
+        frame = json.loads(await comm.receive_from(timeout=wait_secs))
         assert frame["type"] in ("JobListChunk", "JobOffer"), frame
         if frame["type"] == "JobListChunk" and frame["is_final"]:
             return
 
 
-@pytest.mark.django_db(transaction=True)
-async def test_forty_parts_of_a_900_kb_warning_keep_a_bounded_evaluation(make_worker: Any) -> None:
+async def _evaluating(make_worker: Any) -> tuple[WebsocketCommunicator, dict[str, Any], str]:
+    """A worker's socket past the handshake holding an accepted evaluation job: (socket, AssignJob,
+    evaluation id)."""
+
     @database_sync_to_async
     def setup() -> tuple[Any, str, str]:
         project = ProjectFactory(name="p")
@@ -102,6 +104,12 @@ async def test_forty_parts_of_a_900_kb_warning_keep_a_bounded_evaluation(make_wo
     comm, _ = await handshake(str(worker.id), token)
     flake = await assigned(comm, "flake")
     await comm.send_json_to({"type": "AssignJobResponse", **_ids(flake), "accepted": True, "reason": None})
+    return comm, flake, evaluation_id
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_forty_parts_of_a_900_kb_warning_keep_a_bounded_evaluation(make_worker: Any) -> None:
+    comm, flake, evaluation_id = await _evaluating(make_worker)
     for update in ({"kind": "fetching"}, {"kind": "evaluating_flake"}):
         await comm.send_json_to({"type": "JobUpdate", **_ids(flake), "update": update})
     for n in range(PARTS):
@@ -174,17 +182,7 @@ async def test_parts_sent_faster_than_they_are_stored_slow_the_worker_and_never_
     monkeypatch.setattr(consumer, "INBOX_MAX_BYTES", 16 * 1024)
     parts = 600
 
-    @database_sync_to_async
-    def setup() -> tuple[Any, str, str]:
-        project = ProjectFactory(name="p")
-        worker, token = make_worker(projects=("p",))
-        evaluation = EvaluationFactory(project=project, repository="sim:chain?n=1", commit="c0ffee")
-        return worker, token, str(evaluation.id)
-
-    worker, token, evaluation_id = await setup()
-    comm, _ = await handshake(str(worker.id), token)
-    flake = await assigned(comm, "flake")
-    await comm.send_json_to({"type": "AssignJobResponse", **_ids(flake), "accepted": True, "reason": None})
+    comm, flake, evaluation_id = await _evaluating(make_worker)
     for n in range(parts):
         update = {
             "kind": "eval_result",
@@ -194,7 +192,7 @@ async def test_parts_sent_faster_than_they_are_stored_slow_the_worker_and_never_
             "is_final": n == parts - 1,
         }
         await comm.send_to(text_data=json.dumps({"type": "JobUpdate", **_ids(flake), "update": update}))
-    await _handled(comm, timeout=600)  # answered: the session is open
+    await _handled(comm, wait_secs=600)  # answered: the session is open
     await comm.send_json_to({"type": "JobCompleted", **_ids(flake), "elapsed_ms": 1})
     await _handled(comm)
     await finish(comm)
