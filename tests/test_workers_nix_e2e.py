@@ -384,28 +384,19 @@ def test_a_generated_flake_of_three_thousand_derivations_is_sent_in_parts_and_bu
         worker = _nix_worker(
             stack, server, token, tmp_path, "nix-0", "--slots", "4", "--eval-part-bytes", "262144"
         )
-        evaluation_id = str(
-            _post(
-                server,
-                "/api/v1/evaluations",
-                {"project": "flakes", "repository": str(flake), "commit": rev},
-                token,
-            )["id"]
-        )
+
+        def evaluate(commit: str) -> str:
+            body = {"project": "flakes", "repository": str(flake), "commit": commit}
+            return str(_post(server, "/api/v1/evaluations", body, token)["id"])
+
+        evaluation_id = evaluate(rev)
         _wait_for(server, [worker], {"large": evaluation_id}, {"large": EvaluationStatus.COMPLETED})
         # One more top-level derivation (top-20: it needs base-2969 and top-10, which need more).
         _, changed = write_flake(
             flake,
             LARGE_FLAKE.replace("@SALT@", salt).replace("@BASE@", str(base)).replace("@TOP@", str(top + 1)),
         )
-        again = str(
-            _post(
-                server,
-                "/api/v1/evaluations",
-                {"project": "flakes", "repository": str(flake), "commit": changed},
-                token,
-            )["id"]
-        )
+        again = evaluate(changed)
         _wait_for(server, [worker], {"again": again}, {"again": EvaluationStatus.COMPLETED})
     reevaluated = EvalIngest.objects.get(evaluation_id=again)
     # Sent: top-20 and the closure the worker walked for it (top-10, -5, -2, -1, -0 and their base
