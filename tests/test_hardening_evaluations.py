@@ -79,18 +79,20 @@ def _ids(assign: dict[str, Any]) -> dict[str, str]:
     return {"job_id": assign["job_id"], "assignment_id": assign["assignment_id"]}
 
 
-async def _handled(comm: WebsocketCommunicator) -> None:
+async def _handled(comm: WebsocketCommunicator, wait_secs: float = 30) -> None:
     """Every frame sent so far was handled: a RequestJobList is answered."""
     await comm.send_json_to({"type": "RequestJobList"})
     while True:
-        frame = json.loads(await comm.receive_from(timeout=30))
+        frame = json.loads(await comm.receive_from(timeout=wait_secs))
         assert frame["type"] in ("JobListChunk", "JobOffer"), frame
         if frame["type"] == "JobListChunk" and frame["is_final"]:
             return
 
 
-@pytest.mark.django_db(transaction=True)
-async def test_forty_parts_of_a_900_kb_warning_keep_a_bounded_evaluation(make_worker: Any) -> None:
+async def _evaluating(make_worker: Any) -> tuple[WebsocketCommunicator, dict[str, Any], str]:
+    """A worker's socket past the handshake holding an accepted evaluation job: (socket, AssignJob,
+    evaluation id)."""
+
     @database_sync_to_async
     def setup() -> tuple[Any, str, str]:
         project = ProjectFactory(name="p")
@@ -102,6 +104,12 @@ async def test_forty_parts_of_a_900_kb_warning_keep_a_bounded_evaluation(make_wo
     comm, _ = await handshake(str(worker.id), token)
     flake = await assigned(comm, "flake")
     await comm.send_json_to({"type": "AssignJobResponse", **_ids(flake), "accepted": True, "reason": None})
+    return comm, flake, evaluation_id
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_forty_parts_of_a_900_kb_warning_keep_a_bounded_evaluation(make_worker: Any) -> None:
+    comm, flake, evaluation_id = await _evaluating(make_worker)
     for update in ({"kind": "fetching"}, {"kind": "evaluating_flake"}):
         await comm.send_json_to({"type": "JobUpdate", **_ids(flake), "update": update})
     for n in range(PARTS):
@@ -160,3 +168,49 @@ def test_the_consoles_list_of_evaluations_does_not_load_them() -> None:
     assert not any('"evaluation"."warnings"' in q["sql"] for q in queries)
     page = client.get(f"/admin/scheduling/evaluation/{evaluation.id}/change/")
     assert page.status_code == 200 and b"big big" in page.content
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_parts_sent_faster_than_they_are_stored_slow_the_worker_and_never_close_it(
+    make_worker: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Back-pressure (protocol.md, "Large evaluations"; issue 30): a worker sends 600 parts back to back
+    with the session's queue held to 16 KiB, so the socket waits on nearly every frame; every part is
+    stored, builds start while it streams, and the session stays open."""
+    from gradient.workers.proto import consumer
+
+    monkeypatch.setattr(consumer, "INBOX_MAX_BYTES", 16 * 1024)
+    parts = 600
+
+    comm, flake, evaluation_id = await _evaluating(make_worker)
+    for n in range(parts):
+        update = {
+            "kind": "eval_result",
+            "derivations": [drv(f"d{n}", *([f"d{n - 1}"] if n else []))],
+            "warnings": [],
+            "errors": [],
+            "is_final": n == parts - 1,
+        }
+        await comm.send_to(text_data=json.dumps({"type": "JobUpdate", **_ids(flake), "update": update}))
+    await _handled(comm, wait_secs=600)  # answered: the session is open
+    await comm.send_json_to({"type": "JobCompleted", **_ids(flake), "elapsed_ms": 1})
+    await _handled(comm)
+    await finish(comm)
+
+    @database_sync_to_async
+    def stored() -> tuple[int, int, str, str]:
+        from gradient.scheduling.models import DerivationBuild, EvalIngest, EvaluationBuild
+
+        ingest = EvalIngest.objects.get(evaluation_id=evaluation_id)
+        first = DerivationBuild.objects.get(drv_path=drv("d0")["drv_path"])
+        return (
+            EvaluationBuild.objects.filter(evaluation_id=evaluation_id).count(),
+            ingest.parts,
+            first.status,
+            Evaluation.objects.get(id=evaluation_id).status,
+        )
+
+    links, stored_parts, first_status, status = await stored()
+    assert (links, stored_parts) == (parts, parts)
+    assert first_status == "Queued"  # queued by the first part: nothing else to wait for
+    assert status == "Building"

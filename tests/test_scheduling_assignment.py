@@ -335,9 +335,7 @@ def test_a_claimed_job_drops_out_of_every_workers_sent_set_and_a_finished_one_ou
     assert SentCandidate.objects.filter(job_id=other.job_key).count() == 2
 
 
-def test_a_batch_of_requests_claims_distinct_builds_at_once_and_never_more_than_a_worker_has_slots() -> (
-    None
-):
+def test_a_batch_of_requests_claims_distinct_builds_at_once_and_never_more_than_a_worker_has_slots() -> None:
     from gradient.scheduling.services.assignment import request_builds
 
     project = ProjectFactory()

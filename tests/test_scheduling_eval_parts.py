@@ -3,6 +3,7 @@ decided at the final part, stale parts and a JobCompleted before the final part 
 
 from __future__ import annotations
 
+import functools
 import random
 import uuid
 from typing import Any
@@ -26,7 +27,7 @@ from gradient.scheduling.services.assignment import Assignment
 from gradient.scheduling.services.lifecycle import assignment_return_to_pool
 from gradient.scheduling.services.passes import build_resync_pass
 from tests.factories import EvaluationFactory, connected_worker
-from tests.scheduling_helpers import ask, drv, evaluating, report, update
+from tests.scheduling_helpers import ask, build, build_id_of, drv, evaluating, report, update
 
 pytestmark = pytest.mark.django_db
 
@@ -111,10 +112,14 @@ def test_a_result_in_parts_keeps_every_edge_and_queues_exactly_the_leaves() -> N
             worker.id, a, kind="eval_result", derivations=chunk, warnings=["w"], errors=[], is_final=False
         )
         assert outcome.accepted and "part" in outcome.detail
-    # Before the final part nothing can start, even for the resync pass.
+    # Before the final part, what can start has started (issue 30): each build whose inputs all arrived
+    # and are cached; the cached ones are substituted. Nothing else, even for the resync pass.
+    arrived = {d["drv_path"]: d for chunk in chunks[:-1] for d in chunk}
+    cached = {p for p, d in arrived.items() if d["cached_outputs"]}
+    early = {p for p, d in arrived.items() if p not in cached and all(i in cached for i in d["input_drvs"])}
     build_resync_pass(now=timezone.now())
-    assert not _status(BuildStatus.QUEUED) and not _status(BuildStatus.SUBSTITUTED)
-    assert ask(connected_worker([evaluation.project]).id) is None
+    assert early and _status(BuildStatus.QUEUED) == early
+    assert _status(BuildStatus.SUBSTITUTED) == cached
     outcome = update(
         worker.id, a, kind="eval_result", derivations=chunks[-1], warnings=["w"], errors=[], is_final=True
     )
@@ -322,17 +327,70 @@ def test_two_evaluations_sending_the_same_new_derivations_in_parts_at_once_make_
     assert _edges() == edges and _status(BuildStatus.QUEUED) == leaves
 
 
-def test_a_build_held_by_a_result_still_arriving_is_queued_when_it_is_decided() -> None:
-    """Another evaluation needing a build a result in parts created waits for that result's final part."""
+def test_a_build_of_a_result_still_arriving_is_queued_once_its_closure_arrived() -> None:
+    """Builds start while the evaluation streams (protocol.md, "Large evaluations"): a build is queued
+    after the part that completes its input closure, once its inputs are built or cached; not before."""
+    evaluation, worker, a = _evaluating()
+    send = functools.partial(update, worker.id, a, kind="eval_result", warnings=[], errors=[])
+    # b needs a, which has not arrived; c needs nothing; d needs the cached e.
+    send(derivations=[drv("b", "a"), drv("c"), drv("d", "e"), drv("e", cached=True)], is_final=False)
+    assert _status(BuildStatus.QUEUED) == {drv("c")["drv_path"], drv("d")["drv_path"]}
+    assert EvalIngestInput.objects.filter(input_drv_path=drv("a")["drv_path"]).exists()
+    # a arrives: queued; b waits for a to be built.
+    send(derivations=[drv("a")], is_final=False)
+    assert _status(BuildStatus.QUEUED) == {drv(n)["drv_path"] for n in "acd"}
+    assert (drv("b")["drv_path"], drv("a")["drv_path"]) in _edges()
+    builder = connected_worker([evaluation.project])
+    while (job := ask(builder.id)) is not None:
+        build(builder.id, job)
+    assert _status(BuildStatus.COMPLETED) == {drv(n)["drv_path"] for n in "abcd"}
+    outcome = send(derivations=[], is_final=True)
+    assert outcome.accepted and "0 queued" in outcome.detail
+
+
+def test_a_shared_build_of_a_result_still_arriving_is_queued_for_the_other_evaluation_too() -> None:
     evaluation, worker, a = _evaluating()
     update(
         worker.id, a, kind="eval_result", derivations=[drv("shared")], warnings=[], errors=[], is_final=False
     )
     other = EvaluationFactory(project=evaluation.project, status=EvaluationStatus.BUILDING)
     graph.ingest_eval_result(evaluation=other, derivations=[drv("shared")], now=timezone.now())
-    assert not _status(BuildStatus.QUEUED)
+    assert _status(BuildStatus.QUEUED) == {drv("shared")["drv_path"]}
     update(worker.id, a, kind="eval_result", derivations=[], warnings=[], errors=[], is_final=True)
     assert _status(BuildStatus.QUEUED) == {drv("shared")["drv_path"]}
+
+
+def test_job_completed_before_the_final_part_aborts_its_unstarted_builds_that_nothing_else_needs() -> None:
+    evaluation, worker, a = _evaluating()
+    update(
+        worker.id,
+        a,
+        kind="eval_result",
+        derivations=[drv("mine"), drv("shared"), drv("running")],
+        warnings=[],
+        errors=[],
+        is_final=False,
+    )
+    other = EvaluationFactory(project=evaluation.project, status=EvaluationStatus.BUILDING)
+    graph.ingest_eval_result(evaluation=other, derivations=[drv("shared")], now=timezone.now())
+    assert _status(BuildStatus.QUEUED) == {drv(n)["drv_path"] for n in ("mine", "shared", "running")}
+    builder = connected_worker([evaluation.project])
+    started = ask(builder.id)
+    assert started is not None
+    update(builder.id, started, kind="building", build_id=build_id_of(started))
+    running = DerivationBuild.objects.get(status=BuildStatus.BUILDING).drv_path
+    outcome = report(worker.id, a, "JobCompleted", elapsed_ms=1)
+    assert outcome.accepted and "failed" in outcome.detail
+    evaluation.refresh_from_db()
+    assert evaluation.status == EvaluationStatus.FAILED
+    assert "before the final part" in evaluation.errors[-1]
+    aborted = _status(BuildStatus.ABORTED)
+    assert running not in aborted  # started: it goes on
+    assert drv("shared")["drv_path"] not in aborted  # the other evaluation needs it
+    assert aborted == {drv(n)["drv_path"] for n in ("mine", "shared", "running")} - {
+        running,
+        drv("shared")["drv_path"],
+    }
 
 
 def _send_committing(
@@ -423,3 +481,79 @@ def test_a_re_evaluation_remembering_its_parts_reads_first_and_still_adds_what_i
     assert EvaluationBuild.objects.filter(evaluation=second).count() == 400
     assert _edges() == edges
     assert not EvalIngestInput.objects.exists()
+
+
+class _PlanWork:
+    """Every statement's executed plan (auto_explain, as JSON notices to this connection): the most rows
+    one plan node handled, all its loops together (rows returned and removed by its filters). A plan
+    made on statistics that say a table is empty when it holds N rows reads N rows N times."""
+
+    def __init__(self) -> None:
+        self.worst = (0, "")
+
+    def __enter__(self) -> _PlanWork:
+        connection.ensure_connection()
+        with connection.cursor() as cur:
+            cur.execute(
+                "LOAD 'auto_explain'; SET auto_explain.log_min_duration = 0; "
+                "SET auto_explain.log_analyze = on; SET auto_explain.log_format = json; "
+                "SET auto_explain.log_level = notice; SET auto_explain.log_timing = off"
+            )
+        connection.connection.add_notice_handler(self._notice)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        connection.connection.remove_notice_handler(self._notice)
+        with connection.cursor() as cur:
+            cur.execute("SET auto_explain.log_min_duration = -1")
+
+    def _notice(self, diag: Any) -> None:
+        text = diag.message_primary or ""
+        if "plan:" not in text:
+            return
+        import json
+
+        plan = json.loads(text.split("plan:", 1)[1])
+        self._walk(plan["Plan"], plan.get("Query Text", ""))
+
+    def _walk(self, node: dict[str, Any], query: str) -> None:
+        loops = node.get("Actual Loops", 1)
+        handled = loops * (
+            node.get("Actual Rows", 0)
+            + node.get("Rows Removed by Filter", 0)
+            + node.get("Rows Removed by Join Filter", 0)
+            + node.get("Rows Removed by Index Recheck", 0)
+        )
+        if handled > self.worst[0]:
+            scan = " ".join(
+                str(node.get(k, "")) for k in ("Node Type", "Index Name", "Relation Name", "Filter")
+            )
+            self.worst = (int(handled), f"{scan} in {query[:300]}")
+        for child in node.get("Plans", []):
+            self._walk(child, query)
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="the plans of PostgreSQL")
+@pytest.mark.parametrize("shape", ["independent", "nixpkgs"])
+def test_on_tables_analyzed_empty_no_statement_of_the_ingest_or_the_decision_reads_a_table_per_build(
+    shape: str,
+) -> None:
+    """Issue 30: on a fresh database (statistics taken while the tables were empty) the queueing statement
+    was planned as a nested loop that read the evaluation's links once per build: quadratic (97 s for
+    20 000 leaves). Every statement of every part and of the decision handles rows in proportion to the
+    result, whatever the statistics say."""
+    n = 1500
+    derivations = [drv(f"leaf{i}") for i in range(n)] if shape == "independent" else nixpkgs_like(n)
+    evaluation, worker, a = _evaluating()
+    with connection.cursor() as cur:
+        cur.execute(
+            "ANALYZE derivation_build, derivation_build_dependency, evaluation_build, eval_ingest, "
+            "eval_ingest_input, cached_path, dispatched_job"
+        )
+    with _PlanWork() as work:
+        _send(worker, a, derivations, 150)
+        build_resync_pass(now=timezone.now())  # every Created build, for the resync
+    _, leaves = _expected(derivations)
+    assert _status(BuildStatus.QUEUED) == leaves
+    handled, where = work.worst
+    assert handled <= 10 * n, f"{handled} rows handled by one plan node for {n} derivations: {where}"

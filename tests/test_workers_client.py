@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pytest
 from hypothesis import given
@@ -44,7 +44,9 @@ from gradient.core.protocol import (
     JobListChunk,
     JobOffer,
     JobUpdate,
+    KnownDerivations,
     Message,
+    QueryKnownDerivations,
     Reject,
     RepositorySource,
     RequestJob,
@@ -70,6 +72,10 @@ class Peer:
     """The server's end of one worker connection."""
 
     ws: ServerConnection
+    # What a QueryKnownDerivations is answered with (every query is answered, as the server does);
+    # None: a query is not expected.
+    known: set[str] | None = field(default_factory=set)
+    queries: list[QueryKnownDerivations] = field(default_factory=list)
 
     async def send(self, message: Message) -> None:
         await self.ws.send(encode(message))
@@ -82,6 +88,16 @@ class Peer:
             message = await self.recv()
             if isinstance(message, kind):
                 return message
+            if isinstance(message, QueryKnownDerivations) and self.known is not None:
+                self.queries.append(message)
+                await self.send(
+                    KnownDerivations(
+                        job_id=message.job_id,
+                        assignment_id=message.assignment_id,
+                        drv_paths=[p for p in message.drv_paths if p in self.known],
+                    )
+                )
+                continue
             assert isinstance(message, skip), f"expected {kind.__name__}, got {message!r}"
 
     async def welcome(self, worker_id: str = "w1") -> InitConnection:
@@ -514,3 +530,38 @@ def test_the_reconnect_delay_grows_exponentially_to_its_cap_over_the_upper_half_
     delay = reconnect_delay(failures, cap, draw)
     assert step / 2 <= delay <= step <= cap
     assert reconnect_delay(failures + 1, cap, draw) >= delay  # never shorter after one more failure
+
+
+async def _eval_result(peer: Peer) -> EvalResult:
+    await peer.send(AssignJob(job_id="eval:1", assignment_id="a1", job=_flake_job("sim:chain?n=4")))
+    while True:
+        message = await peer.expect(JobUpdate, skip=(*NOISE, AssignJobResponse))
+        assert isinstance(message, JobUpdate)
+        if isinstance(message.update, EvalResult):
+            return message.update
+
+
+async def test_it_asks_which_derivations_the_server_knows_and_leaves_their_closures_out(
+    server: ScriptedServer,
+) -> None:
+    graph = graph_from_url("sim:chain?n=4")
+    worker = _worker(server)
+    task, peer = await _started(server, worker)
+    # The chain's one top-level derivation is chain-3; it needs the three others.
+    peer.known = {graph.drv_path("chain-3")}
+    result = await _eval_result(peer)
+    assert [(q.assignment_id, q.drv_paths) for q in peer.queries] == [("a1", [graph.drv_path("chain-3")])]
+    assert result.known_drvs == [graph.drv_path("chain-3")]
+    assert result.derivations == []  # its whole closure is left out
+    assert await _stop(worker, task) == EXIT_OK
+
+
+async def test_with_no_known_query_it_asks_nothing_and_sends_every_derivation(server: ScriptedServer) -> None:
+    graph = graph_from_url("sim:chain?n=4")
+    worker = _worker(server, known_query=False)
+    task, peer = await _started(server, worker)
+    peer.known = None  # a query fails the test
+    result = await _eval_result(peer)
+    assert not result.known_drvs
+    assert {d.drv_path for d in result.derivations} == {graph.drv_path(f"chain-{i}") for i in range(4)}
+    assert await _stop(worker, task) == EXIT_OK

@@ -112,3 +112,24 @@ def test_a_derivation_too_large_for_a_frame_is_refused_before_anything_is_sent()
 def test_a_warning_longer_than_a_part_is_cut() -> None:
     parts = eval_result_parts(derivations=[], warnings=["w" * (2 * MAX_FRAME_BYTES)], errors=[])
     assert len(parts) == 1 and len(parts[0].warnings[0]) < 20_000
+
+
+def test_known_derivations_too_many_for_a_frame_go_first_in_parts_that_each_fit() -> None:
+    known = [f"/nix/store/{i:032d}-known-{i}.drv" for i in range(30_000)]
+    derivations = _derivations(2000)
+    budget = 256 * 1024
+    parts = eval_result_parts(
+        derivations=derivations,
+        warnings=[],
+        errors=[],
+        known_drvs=known,
+        job_id="j",
+        assignment_id="a",
+        budget=budget,
+    )
+    assert len(parts) > 2 and parts[-1].is_final is True
+    assert all(len(encode(JobUpdate(job_id="j", assignment_id="a", update=p))) <= budget for p in parts)
+    assert [k for p in parts for k in p.known_drvs or []] == known
+    first_with_derivations = next(i for i, p in enumerate(parts) if p.derivations)
+    assert all(not p.known_drvs for p in parts[first_with_derivations + 1 :])
+    assert sum(len(p.derivations) for p in parts) == 2000

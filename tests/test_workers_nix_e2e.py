@@ -32,6 +32,7 @@ from gradient.scheduling.models import (
     DerivationBuildDependency,
     DispatchedJob,
     Evaluation,
+    EvaluationBuild,
     EvaluationStatus,
 )
 from tests.support.nix import nix_config, requires_nix, write_flake
@@ -358,16 +359,17 @@ LARGE_FLAKE = """{
 def test_a_generated_flake_of_three_thousand_derivations_is_sent_in_parts_and_built_to_completion(
     tmp_path: Path, service_env: dict[str, str]
 ) -> None:
+    """And (issue 30) a re-evaluation of a commit that adds one derivation sends only what changed: the
+    worker asks which top-level derivations the server knows and names those in known_drvs."""
     import subprocess
 
     from gradient.scheduling.models import EvalIngest
 
     base, top = 2990, 20
+    salt = uuid.uuid4().hex
     flake, rev = write_flake(
         tmp_path / "large",
-        LARGE_FLAKE.replace("@SALT@", uuid.uuid4().hex)
-        .replace("@BASE@", str(base))
-        .replace("@TOP@", str(top)),
+        LARGE_FLAKE.replace("@SALT@", salt).replace("@BASE@", str(base)).replace("@TOP@", str(top)),
     )
     subprocess.run(
         ["nix", "build", "--no-link", "--max-jobs", "4", f"{flake}#legacyPackages.x86_64-linux.base"],
@@ -382,22 +384,33 @@ def test_a_generated_flake_of_three_thousand_derivations_is_sent_in_parts_and_bu
         worker = _nix_worker(
             stack, server, token, tmp_path, "nix-0", "--slots", "4", "--eval-part-bytes", "262144"
         )
-        evaluation_id = str(
-            _post(
-                server,
-                "/api/v1/evaluations",
-                {"project": "flakes", "repository": str(flake), "commit": rev},
-                token,
-            )["id"]
-        )
+
+        def evaluate(commit: str) -> str:
+            body = {"project": "flakes", "repository": str(flake), "commit": commit}
+            return str(_post(server, "/api/v1/evaluations", body, token)["id"])
+
+        evaluation_id = evaluate(rev)
         _wait_for(server, [worker], {"large": evaluation_id}, {"large": EvaluationStatus.COMPLETED})
+        # One more top-level derivation (top-20: it needs base-2969 and top-10, which need more).
+        _, changed = write_flake(
+            flake,
+            LARGE_FLAKE.replace("@SALT@", salt).replace("@BASE@", str(base)).replace("@TOP@", str(top + 1)),
+        )
+        again = evaluate(changed)
+        _wait_for(server, [worker], {"again": again}, {"again": EvaluationStatus.COMPLETED})
+    reevaluated = EvalIngest.objects.get(evaluation_id=again)
+    # Sent: top-20 and the closure the worker walked for it (top-10, -5, -2, -1, -0 and their base
+    # inputs), not the 3 010 known ones.
+    assert 0 < reevaluated.derivations <= 12
+    assert EvaluationBuild.objects.filter(evaluation_id=again).count() == base + top + 1
+    assert DerivationBuild.objects.count() == base + top + 1
+    assert DerivationBuild.objects.get(drv_path__contains="-top-20.drv").status == BuildStatus.COMPLETED
     ingest = EvalIngest.objects.get(evaluation_id=evaluation_id)
     assert ingest.parts > 1 and ingest.derivations == base + top and ingest.decided_at is not None
-    assert DerivationBuild.objects.count() == base + top
     # top-j needs its base one and top-(j/2).
-    assert DerivationBuildDependency.objects.count() == top + (top - 1)
+    assert DerivationBuildDependency.objects.count() == (top + 1) + top
     statuses = dict(DerivationBuild.objects.values_list("drv_path", "status"))
     assert {s for p, s in statuses.items() if "-base-" in p} == {BuildStatus.SUBSTITUTED}
     assert {s for p, s in statuses.items() if "-top-" in p} == {BuildStatus.COMPLETED}
     built = [b for b in DerivationBuild.objects.filter(status=BuildStatus.COMPLETED)]
-    assert len(built) == top and all(Path(o["path"]).exists() for b in built for o in b.outputs)
+    assert len(built) == top + 1 and all(Path(o["path"]).exists() for b in built for o in b.outputs)

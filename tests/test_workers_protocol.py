@@ -80,6 +80,14 @@ SAMPLES_FROM_WORKER: list[p.Message] = [
     p.EvalProgress(job_id="j", assignment_id="a", phase="evaluating", done=3),
     p.ClusterSignal(attempt="t", payload="hi", to=p.ClusterAddress(role="server", index=0)),
     p.BuildLog(job_id="j", assignment_id="a", build_id="b", offset=0, data="hello\n"),
+    p.QueryKnownDerivations(job_id="j", assignment_id="a", drv_paths=["/nix/store/x.drv"]),
+    p.JobUpdate(
+        job_id="j",
+        assignment_id="a",
+        update=p.EvalResult(
+            derivations=[], warnings=[], errors=[], is_final=False, known_drvs=["/nix/store/x.drv"]
+        ),
+    ),
     p.Draining(),
 ]
 
@@ -131,6 +139,7 @@ SAMPLES_FROM_SERVER: list[p.Message] = [
     p.AbortJob(job_id="j", assignment_id="a", reason="r"),
     p.StartCluster(attempt="t", roster=[p.ClusterPeer(role="r", index=0, worker_id="w", zone=None)]),
     p.AbortCluster(attempt="t", reason="r"),
+    p.KnownDerivations(job_id="j", assignment_id="a", drv_paths=["/nix/store/x.drv"]),
     p.ClusterSignalDelivery(attempt="t", from_=p.ClusterAddress(role="r", index=0), payload="x"),
     p.Draining(),
 ]
@@ -152,6 +161,7 @@ def test_every_message_of_the_spec_has_a_struct_in_its_direction() -> None:
         "EvalProgress",
         "ClusterSignal",
         "BuildLog",
+        "QueryKnownDerivations",
         "Draining",
     }
     assert {p.tag_of(t) for t in p.SERVER_MESSAGE_TYPES} == {
@@ -165,6 +175,7 @@ def test_every_message_of_the_spec_has_a_struct_in_its_direction() -> None:
         "StartCluster",
         "AbortCluster",
         "ClusterSignal",
+        "KnownDerivations",
         "Draining",
     }
     assert {type(m) for m in SAMPLES_FROM_WORKER} == set(p.WORKER_MESSAGE_TYPES)
@@ -259,3 +270,11 @@ def test_a_frame_over_1_mib_is_refused_before_it_is_parsed() -> None:
         p.decode_worker_message(big)
     with pytest.raises(msgspec.ValidationError):
         msgspec.json.decode(b'{"candidates": [], "is_final": 1}', type=p.JobListChunk)
+
+
+def test_a_known_derivations_query_of_more_than_a_thousand_paths_is_refused() -> None:
+    frame = msgspec.json.encode(
+        {"type": "QueryKnownDerivations", "job_id": "j", "assignment_id": "a", "drv_paths": ["p"] * 1001}
+    )
+    with pytest.raises(p.ProtocolError):
+        p.decode_worker_message(frame)

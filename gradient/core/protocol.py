@@ -34,6 +34,7 @@ MAX_FRAME_BYTES: Final = 1024 * 1024  # 1 MiB: anything larger is a protocol vio
 MAX_CANDIDATES_PER_FRAME: Final = 1000  # JobListChunk and JobOffer pages
 MAX_SIGNAL_PAYLOAD_BYTES: Final = 64 * 1024  # ClusterSignal.payload
 MAX_LOG_PIECE_BYTES: Final = 64 * 1024  # BuildLog.data
+MAX_KNOWN_QUERY_PATHS: Final = 1000  # QueryKnownDerivations.drv_paths
 
 # Close codes: a Reject closes with 4000 + its code; every protocol violation with 4400.
 CLOSE_PROTOCOL_ERROR: Final = 4400
@@ -214,6 +215,9 @@ class EvalResult(JobUpdateKindBase, tag="eval_result"):
     warnings: list[str]
     errors: list[str]
     is_final: bool | None = None
+    # Derivations the server said it knows (KnownDerivations), left out with their closures ("Known
+    # derivations"): linked as if sent.
+    known_drvs: list[str] | None = None
 
 
 class Building(JobUpdateKindBase, tag="building"):
@@ -359,6 +363,15 @@ class BuildLog(Message):
             raise ValueError(f"data is larger than {MAX_LOG_PIECE_BYTES} bytes")
 
 
+class QueryKnownDerivations(Message):
+    """Which of these derivations does the server hold with their whole input closure? Answered with
+    KnownDerivations, on the worker's open evaluation assignment (any other: an empty answer)."""
+
+    job_id: str
+    assignment_id: str
+    drv_paths: Annotated[list[str], Meta(max_length=MAX_KNOWN_QUERY_PATHS)]
+
+
 class Draining(Message):
     """Worker -> server: assign me nothing more. Server -> worker: the server is draining."""
 
@@ -414,6 +427,14 @@ class AbortCluster(Message):
     reason: str
 
 
+class KnownDerivations(Message):
+    """The answer to one QueryKnownDerivations: those of its paths the server knows."""
+
+    job_id: str
+    assignment_id: str
+    drv_paths: list[str]
+
+
 class ClusterSignalDelivery(Message, tag="ClusterSignal"):
     """Server -> worker ClusterSignal: a member's signal, forwarded with its sender's address."""
 
@@ -437,6 +458,7 @@ WorkerMessage: TypeAlias = (
     | EvalProgress
     | ClusterSignal
     | BuildLog
+    | QueryKnownDerivations
     | Draining
 )
 """Every message a worker may send."""
@@ -452,6 +474,7 @@ ServerMessage: TypeAlias = (
     | StartCluster
     | AbortCluster
     | ClusterSignalDelivery
+    | KnownDerivations
     | Draining
 )
 """Every message the server may send."""
@@ -474,6 +497,7 @@ WORKER_MESSAGE_TYPES: Final[tuple[type[Message], ...]] = (
     EvalProgress,
     ClusterSignal,
     BuildLog,
+    QueryKnownDerivations,
     Draining,
 )
 SERVER_MESSAGE_TYPES: Final[tuple[type[Message], ...]] = (
@@ -487,6 +511,7 @@ SERVER_MESSAGE_TYPES: Final[tuple[type[Message], ...]] = (
     StartCluster,
     AbortCluster,
     ClusterSignalDelivery,
+    KnownDerivations,
     Draining,
 )
 

@@ -355,10 +355,15 @@ def explain_jobs(job_keys: list[str]) -> str:
 
 
 def start_workers(
-    stack: ExitStack, op: Operator, ws_url: str, log_dir: Path, names: Iterable[str]
+    stack: ExitStack,
+    op: Operator,
+    ws_url: str,
+    log_dir: Path,
+    names: Iterable[str],
+    extra_args: Iterable[str] = (),
 ) -> list[WorkerProcess]:
     """Register a worker per name (through `op`) and start each as a fast reference worker on `ws_url`
-    (x86_64-linux, two slots), stopped when `stack` closes."""
+    (x86_64-linux, two slots, then `extra_args`), stopped when `stack` closes."""
     workers = []
     for name in names:
         worker_id, token = op.worker(name)
@@ -370,7 +375,7 @@ def start_workers(
                     token,
                     log_dir,
                     name=name,
-                    extra_args=[*FAST_WORKER, "--arch", "x86_64-linux", "--slots", "2"],
+                    extra_args=[*FAST_WORKER, "--arch", "x86_64-linux", "--slots", "2", *extra_args],
                 )
             )
         )

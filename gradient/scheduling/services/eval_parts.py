@@ -3,14 +3,14 @@
 A result too large for one frame arrives as several `eval_result` updates on the same assignment,
 every one but the last with `is_final: false` (absent means true: one frame is a whole result). Each
 part is one report, so one short transaction: its derivations are stored as it arrives
-(services.ingest); the graph is decided once, when the final part arrives
-(graph.decide_evaluation_graph). The `eval_ingest` row of the assignment keeps which parts came:
+(services.ingest), the known derivations it names linked with their closures (services.known), and
+what it brought decided at once (graph.decide_builds), so builds start while the rest is arriving. The
+`eval_ingest` row of the assignment keeps which parts came:
 
-- the builds a part created are held (never queued) while the result is arriving on an open
-  assignment, and a build whose inputs are not all known yet is never queued;
+- a build whose inputs are not all known yet is never queued;
 - a part after the final one is a stale report: dropped, nothing changes;
 - a JobCompleted before the final part fails the evaluation with a clear error (the result is
-  incomplete), and nothing of it is built.
+  incomplete), and its builds that have not started and that nothing else needs end Aborted.
 
 Call these from the report's transaction, with the assignment row locked by the fence (so the parts of
 one assignment never race each other) and the evaluation row locked.
@@ -19,21 +19,19 @@ one assignment never race each other) and the evaluation row locked.
 from __future__ import annotations
 
 import logging
-import uuid
 from datetime import datetime
 from typing import Any
 
 from django.conf import settings
-from django.db import transaction
 from django.db.models import F
 
-from gradient.core.vocab import EvaluationKind, EvaluationStatus
+from gradient.core.vocab import BUILD_PENDING, EvaluationKind, EvaluationStatus
 from gradient.runtime import metrics
 from gradient.scheduling import history
 from gradient.scheduling.decisions.derivations import conflicts
 from gradient.scheduling.decisions.messages import MessageCap, with_messages
 from gradient.scheduling.models import DispatchedJob, EvalIngest, EvalIngestInput, Evaluation, EvaluationBuild
-from gradient.scheduling.services import drv_recovery, graph
+from gradient.scheduling.services import drv_recovery, graph, known
 from gradient.scheduling.services.evaluations import abort_orphaned_builds
 from gradient.scheduling.services.ingest import held_derivations, store_part
 
@@ -89,7 +87,6 @@ def eval_result_part(
     evaluation.errors = with_messages(evaluation.errors, update.get("errors", []), what="errors", cap=cap)
     evaluation.save(update_fields=["warnings", "errors", "updated_at"])
     derivations = update.get("derivations", [])
-    first = ingest is None
     if ingest is None:
         ingest = EvalIngest.objects.create(
             assignment_id=row.id,
@@ -106,43 +103,35 @@ def eval_result_part(
     if evaluation.kind == EvaluationKind.DRV_RECOVERY:
         cleared = drv_recovery.drv_recovery_ingest(evaluation=evaluation, derivations=derivations, now=now)
         return _outcome(True, f"eval_result (DrvRecovery): {cleared} lost .drv recovered")
-    whole = first and final
+    touched: set[Any] = set()
+    known_drvs = update.get("known_drvs") or []
+    if known_drvs:
+        # First, so that a derivation of this part naming a known one finds it linked.
+        linked, unknown = known.link_known(evaluation_id=evaluation.id, drv_paths=known_drvs, now=now)
+        if unknown:
+            shown = ", ".join(unknown[:5]) + (f" and {len(unknown) - 5} more" if len(unknown) > 5 else "")
+            error = (
+                f"known_drvs names derivations the server does not know (retired meanwhile?): {shown}; "
+                "evaluate again without asking"
+            )
+            fail_result(evaluation=evaluation, error=error, now=now)
+            return _outcome(True, f"eval_result part {part}: unknown known_drvs, failed")
+        touched.update(linked)
+        touched.update(known.resolve_pending_inputs(ingest_id=ingest.pk, evaluation_id=evaluation.id))
     stored = store_part(
-        evaluation=evaluation,
-        derivations=derivations,
-        ingest_id=None if whole else ingest.pk,
-        hold=not whole,
-        final=final,
-        now=now,
+        evaluation=evaluation, derivations=derivations, ingest_id=ingest.pk, hold=False, final=final, now=now
     )
-    if not final:
-        return _outcome(
-            True,
-            f"eval_result part {part}: {len(stored.ids)} derivations, {stored.created} new, "
-            f"{stored.pending} inputs pending",
-        )
-    if whole:
-        decided = graph.decide_evaluation_graph(evaluation_id=evaluation.id, now=now)
-        return _outcome(
-            True, f"eval_result: {len(stored.ids)} builds, {stored.created} new, {decided.queued} queued"
-        )
-    _forget_pending_inputs(ingest, evaluation)
-    builds = EvaluationBuild.objects.filter(evaluation_id=evaluation.id).count()
-    if builds > graph.DECIDE_SLICE:
-        # Too large to decide within this transaction and keep it short: decided slice by slice, each
-        # in its own transaction, as soon as this one (the final part, the ingest marked decided)
-        # commits. Should this process die in between, the passes finish it: the resync queues what
-        # can start, and the waiting pass heals the rest (docs/scheduling.md).
-        evaluation_id = evaluation.id
-        transaction.on_commit(lambda: _decide_in_slices(evaluation_id, now))
-        return _outcome(
-            True, f"eval_result, final part {part}: {builds} builds, decided in slices after commit"
-        )
-    decided = graph.decide_evaluation_graph(evaluation_id=evaluation.id, now=now)
+    touched.update(stored.touched)
+    if final:
+        touched.update(_forget_pending_inputs(ingest, evaluation))
+    # What this part brought is decided now: builds start while the rest is still arriving.
+    decided = graph.decide_builds(build_ids=touched, now=now)
+    what = f"eval_result part {part}" if not final else f"eval_result, final part {part}"
     return _outcome(
         True,
-        f"eval_result, final part {part}: {builds} builds, {decided.queued} queued, "
-        f"{decided.substituted} substituted, {decided.dependency_failed} failed",
+        f"{what}: {len(stored.ids)} derivations, {stored.created} new, {len(known_drvs)} known, "
+        f"{stored.pending} inputs pending; {decided.queued} queued, {decided.substituted} substituted, "
+        f"{decided.dependency_failed} failed",
     )
 
 
@@ -198,31 +187,21 @@ def _refuse_conflicting(
     return _outcome(True, f"eval_result refused: {len(found)} conflicting derivation(s); evaluation failed")
 
 
-def _decide_in_slices(evaluation_id: uuid.UUID, now: datetime) -> None:
-    try:
-        decided = graph.decide_evaluation_graph_in_slices(evaluation_id=evaluation_id, now=now)
-    except Exception:  # the report itself is committed; the passes finish the decision
-        log.exception("deciding the graph of evaluation %s failed; the passes will finish it", evaluation_id)
-        return
-    log.info(
-        "evaluation %s decided: %d queued, %d substituted, %d failed",
-        evaluation_id,
-        decided.queued,
-        decided.substituted,
-        decided.dependency_failed,
-    )
-
-
-def _forget_pending_inputs(ingest: EvalIngest, evaluation: Evaluation) -> None:
+def _forget_pending_inputs(ingest: EvalIngest, evaluation: Evaluation) -> set[Any]:
     """The final part is in: an input still pending is not a derivation of the result (ignored, as in a
     whole result). Pending inputs of ingests that will never finish (their assignment closed), for builds
-    of this result, go too: this ingest saw those builds' inputs whole."""
-    EvalIngestInput.objects.filter(ingest_id=ingest.pk).delete()
+    of this result, go too: this ingest saw those builds' inputs whole. Returns the builds that had
+    them (to be decided now)."""
+    own = EvalIngestInput.objects.filter(ingest_id=ingest.pk)
+    builds = set(own.values_list("build_id", flat=True))
+    own.delete()
     stale = EvalIngestInput.objects.filter(
         build_id__in=EvaluationBuild.objects.filter(evaluation_id=evaluation.id).values("build_id")
     ).exclude(ingest__decided_at__isnull=True, ingest__assignment__finished_at__isnull=True)
     if stale.exists():
+        builds.update(stale.values_list("build_id", flat=True))
         stale.delete()
+    return builds
 
 
 def incomplete_result(*, row: DispatchedJob, evaluation: Evaluation, now: datetime) -> Outcome | None:
@@ -237,5 +216,15 @@ def incomplete_result(*, row: DispatchedJob, evaluation: Evaluation, now: dateti
         f"the evaluation job completed before the final part of its eval_result ({ingest.parts} parts, "
         f"{ingest.derivations} derivations received): the result is incomplete"
     )
-    _fail(evaluation, error, now)
+    fail_result(evaluation=evaluation, error=error, now=now)
     return _outcome(True, "completed before the final eval_result part: failed")
+
+
+def fail_result(*, evaluation: Evaluation, error: str, now: datetime) -> None:
+    """The evaluation's result cannot be used: it fails with `error`, and its builds that have not
+    started and that no other evaluation needs end as a cancel ends them (Aborted), so nothing of it is
+    left queued; a build already running goes on (another evaluation may want it; its result is kept)."""
+    _fail(evaluation, error, now)
+    graph.abort_unneeded_builds(
+        evaluation_id=evaluation.id, statuses=BUILD_PENDING, reason=f"evaluation failed: {error}", now=now
+    )

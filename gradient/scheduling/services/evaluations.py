@@ -8,7 +8,6 @@ from datetime import datetime
 
 from django.contrib.auth.models import User
 from django.db import transaction
-from django.db.models import Exists, OuterRef
 from django.utils import timezone
 
 from gradient.core.protocol import AbortJob
@@ -29,10 +28,10 @@ from gradient.scheduling.models import (
     DerivationBuild,
     DispatchedJob,
     Evaluation,
-    EvaluationBuild,
     Project,
     eval_key,
 )
+from gradient.scheduling.services import graph
 from gradient.scheduling.services.offers import forget_sent
 
 STORE_PREFIX = "/nix/store/"
@@ -174,19 +173,10 @@ def abort_orphaned_builds(*, evaluation_id: uuid.UUID, reason: str, now: datetim
     """The shared builds of an evaluation that has ended which no other active evaluation needs are
     aborted (running ones get AbortJob); returns (builds aborted, AbortJobs sent). Call inside the
     transaction that ended the evaluation."""
-    other_needs = EvaluationBuild.objects.filter(
-        build_id=OuterRef("pk"), blocks_evaluation=True, evaluation__status__in=EVALUATION_ACTIVE
-    ).exclude(evaluation_id=evaluation_id)
-    orphaned = list(
-        DerivationBuild.objects.filter(
-            evaluation_links__evaluation_id=evaluation_id, status__in=BUILD_ABORTABLE
-        )
-        .exclude(Exists(other_needs))
-        .values_list("id", flat=True)
+    orphaned = graph.abort_unneeded_builds(
+        evaluation_id=evaluation_id, statuses=BUILD_ABORTABLE, reason=reason, now=now
     )
-    aborted = DerivationBuild.objects.filter(id__in=orphaned, status__in=BUILD_ABORTABLE).update(
-        status=BuildStatus.ABORTED, finished_at=now, updated_at=now, last_error=reason[:2000]
-    )
+    aborted = DerivationBuild.objects.filter(id__in=orphaned, status=BuildStatus.ABORTED).count()
     abort_jobs = 0
     for row in DispatchedJob.objects.filter(derivation_build_id__in=orphaned, finished_at__isnull=True):
         push_to_worker_on_commit(row.worker_id, abort_job_message(row, reason))

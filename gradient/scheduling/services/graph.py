@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -21,6 +21,7 @@ from gradient.core.vocab import (
     BUILD_PENDING,
     BUILD_SUCCESS,
     BUILD_UNFINISHED,
+    EVALUATION_ACTIVE,
     BuildStatus,
     EvaluationStatus,
 )
@@ -84,12 +85,6 @@ class GraphDecision:
     queued: int = 0
 
 
-# An evaluation's builds are decided this many at a time, each slice in its own transaction when the
-# decision runs on its own (decide_evaluation_graph_in_slices): a short transaction per slice, however
-# large the evaluation.
-DECIDE_SLICE = 20_000
-
-
 _LINKS_SQL = (
     "SELECT eb.build_id FROM evaluation_build eb WHERE eb.evaluation_id = %s "
     "AND (%s::uuid IS NULL OR eb.build_id > %s) AND (%s::uuid IS NULL OR eb.build_id <= %s)"
@@ -130,30 +125,58 @@ class BuildRange:
         """A subquery of the ids (column build_id), with its parameters."""
         return _LINKS_SQL, [self.evaluation_id, self.after, self.after, self.upto, self.upto]
 
-    def slices(self, size: int = DECIDE_SLICE) -> list[BuildRange]:
-        """This range in slices of about `size` builds, by id."""
-        if connection.vendor == "postgresql":
-            sql, params = self.sql()
-            with connection.cursor() as cur:
-                cur.execute(
-                    _scoped(
-                        "SELECT build_id FROM (SELECT build_id, row_number() OVER (ORDER BY build_id) AS n "
-                        "FROM ({scope}) s0) s WHERE n %% %s = 0 ORDER BY build_id",
-                        sql,
-                    ),
-                    [*params, size],
-                )
-                bounds = [row[0] for row in cur.fetchall()]
-        else:
-            ids = sorted(self.ids().values_list("build_id", flat=True))
-            bounds = ids[size - 1 : -1 : size] if len(ids) > size else []
-        out: list[BuildRange] = []
-        after = self.after
-        for upto in bounds:
-            out.append(replace(self, after=after, upto=upto))
-            after = upto
-        out.append(replace(self, after=after, upto=self.upto))
-        return out
+
+@dataclass(frozen=True)
+class BuildSet:
+    """Builds named by id: what one part of a result brought (services.eval_parts)."""
+
+    build_ids: tuple[str, ...]
+
+    def ids(self) -> QuerySet[Any]:
+        return DerivationBuild.objects.filter(id__in=self.build_ids).values("id")
+
+    def sql(self) -> tuple[str, list[Any]]:
+        return "SELECT unnest(%s::uuid[]) AS build_id", [list(self.build_ids)]
+
+
+@dataclass(frozen=True)
+class CreatedBuilds:
+    """Every Created build whose .drv is not lost (the resync's scope)."""
+
+    def ids(self) -> QuerySet[Any]:
+        return DerivationBuild.objects.filter(status=BuildStatus.CREATED, drv_lost_at__isnull=True).values(
+            "id"
+        )
+
+    def sql(self) -> tuple[str, list[Any]]:
+        return (
+            "SELECT id AS build_id FROM derivation_build WHERE status = %s AND drv_lost_at IS NULL",
+            [BuildStatus.CREATED.value],
+        )
+
+
+Scope = BuildRange | BuildSet | CreatedBuilds
+
+
+def decide_builds(*, build_ids: Iterable[Any], now: datetime) -> GraphDecision:
+    """decide_evaluation_graph for the builds a part brought (created, wanted again, or whose inputs it
+    completed) and the dependents of those it substitutes: a part decides only what it changed, as soon
+    as it is stored, so builds start while the result is still arriving (protocol.md, "Large
+    evaluations"). A build waits while an input of it has not arrived (eval_ingest_input) or has not
+    succeeded. Runs in the caller's transaction."""
+    ids = tuple(sorted({str(i) for i in build_ids}))
+    decision = GraphDecision()
+    if not ids:
+        return decision
+    scope = BuildSet(ids)
+    _no_jit()
+    substituted = _substitute_cached(scope, now)
+    decision.substituted = len(substituted)
+    decision.dependency_failed = _fail_needing_failed(scope, now)
+    if substituted:
+        scope = BuildSet(tuple(sorted({*ids, *(str(i) for i in dependents_of(substituted))})))
+    decision.queued = _queue_ready(scope, now)
+    return decision
 
 
 def decide_evaluation_graph(*, evaluation_id: uuid.UUID, now: datetime) -> GraphDecision:
@@ -164,47 +187,83 @@ def decide_evaluation_graph(*, evaluation_id: uuid.UUID, now: datetime) -> Graph
     scope = BuildRange(evaluation_id)
     decision = GraphDecision()
     _no_jit()
-    decision.substituted = _substitute_cached(scope, now)
+    decision.substituted = len(_substitute_cached(scope, now))
     decision.dependency_failed = _fail_needing_failed(scope, now)
     decision.queued = _queue_ready(scope, now)
     return decision
 
 
-def decide_evaluation_graph_in_slices(*, evaluation_id: uuid.UUID, now: datetime) -> GraphDecision:
-    """decide_evaluation_graph for a large result, a slice of its builds per transaction: first every
-    slice's cached builds, then every slice's failures, then every slice's queueing (so a build of one
-    slice waiting on a build of a later one sees that one decided first)."""
-    decision = GraphDecision()
+# The decision's statements on PostgreSQL: each picks the builds of a BuildRange that meet a condition,
+# then writes exactly those by id. Their plans must not depend on the tables' statistics: on a fresh
+# database they were taken while the tables were empty (autovacuum looks again only later), and a plan
+# made on "1 Created build" read the evaluation's links once per build (issue 30: 73 s for 20 000
+# leaves). So the pick is driven from the range's links (one index read), each link's build found by its
+# primary key in a LATERAL subquery (with no other condition in it, so no partial index on a status can
+# look cheaper on stale statistics), and every condition is an EXISTS that cannot become a join
+# (OFFSET 0): per build an index lookup, whatever the planner believes. The write is by a constant array
+# of ids (its length known to the planner, hashed when it filters). ANALYZE instead would cost a sample
+# of every large table in the report's transaction, and only after the write that made it stale.
+_PICK = (
+    "SELECT b.id::text FROM ({scope} OFFSET 0) s CROSS JOIN LATERAL (SELECT id, status, drv_lost_at, "
+    "ingest_id, outputs FROM derivation_build WHERE id = s.build_id OFFSET 0) b WHERE {condition}"
+)
+# A dependency's status by its primary key (a subquery per edge): as a join, a stale "a few builds"
+# made the planner scan every build for every edge.
+_DEPENDENCY_STATUS = "(SELECT x.status FROM derivation_build x WHERE x.id = e.dependency_id)"
+_NEEDS_UNFINISHED = (
+    "EXISTS (SELECT 1 FROM derivation_build_dependency e "  # noqa: S608 (constants)
+    f"WHERE e.build_id = b.id AND {_DEPENDENCY_STATUS} <> ALL(%s) OFFSET 0)"
+)
+_NEEDS_FAILED = (
+    "EXISTS (SELECT 1 FROM derivation_build_dependency e "  # noqa: S608 (constants)
+    f"WHERE e.build_id = b.id AND {_DEPENDENCY_STATUS} = ANY(%s) OFFSET 0)"
+)
+_INPUT_PENDING = "EXISTS (SELECT 1 FROM eval_ingest_input u WHERE u.build_id = b.id OFFSET 0)"
+_HELD = (
+    "EXISTS (SELECT 1 FROM eval_ingest i WHERE i.assignment_id = b.ingest_id AND i.decided_at IS NULL "
+    "AND (SELECT d.finished_at FROM dispatched_job d WHERE d.id = i.assignment_id) IS NULL OFFSET 0)"
+)
+_ALL_CACHED = (
+    "jsonb_array_length(b.outputs) > 0 AND NOT EXISTS (SELECT 1 FROM jsonb_array_elements(b.outputs) o "
+    "WHERE NOT EXISTS (SELECT 1 FROM cached_path c WHERE c.path = o->>'path' OFFSET 0) OFFSET 0)"
+)
+
+
+# _ready's conditions.
+_READY = (
+    f"b.status = %s AND b.drv_lost_at IS NULL AND NOT {_NEEDS_UNFINISHED} AND NOT {_INPUT_PENDING} "
+    f"AND NOT {_HELD}"
+)
+
+
+def _ready_params() -> list[Any]:
+    return [BuildStatus.CREATED.value, [s.value for s in BUILD_SUCCESS]]
+
+
+def _pick(r: Scope, condition: str, params: Sequence[Any]) -> list[str]:
+    """The ids (as text) of the builds of `r` that meet `condition` (SQL over `b`, with `params`)."""
+    sql, scope_params = r.sql()
+    with connection.cursor() as cur:
+        cur.execute(_scoped(_PICK, sql).replace("{condition}", condition), [*scope_params, *params])
+        return [row[0] for row in cur.fetchall()]
+
+
+def _fail_needing_failed(r: Scope, now: datetime) -> int:
     if connection.vendor == "postgresql":
-        # The tables grew by a whole evaluation since autovacuum last looked: plans made on the old
-        # statistics would scan them whole for every slice. A few hundred milliseconds, once.
-        with connection.cursor() as cur:
-            cur.execute("ANALYZE derivation_build, derivation_build_dependency, evaluation_build")
-    ranges = BuildRange(evaluation_id).slices()
-    for r in ranges:
-        with transaction.atomic():
-            _no_jit()
-            decision.substituted += _substitute_cached(r, now)
-    for r in ranges:
-        with transaction.atomic():
-            _no_jit()
-            decision.dependency_failed += _fail_needing_failed(r, now)
-    for r in ranges:
-        with transaction.atomic():
-            _no_jit()
-            decision.queued += _queue_ready(r, now)
-    return decision
-
-
-def _fail_needing_failed(r: BuildRange, now: datetime) -> int:
-    failed_dep = DerivationBuildDependency.objects.filter(
-        build_id=OuterRef("pk"), dependency__status__in=BUILD_LASTING_FAILURE
-    )
-    doomed = list(
-        DerivationBuild.objects.filter(id__in=r.ids(), status__in=BUILD_PENDING)
-        .filter(Exists(failed_dep))
-        .values_list("id", flat=True)
-    )
+        doomed: list[Any] = _pick(
+            r,
+            f"b.status = ANY(%s) AND {_NEEDS_FAILED}",
+            [[s.value for s in BUILD_PENDING], [s.value for s in BUILD_LASTING_FAILURE]],
+        )
+    else:
+        failed_dep = DerivationBuildDependency.objects.filter(
+            build_id=OuterRef("pk"), dependency__status__in=BUILD_LASTING_FAILURE
+        )
+        doomed = list(
+            DerivationBuild.objects.filter(id__in=r.ids(), status__in=BUILD_PENDING)
+            .filter(Exists(failed_dep))
+            .values_list("id", flat=True)
+        )
     if not doomed:
         return 0
     # Proportional to what failed, not to the evaluation.
@@ -217,7 +276,7 @@ def _fail_needing_failed(r: BuildRange, now: datetime) -> int:
     return failed + fail_dependents(build_ids=doomed, now=now)
 
 
-def _queue_ready(r: BuildRange, now: datetime) -> int:
+def _queue_ready(r: Scope, now: datetime) -> int:
     candidates = DerivationBuild.objects.filter(
         id__in=r.ids(), status=BuildStatus.CREATED, drv_lost_at__isnull=True
     )
@@ -225,41 +284,38 @@ def _queue_ready(r: BuildRange, now: datetime) -> int:
     # as held while this statement reads that dependency as Building: lock the builds that wait on a
     # Building one first, as queue_ready_builds does. Found from the Building builds (few: what runs
     # right now), not from the evaluation's.
-    building = DerivationBuild.objects.filter(status=BuildStatus.BUILDING).values("id")
-    waiting_on_building = DerivationBuildDependency.objects.filter(dependency_id__in=building).values(
-        "build_id"
-    )
-    _lock_ids(candidates.filter(id__in=waiting_on_building))
+    # Read as lists, one statement each: as one join the planner, on stale statistics, read every edge.
+    building = list(DerivationBuild.objects.filter(status=BuildStatus.BUILDING).values_list("id", flat=True))
+    waiting_on_building = dependents_of(building) if building else []
+    if waiting_on_building:
+        _lock_ids(candidates.filter(id__in=waiting_on_building))
     if connection.vendor != "postgresql":
         return int(_ready(candidates).update(status=BuildStatus.QUEUED, queued_at=now, updated_at=now))
-    # _ready's conditions, driven from the slice's links (behind OFFSET 0, so the planner starts there
-    # instead of from every Created build).
+    ready = _pick(r, _READY, _ready_params())
+    return len(
+        _write_status(ready, expect=[BuildStatus.CREATED], status=BuildStatus.QUEUED, now=now, queued=True)
+    )
+
+
+def _write_status(
+    ids: Sequence[str], *, expect: Sequence[BuildStatus], status: BuildStatus, now: datetime, **stamp: bool
+) -> list[str]:
+    """Builds `ids` still in one of `expect` take `status`: one statement by a constant array of ids.
+    Returns the ids written."""
+    if not ids:
+        return []
+    stamps = "".join(f", {name}_at = %s" for name, on in stamp.items() if on)
     with connection.cursor() as cur:
-        sql, params = r.sql()
         cur.execute(
-            _scoped(
-                "UPDATE derivation_build b SET status = %s, queued_at = %s, updated_at = %s FROM ("
-                "{scope} OFFSET 0) s WHERE b.id = s.build_id AND b.status = %s AND b.drv_lost_at IS NULL "
-                "AND NOT EXISTS (SELECT 1 FROM derivation_build_dependency e JOIN derivation_build x "
-                "ON x.id = e.dependency_id WHERE e.build_id = b.id AND x.status <> ALL(%s)) "
-                "AND NOT EXISTS (SELECT 1 FROM eval_ingest_input u WHERE u.build_id = b.id) "
-                "AND NOT EXISTS (SELECT 1 FROM eval_ingest i JOIN dispatched_job d ON d.id = i.assignment_id "
-                "WHERE i.assignment_id = b.ingest_id AND i.decided_at IS NULL AND d.finished_at IS NULL)",
-                sql,
-            ),
-            [
-                BuildStatus.QUEUED.value,
-                now,
-                now,
-                *params,
-                BuildStatus.CREATED.value,
-                [s.value for s in BUILD_SUCCESS],
-            ],
+            f"UPDATE derivation_build SET status = %s, updated_at = %s{stamps} "  # noqa: S608 (constants)
+            "WHERE id = ANY(%s::uuid[]) AND status = ANY(%s) RETURNING id::text",
+            [status.value, now, *(now for on in stamp.values() if on), list(ids), [s.value for s in expect]],
         )
-        return int(cur.rowcount)
+        return [row[0] for row in cur.fetchall()]
 
 
-def _substitute_cached(r: BuildRange, now: datetime) -> int:
+def _substitute_cached(r: Scope, now: datetime) -> list[Any]:
+    """The pending builds of `r` whose every output is cached become Substituted; returns their ids."""
     if connection.vendor != "postgresql":
         ids = list(
             DerivationBuild.objects.filter(id__in=r.ids(), status__in=BUILD_PENDING).values_list(
@@ -267,35 +323,24 @@ def _substitute_cached(r: BuildRange, now: datetime) -> int:
             )
         )
         return substitute_cached_builds(build_ids=ids, now=now)
-    sql, params = r.sql()
-    with connection.cursor() as cur:
-        cur.execute(
-            _scoped(
-                "UPDATE derivation_build b SET status = %s, finished_at = %s, updated_at = %s FROM ("
-                "{scope} OFFSET 0) s WHERE s.build_id = b.id AND b.status = ANY(%s) "
-                "AND jsonb_array_length(b.outputs) > 0 "
-                "AND NOT EXISTS (SELECT 1 FROM jsonb_array_elements(b.outputs) o "
-                "WHERE NOT EXISTS (SELECT 1 FROM cached_path c WHERE c.path = o->>'path'))",
-                sql,
-            ),
-            [BuildStatus.SUBSTITUTED.value, now, now, *params, [s.value for s in BUILD_PENDING]],
-        )
-        return int(cur.rowcount)
+    cached = _pick(r, f"b.status = ANY(%s) AND {_ALL_CACHED}", [[s.value for s in BUILD_PENDING]])
+    return _write_status(cached, expect=BUILD_PENDING, status=BuildStatus.SUBSTITUTED, now=now, finished=True)
 
 
-def substitute_cached_builds(*, build_ids: Sequence[uuid.UUID], now: datetime) -> int:
+def substitute_cached_builds(*, build_ids: Sequence[uuid.UUID], now: datetime) -> list[Any]:
     """A pending build whose every output is in the cache needs no build: it is Substituted (one
-    statement for all of them)."""
+    statement for all of them). Returns their ids."""
     pending = DerivationBuild.objects.filter(id__in=build_ids, status__in=BUILD_PENDING).only("id", "outputs")
     candidates = [b for b in pending if b.outputs]
     paths = {o["path"] for b in candidates for o in b.outputs}
     cached = set(CachedPath.objects.filter(path__in=paths).values_list("path", flat=True))
     done = [b.id for b in candidates if all(o["path"] in cached for o in b.outputs)]
     if not done:
-        return 0
-    return DerivationBuild.objects.filter(id__in=done, status__in=BUILD_PENDING).update(
+        return []
+    DerivationBuild.objects.filter(id__in=done, status__in=BUILD_PENDING).update(
         status=BuildStatus.SUBSTITUTED, finished_at=now, updated_at=now
     )
+    return done
 
 
 def _ready(qs: QuerySet[Any]) -> QuerySet[Any]:
@@ -325,6 +370,21 @@ def queue_ready_builds(*, build_ids: Sequence[uuid.UUID] | None = None, now: dat
         # second waits for the first to commit and then reads both (READ COMMITTED: a fresh snapshot
         # per statement).
         _lock_ids(qs)
+    if connection.vendor == "postgresql":
+        # _ready's conditions in the form whose plan does not depend on statistics (see _PICK): as the
+        # ORM's anti joins, on a fresh database, every Created build read every edge (quadratic).
+        scope: Scope = (
+            BuildSet(tuple(str(i) for i in build_ids)) if build_ids is not None else CreatedBuilds()
+        )
+        return len(
+            _write_status(
+                _pick(scope, _READY, _ready_params()),
+                expect=[BuildStatus.CREATED],
+                status=BuildStatus.QUEUED,
+                now=now,
+                queued=True,
+            )
+        )
     ready = list(_ready(qs).values_list("id", flat=True))
     if not ready:
         return 0
@@ -379,6 +439,27 @@ def dependents_of(build_ids: Sequence[uuid.UUID]) -> list[uuid.UUID]:
         .values_list("build_id", flat=True)
         .distinct()
     )
+
+
+def abort_unneeded_builds(
+    *, evaluation_id: uuid.UUID, statuses: Sequence[BuildStatus], reason: str, now: datetime
+) -> list[uuid.UUID]:
+    """The evaluation's builds in one of `statuses` that no other active evaluation needs end Aborted
+    (a cancel's end). Returns their ids."""
+    other_needs = EvaluationBuild.objects.filter(
+        build_id=OuterRef("pk"), blocks_evaluation=True, evaluation__status__in=EVALUATION_ACTIVE
+    ).exclude(evaluation_id=evaluation_id)
+    orphaned = list(
+        DerivationBuild.objects.filter(evaluation_links__evaluation_id=evaluation_id, status__in=statuses)
+        .exclude(Exists(other_needs))
+        .values_list("id", flat=True)
+    )
+    if not orphaned:
+        return []
+    DerivationBuild.objects.filter(id__in=orphaned, status__in=statuses).update(
+        status=BuildStatus.ABORTED, finished_at=now, updated_at=now, last_error=reason[:2000]
+    )
+    return orphaned
 
 
 def evaluations_needing(build_ids: Iterable[uuid.UUID]) -> list[uuid.UUID]:

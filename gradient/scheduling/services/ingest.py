@@ -28,7 +28,7 @@ import threading
 import uuid
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -55,6 +55,10 @@ class StoredPart:
     created: int = 0
     edges: int = 0
     pending: int = 0
+    # The builds whose graph this part changed: created, wanted again (Aborted before), given inputs
+    # (edges, or inputs pending), or given the last of their pending inputs. Only these are decided
+    # again (graph.decide_builds): a part that brings nothing new decides nothing.
+    touched: set[Any] = field(default_factory=set)
 
 
 class _Hints:
@@ -346,7 +350,11 @@ def _store_postgres(
                 "RETURNING u.build_id::text, u.input_drv_path",
                 [ingest_id],
             )
-            edges.update((build_id, stored.ids[i]) for build_id, i in cur.fetchall())
+            arrived = cur.fetchall()
+            edges.update((build_id, stored.ids[i]) for build_id, i in arrived)
+            stored.touched.update(build_id for build_id, _ in arrived)
+        stored.touched.update(stored.ids[p] for p in todo)
+        stored.touched.update(aborted)
         edges = {(b, d) for b, d in edges if b != d}
         if edges:
             _copy(cur, "gradient_ingest_edge", "b, d", edges)
@@ -462,9 +470,12 @@ def _store_portable(
     if ingest_id is not None:
         arrived = EvalIngestInput.objects.filter(ingest_id=ingest_id, input_drv_path__in=paths)
         for build_id, path in arrived.values_list("build_id", "input_drv_path"):
+            stored.touched.add(build_id)
             if ids[path] != build_id:
                 edges.append(DerivationBuildDependency(build_id=build_id, dependency_id=ids[path]))
         arrived.delete()
+    stored.touched.update(ids[p] for p in todo)
+    stored.touched.update(aborted)
     DerivationBuildDependency.objects.bulk_create(edges, ignore_conflicts=True)
     EvalIngestInput.objects.bulk_create(pending, ignore_conflicts=True)
     stored.edges = len(edges)

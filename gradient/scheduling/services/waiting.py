@@ -294,7 +294,7 @@ def repair_build_graph(*, evaluation_id: uuid.UUID, now: datetime) -> dict[str, 
             status=BuildStatus.CREATED, retry_at=None, updated_at=now
         )
         # 2. repair_cached_shared_builds_for_eval: builds whose outputs are all cached are done.
-        substituted = graph.substitute_cached_builds(build_ids=closure, now=now)
+        substituted = len(graph.substitute_cached_builds(build_ids=closure, now=now))
         # 3. repair_dependency_failed: builds needing a lasting failure fail.
         failed = graph.fail_dependents(build_ids=closure, now=now)
         # 4. adopt_pending_closure: name orphaned pending builds of the closure for this evaluation.

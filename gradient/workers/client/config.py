@@ -46,6 +46,7 @@ class WorkerConfig:
     sim_build_ms: int = 100
     log_level: str = "INFO"
     eval_part_bytes: int = PART_BUDGET_BYTES  # an eval_result larger than this goes in parts
+    known_query: bool = True  # ask the server which derivations it knows before walking their closures
 
     @property
     def job_kinds(self) -> list[JobKindName]:
@@ -85,6 +86,7 @@ ENVIRONMENT = {
     "sim_build_ms": "GRADIENT_WORKER_SIM_BUILD_MS",
     "log_level": "GRADIENT_WORKER_LOG_LEVEL",
     "eval_part_bytes": "GRADIENT_WORKER_EVAL_PART_BYTES",
+    "no_known_query": "GRADIENT_WORKER_NO_KNOWN_QUERY",
 }
 
 
@@ -152,6 +154,14 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         help=f"the largest eval_result frame; a larger result goes in parts (default {PART_BUDGET_BYTES}, "
         f"at most 1 MiB) {env('eval_part_bytes')}",
+    )
+    p.add_argument(
+        "--no-known-query",
+        dest="no_known_query",
+        action="store_const",
+        const="1",
+        help="send every derivation of a result instead of asking the server which it knows "
+        f"(QueryKnownDerivations) and naming those in known_drvs {env('no_known_query')}",
     )
     p.add_argument(
         "--stop-grace-secs",
@@ -267,4 +277,5 @@ def parse_config(argv: Sequence[str] | None = None, environ: Mapping[str, str] |
         eval_part_bytes=min(
             MAX_FRAME_BYTES, max(4096, int(number("eval_part_bytes", int, PART_BUDGET_BYTES)))
         ),
+        known_query=not _bool(get("no_known_query") or ""),
     )

@@ -73,10 +73,12 @@ def eval_result_parts(
     job_id: str = "",
     assignment_id: str = "",
     budget: int = PART_BUDGET_BYTES,
+    known_drvs: Sequence[str] = (),
 ) -> list[EvalResult]:
     """The result as parts, each of whose JobUpdate frames (with these ids) is at most `budget` bytes:
-    one part (`is_final` absent) when it fits, else several, the last one final. Raises
-    DerivationTooLarge when a single derivation cannot fit a frame."""
+    one part (`is_final` absent) when it fits, else several, the last one final. The derivations the
+    server knows (`known_drvs`) go before the derivations, so a derivation naming one as its input finds
+    it linked. Raises DerivationTooLarge when a single derivation cannot fit a frame."""
     envelope = len(
         _encoder.encode(
             JobUpdate(
@@ -86,7 +88,8 @@ def eval_result_parts(
             )
         )
     )
-    limit = min(budget, MAX_FRAME_BYTES) - envelope
+    # `"known_drvs":[]` when a part carries some.
+    limit = min(budget, MAX_FRAME_BYTES) - envelope - (len(',"known_drvs":[]') if known_drvs else 0)
     parts: list[EvalResult] = []
     current = EvalResult(derivations=[], warnings=[], errors=[], is_final=False)
     size = 0
@@ -105,6 +108,11 @@ def eval_result_parts(
     for message in _cut(warnings):
         add(len(_encoder.encode(message)) + 1)
         current.warnings.append(message)
+    for path in dict.fromkeys(known_drvs):
+        add(len(_encoder.encode(path)) + 1)
+        if current.known_drvs is None:
+            current.known_drvs = []
+        current.known_drvs.append(path)
     for d in dependencies_first(derivations):
         cost = len(_encoder.encode(d)) + 1
         if cost > limit:

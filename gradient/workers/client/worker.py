@@ -17,7 +17,7 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,6 +25,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidURI, WebSocketException
 
 from gradient.core.protocol import (
+    MAX_KNOWN_QUERY_PATHS,
     PROTOCOL_VERSION,
     AbortCluster,
     AbortJob,
@@ -61,8 +62,10 @@ from gradient.core.protocol import (
     JobOffer,
     JobUpdate,
     JobUpdateKind,
+    KnownDerivations,
     Message,
     ProtocolError,
+    QueryKnownDerivations,
     Reject,
     RequestJob,
     RequestJobChunk,
@@ -82,6 +85,10 @@ from gradient.workers.client.scoring import paths_to_check, score_candidates
 from gradient.workers.executors.base import Executor, ExecutorFailure, JobContext
 
 log = logging.getLogger("gradient.worker")
+
+# Every QueryKnownDerivations is answered (protocol.md); one that is not within this long is taken as
+# "none known", and the whole result is sent.
+KNOWN_QUERY_TIMEOUT_SECS = 60.0
 
 EXIT_OK = 0
 EXIT_CONFIG = 2
@@ -115,6 +122,7 @@ class Job:
     cancel_reason: str = ""
     started: float = field(default_factory=time.monotonic)
     logs: dict[str, LogStream] = field(default_factory=dict)  # by build_id, while each build runs
+    known: asyncio.Queue[KnownDerivations] = field(default_factory=asyncio.Queue)  # answers, in order
 
     @property
     def held(self) -> bool:
@@ -158,6 +166,29 @@ class Context(JobContext):
             return await asyncio.wait_for(self._job.signals.get(), timeout=wait_secs)
         except TimeoutError:
             return None
+
+    async def known_derivations(self, drv_paths: Sequence[str]) -> set[str]:
+        if not self._connection.config.known_query:
+            return set()
+        known: set[str] = set()
+        paths = list(dict.fromkeys(drv_paths))
+        for i in range(0, len(paths), MAX_KNOWN_QUERY_PATHS):
+            await self._connection.send(
+                QueryKnownDerivations(
+                    job_id=self.job_id,
+                    assignment_id=self.assignment_id,
+                    drv_paths=paths[i : i + MAX_KNOWN_QUERY_PATHS],
+                )
+            )
+            try:
+                answer = await asyncio.wait_for(self._job.known.get(), timeout=KNOWN_QUERY_TIMEOUT_SECS)
+            except TimeoutError:  # every query is answered; a server that does not is asked no more
+                log.warning(
+                    "no KnownDerivations within %s s: sending every derivation", KNOWN_QUERY_TIMEOUT_SECS
+                )
+                return known
+            known.update(answer.drv_paths)
+        return known
 
 
 class Worker:
@@ -277,6 +308,7 @@ class Connection:
             StartCluster: self.on_start_cluster,
             AbortCluster: self.on_abort_cluster,
             ClusterSignalDelivery: self.on_cluster_signal,
+            KnownDerivations: self.on_known_derivations,
             Draining: self.on_draining,
             Error: self.on_error,
             InitAck: self.on_unexpected,
@@ -522,6 +554,11 @@ class Connection:
         for job in self._jobs_of_attempt(message.attempt):
             job.signals.put_nowait(message)
 
+    async def on_known_derivations(self, message: KnownDerivations) -> None:
+        job = self.jobs.get(message.assignment_id)
+        if job is not None:
+            job.known.put_nowait(message)
+
     async def on_draining(self, message: Draining) -> None:
         log.info("the server is draining: no new jobs")
         self.server_draining = True
@@ -618,11 +655,16 @@ class Connection:
                     attrs = (await self.executor.evaluate_flake(ref, flake_job.wildcards, ctx)).attrs
                 result = await self.executor.evaluate_derivations(ref, attrs, ctx)
                 await self._send_eval_result(
-                    job, result.derivations, warnings + result.warnings, result.errors
+                    job, result.derivations, warnings + result.warnings, result.errors, result.known_drvs
                 )
 
     async def _send_eval_result(
-        self, job: Job, derivations: list[DiscoveredDerivation], warnings: list[str], errors: list[str]
+        self,
+        job: Job,
+        derivations: list[DiscoveredDerivation],
+        warnings: list[str],
+        errors: list[str],
+        known_drvs: list[str],
     ) -> None:
         """The result in parts that each fit a frame (client/parts.py), in order on this assignment."""
         try:
@@ -630,6 +672,7 @@ class Connection:
                 derivations=derivations,
                 warnings=warnings,
                 errors=errors,
+                known_drvs=known_drvs,
                 job_id=job.assign.job_id,
                 assignment_id=job.assign.assignment_id,
                 budget=self.config.eval_part_bytes,

@@ -57,6 +57,8 @@ class DerivationEvaluation:
     derivations: list[DiscoveredDerivation]
     warnings: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+    # Derivations the server said it knows, left out of `derivations` with their closures.
+    known_drvs: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -80,6 +82,12 @@ class JobContext(ABC):
     def build_log(self, build_id: str, text: str) -> None:  # noqa: B027 (a no-op is a valid default)
         """What the builder of `build_id` printed (stdout and stderr, as text), as it prints it: the
         worker streams it to the server as BuildLog pieces. Never blocks."""
+
+    async def known_derivations(self, drv_paths: Sequence[str]) -> set[str]:
+        """Those of `drv_paths` the server knows with their whole closure (QueryKnownDerivations): an
+        executor asks before walking a top-level derivation's closure and names the known ones in
+        `known_drvs` instead. None known by default (and with --no-known-query)."""
+        return set()
 
     @abstractmethod
     async def send_signal(self, payload: str, to: ClusterAddress | None = None) -> None:

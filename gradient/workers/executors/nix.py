@@ -447,7 +447,10 @@ class NixExecutor(Executor):
             named.setdefault(drv, attr)
         await self._eval_progress(ctx, "evaluating", len(named), len(attrs))
         show: dict[str, Any] = {}
-        roots = sorted(named)
+        # The server is asked about the top-level derivations before their closures are walked: a known
+        # one is named in known_drvs, its closure not read.
+        known = await ctx.known_derivations(sorted(named))
+        roots = sorted(d for d in named if d not in known)
         try:
             for chunk in _chunks(roots):
                 show.update(await self._json(["nix", "show-derivation", "-r", *chunk], ctx))
@@ -459,14 +462,17 @@ class NixExecutor(Executor):
         derivations = discovered_derivations(show, named, valid)
         await self._eval_progress(ctx, "evaluating", len(derivations), len(derivations))
         log.info(
-            "%s: %d derivations (%d named, %d with cached outputs), %d errors",
+            "%s: %d derivations (%d named, %d known), %d with cached outputs, %d errors",
             ref,
             len(derivations),
             len(named),
+            len(known),
             sum(1 for d in derivations if d.cached_outputs),
             len(errors),
         )
-        return DerivationEvaluation(derivations=derivations, warnings=warnings, errors=errors)
+        return DerivationEvaluation(
+            derivations=derivations, warnings=warnings, errors=errors, known_drvs=sorted(known)
+        )
 
     # --- Build ---------------------------------------------------------------------------------------
 

@@ -62,6 +62,7 @@ from gradient.core.protocol import (
     JobUpdate,
     Message,
     ProtocolError,
+    QueryKnownDerivations,
     Reject,
     RequestJob,
     RequestJobChunk,
@@ -78,7 +79,7 @@ from gradient.runtime.boot import current_boot
 from gradient.runtime.outbox import CLOSE_SERVER_DRAINING, remember_serve_loop, worker_group
 from gradient.scheduling.services.reports import Failed, Incoming
 from gradient.workers import presence, services
-from gradient.workers.proto import admission, jobloop
+from gradient.workers.proto import admission, jobloop, known
 from gradient.workers.proto.batcher import batcher_for
 from gradient.workers.selectors import workers_with_open_assignments
 from gradient.workers.services import HandshakeRejected, SessionRef
@@ -103,6 +104,7 @@ JOB_LOOP: dict[type[Message], Handler] = {
     EvalProgress: jobloop.eval_progress,
     ClusterSignal: jobloop.cluster_signal,
     BuildLog: jobloop.build_log,
+    QueryKnownDerivations: known.query_known_derivations,
     Draining: jobloop.draining,
 }
 
