@@ -546,8 +546,10 @@ class WorkerConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]  # channels 
 
     async def _handshake(self, message: InitConnection) -> None:
         self._cancel_handshake_timer()
+        # Its InitConnection is in: never closed to make room from now on (admission.py), also while it
+        # waits for its worker's previous socket to be closed.
+        self.handshaking = True
         await self._wait_for_previous(message.worker_id)
-        self.handshaking = True  # never closed to make room now (admission.py)
         if message.protocol != PROTOCOL_VERSION:
             await self._reject(
                 400, f"unsupported protocol {message.protocol}: this server speaks {PROTOCOL_VERSION}"
