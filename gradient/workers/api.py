@@ -118,6 +118,12 @@ class WorkerCreateSerializer(serializers.Serializer[Any]):
         return value
 
 
+class WorkerUpdateSerializer(serializers.Serializer[Any]):
+    projects = ProjectNamesField(
+        help_text="The names of the projects whose jobs the worker may take, replacing the ones it had."
+    )
+
+
 class WorkerCreatedSerializer(serializers.Serializer[Any]):
     id = serializers.UUIDField()
     token = serializers.CharField(help_text="The worker's token: shown only here, stored hashed.")
@@ -389,6 +395,21 @@ class WorkerDetailView(APIView):
     @extend_schema(responses={200: WorkerSerializer}, summary="One worker")
     def get(self, request: Request, worker_id: str) -> Response:
         return Response(WorkerSerializer(_worker_or_404(worker_id)).data)
+
+    @extend_schema(
+        request=WorkerUpdateSerializer,
+        responses={200: WorkerSerializer},
+        summary="Set the projects a worker serves",
+        description="`projects` replaces the worker's projects: from its next request it is offered and "
+        "given only their evaluations and the builds their evaluations need; running jobs keep running. "
+        "An unknown project name is a 400 that changes nothing.",
+    )
+    def patch(self, request: Request, worker_id: str) -> Response:
+        worker = _worker_or_404(worker_id)
+        serializer = WorkerUpdateSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        services.worker_set_projects(worker_id=worker.id, projects=serializer.validated_data["projects"])
+        return Response(WorkerSerializer(_worker_or_404(str(worker.id))).data)
 
 
 class WorkerDeactivateView(APIView):
