@@ -112,9 +112,14 @@ def _restart_consequences(evaluation: Evaluation) -> list[str]:
     names = ", ".join(drv_name(b.drv_path) for b in failed[:5]) + (" …" if len(failed) > 5 else "")
     return [
         f"{len(failed)} failed build{'s' if len(failed) != 1 else ''} it needs ({names}) "
-        f"{'is' if len(failed) == 1 else 'are'} still failed: restarted alone, the new evaluation fails on "
-        "them again. Tick “Also rebuild its failed builds” to queue them afresh first."
+        f"{'is' if len(failed) == 1 else 'are'} still failed: they are queued afresh first, unless you "
+        "untick “Also rebuild its failed builds” (then the new evaluation fails on them again)."
     ]
+
+
+def _restarted_as(evaluation: Evaluation) -> Evaluation | None:
+    lineage = selectors.evaluation_lineage(evaluation.id)
+    return lineage.restarted_as if lineage is not None else None
 
 
 def _prioritize_evaluation(evaluation: Evaluation, actor: str) -> str:
@@ -147,6 +152,8 @@ EVALUATION_OPERATIONS = (
         option="Also rebuild its failed builds (a rebuild intent beside the restart's on its record)",
         option_applies=lambda e: bool(operations.rebuildable_failed_builds(e.id)),
         run_option=_restart_and_rebuild,
+        option_default=True,
+        lands_on=_restarted_as,
     ),
     Operation(
         name="prioritize_evaluations",
