@@ -67,9 +67,16 @@ def test_a_username_and_password_get_a_token_that_authenticates() -> None:
     assert client.get("/api/v1/workers").status_code == 200
 
 
-@pytest.mark.parametrize(
-    "body", [{"username": "operator", "password": "wrong"}, {"username": "operator"}, {}, ["operator"]]
-)
+def test_a_wrong_password_is_401_and_says_so() -> None:
+    User.objects.create_user("operator", password="operator-pw")
+    response = APIClient().post(
+        "/api/v1/auth/token", {"username": "operator", "password": "wrong"}, format="json"
+    )
+    assert response.status_code == 401 and response["WWW-Authenticate"] == "Token"
+    assert "Unable to log in" in response.json()["detail"]
+
+
+@pytest.mark.parametrize("body", [{"username": "operator"}, {}, ["operator"]])
 def test_bad_credentials_get_400_with_errors(body: Any) -> None:
     User.objects.create_user("operator", password="operator-pw")
     response = APIClient().post("/api/v1/auth/token", body, format="json")

@@ -22,7 +22,7 @@ from drf_spectacular.utils import (
 )
 from rest_framework import serializers, status
 from rest_framework.authtoken.views import ObtainAuthToken
-from rest_framework.exceptions import NotFound, Throttled, ValidationError
+from rest_framework.exceptions import AuthenticationFailed, NotFound, Throttled, ValidationError
 from rest_framework.parsers import FormParser, MultiPartParser
 from rest_framework.permissions import IsAdminUser
 from rest_framework.request import Request
@@ -202,10 +202,15 @@ class AuthTokenView(ObtainAuthToken):
 
     throttle_classes = [AnonThrottle, UserThrottle]  # DRF's view has none: password guessing is bounded
     parser_classes = [FormParser, MultiPartParser, JSONParser]  # DRF's, with gradient.parsers' JSON
+    takes_forms = True  # a login form is a form: its errors need no "the body must be JSON"
 
     @extend_schema(
         request=TokenRequestSerializer,
-        responses={200: TokenSerializer, 400: OpenApiResponse(description="Bad credentials")},
+        responses={
+            200: TokenSerializer,
+            400: OpenApiResponse(description="A field is missing or malformed"),
+            401: OpenApiResponse(description="The username and password name no active user"),
+        },
         auth=[],
         summary="Exchange a username and password for an API token",
     )
@@ -220,6 +225,13 @@ class AuthTokenView(ObtainAuthToken):
         serializer = self.get_serializer(data=request.data)
         if not serializer.is_valid():
             login_failed(request, username)
+            given = isinstance(request.data, dict) and all(
+                isinstance(request.data.get(f), str) and request.data.get(f) for f in ("username", "password")
+            )
+            if given and set(serializer.errors) == {"non_field_errors"}:
+                # Both fields given, and they name no active user: the credentials are wrong (401);
+                # a missing or malformed field stays a 400 with field errors.
+                raise AuthenticationFailed(serializer.errors["non_field_errors"][0])
             raise ValidationError(serializer.errors)
         # A new hashed, expiring token per login (gradient.auth), in the shape DRF's view answered.
         return Response({"token": issue_token(serializer.validated_data["user"])})
