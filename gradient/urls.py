@@ -29,6 +29,7 @@ urlpatterns = [
     path("admin/overview/", admin.site.admin_view(overview_page), name="console-overview"),
     path("admin/overview.json", admin.site.admin_view(overview_json), name="console-overview-json"),
     path("admin/", admin.site.urls),
+    path("my/", include("gradient.member")),  # project members' read-only view (gradient/member.py)
     # The document is the same for everyone and reads no table: not counted (the counters are a table).
     path("api/schema/", SpectacularAPIView.as_view(throttle_classes=[]), name="schema"),
     path(
