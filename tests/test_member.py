@@ -57,7 +57,9 @@ def test_a_wrong_password_shows_the_form_again(world: dict[str, object]) -> None
     assert response.status_code == 200 and "did not match" in response.content.decode()
 
 
-def test_an_evaluation_its_builds_and_a_builds_page_are_readable_by_a_member(world: dict[str, object]) -> None:
+def test_an_evaluation_its_builds_and_a_builds_page_are_readable_by_a_member(
+    world: dict[str, object],
+) -> None:
     client = _signed_in(world["ci"])
     building = world["building"]
     assert isinstance(building, Evaluation)
