@@ -132,7 +132,24 @@ def build(request: HttpRequest, build_id: str) -> HttpResponse:
             "created": ago(found.created_at),
             "log": log,
             "log_url": f"/api/v1/builds/{found.id}/log",
+            "log_page": f"/my/builds/{found.id}/log/",
         },
+    )
+
+
+@require_safe
+@login_required(login_url=LOGIN)
+def build_log(request: HttpRequest, build_id: str) -> HttpResponse:
+    """The whole log with line numbers and anchors (#L120), ANSI colour, search and a download: the
+    page reads the REST log route (the session authorizes it) and renders it in the browser, every
+    character as text."""
+    found = _build_or_refuse(request.user, build_id)
+    assignment = parse_uuid(request.GET.get("assignment", "")) if request.GET.get("assignment") else None
+    url = f"/api/v1/builds/{found.id}/log" + (f"?assignment={assignment}" if assignment else "")
+    return render(
+        request,
+        "member/log.html",
+        {"title": f"Log of {found.name}", "build": found, "log_url": url, "assignment": assignment},
     )
 
 
@@ -149,6 +166,7 @@ urlpatterns = [
     path("", evaluations, name="member-evaluations"),
     path("evaluations/<str:evaluation_id>/", evaluation, name="member-evaluation"),
     path("builds/<str:build_id>/", build, name="member-build"),
+    path("builds/<str:build_id>/log/", build_log, name="member-build-log"),
     # Failed logins are limited as the console's and the token route's are (gradient.throttling).
     path("login/", limit_admin_login(MemberLoginView.as_view()), name="member-login"),  # type: ignore[arg-type]
     path("logout/", auth_views.LogoutView.as_view(next_page=LOGIN), name="member-logout"),
