@@ -199,7 +199,7 @@ def test_cancel_from_the_evaluations_page_asks_first(console: Client) -> None:
     assert Evaluation.objects.get(id=evaluation.id).status == EvaluationStatus.QUEUED
     console.post(url, {"confirmed": "yes"})
     assert Evaluation.objects.get(id=evaluation.id).status == EvaluationStatus.ABORTED
-    assert _controls(evaluation.job_key) == [("cancel", "root")]
+    assert _controls(evaluation.job_key) == [("cancel", "admin:root")]  # as every console action (issue 34)
 
 
 def _failed_build_of(evaluation: Evaluation) -> tuple[DerivationBuild, DerivationBuild]:

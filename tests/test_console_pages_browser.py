@@ -140,10 +140,17 @@ def test_an_evaluation_with_a_failed_build_reads_as_a_view_and_restarts_from_its
     page.click("a.operation:has-text('Restart')")
     expect(page.locator("#confirm-operation")).to_contain_text("supersedes the finished one")
     _shot(page, "console-restart-confirmation.png")
+    # Issue 34: the failed builds are rebuilt unless the operator unticks it, and the result page is
+    # the new evaluation.
+    expect(page.locator("#operation-option")).to_be_checked()
     page.click("input[value='Yes, restart it']")
     expect(page.locator(".messagelist")).to_contain_text("restarted as sim:diamond@")
     job = record_job(job_key=evaluation.job_key, now=timezone.now())
-    assert [(c.intent, c.actor) for c in job.controls] == [("resubmit", "admin:op")] and job.successor
+    assert job.successor
+    assert [(c.intent, c.actor) for c in job.controls] == [("rebuild", "admin:op"), ("resubmit", "admin:op")]
+    successor = job.successor.split(":", 1)[1]
+    expect(page).to_have_url(f"{live_server.url}/admin/scheduling/evaluation/{successor}/change/")
+    assert DerivationBuild.objects.get(id=failed.id).status == BuildStatus.QUEUED
     response = page.goto(f"{live_server.url}/admin/scheduling/evaluation/add/")
     assert response is not None and response.status == 403
 

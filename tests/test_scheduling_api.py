@@ -194,7 +194,7 @@ def test_an_operator_cancels_evaluations_from_the_admin(setup) -> None:  # type:
     assert response.status_code == 200 and b"Cancelled 1 evaluations" in response.content
     assert Evaluation.objects.get(id=created["id"]).status == "Aborted"
     assert RecordEntry.objects.filter(
-        record__job_key=f"eval:{created['id']}", kind="control", actor="staff"
+        record__job_key=f"eval:{created['id']}", kind="control", actor="admin:staff"
     ).exists()
 
 

@@ -7,7 +7,7 @@ from typing import Any
 
 from django.contrib import admin, messages
 from django.db.models import QuerySet
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
@@ -217,8 +217,16 @@ def render_job_timeline(job_key: str) -> SafeString | str:
 
 
 class RecordTimelineMixin:
-    """For a job's ModelAdmin: a read-only `record_timeline` field showing the job's record."""
+    """For a job's ModelAdmin: a read-only `record_timeline` field showing the job's record, and the
+    History button leading to it (Django's own history lists admin edits, which these rows never get)."""
 
     @admin.display(description="Record (timeline)")
     def record_timeline(self, obj: Any) -> SafeString | str:
-        return render_job_timeline(obj.job_key)
+        return format_html('<div id="record-timeline">{}</div>', render_job_timeline(obj.job_key))
+
+    def history_view(
+        self, request: HttpRequest, object_id: str, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        meta = self.model._meta  # type: ignore[attr-defined]
+        change = reverse(f"admin:{meta.app_label}_{meta.model_name}_change", args=[object_id])
+        return HttpResponseRedirect(f"{change}#record-timeline")

@@ -74,10 +74,9 @@ def _link(obj: object, label: str) -> SafeString:
 
 
 def _cancel(evaluation: Evaluation, actor: str) -> str:
-    # An evaluation's cancel from the console has always been signed with the bare username.
-    receipt = evaluation_request_cancel(
-        evaluation_id=evaluation.id, actor=actor.removeprefix("admin:"), now=timezone.now()
-    )
+    # Signed as every console action is (console.actor_of: `admin:<user>`), so a record's timeline
+    # names the console the same way for a cancel as for a restart.
+    receipt = evaluation_request_cancel(evaluation_id=evaluation.id, actor=actor, now=timezone.now())
     return receipt.message if receipt is not None else "cancelled"
 
 
@@ -292,11 +291,11 @@ class EvaluationAdmin(FailedBuildLogsMixin, RecordTimelineMixin, OperatedAdmin):
 
     @admin.display(description="waits for workers")
     def waits_for_workers(self, obj: Evaluation) -> str:
-        return (
-            "yes: never aborted for want of a worker"
-            if obj.wait_for_workers
-            else "no: aborted after the grace"
-        )
+        if obj.wait_for_workers:
+            return "yes: never aborted for want of a worker"
+        if obj.status not in EVALUATION_ACTIVE:
+            return "no"  # it ended: what the grace would do no longer applies
+        return "no: aborted if no connected worker can build it for the grace"
 
     @admin.display(description="what happens next")
     def next_step(self, obj: Evaluation) -> str:
@@ -536,6 +535,13 @@ class DerivationBuildAdmin(BuildLogMixin, RecordTimelineMixin, OperatedAdmin):
     @admin.display(description="why it waits")
     def why_it_waits(self, obj: DerivationBuild) -> str:
         return selectors.build_waiting_text(obj)
+
+    def get_fields(self, request, obj=None):  # type: ignore[no-untyped-def]
+        fields = super().get_fields(request, obj)
+        # A build that is building, done or failed does not wait: no empty "why it waits" row.
+        if obj is None or not selectors.build_waiting_text(obj):
+            return [f for f in fields if f != "why_it_waits"]
+        return fields
 
 
 @admin.register(DispatchedJob)

@@ -81,6 +81,11 @@ def _deactivate(worker: Worker, actor: str) -> str:
     return operations.worker_request_deactivate(worker_id=worker.id, actor=actor, now=timezone.now()).message
 
 
+def _activate(worker: Worker, actor: str) -> str:
+    worker_activate(worker_id=worker.id)
+    return f"activated by {actor}"
+
+
 WORKER_OPERATIONS = (
     Operation(
         name="drain_workers",
@@ -102,6 +107,15 @@ WORKER_OPERATIONS = (
         run=_deactivate,
         refused=(operations.ActionRefused,),
         summary=lambda n: f"Deactivated {n} worker(s).",
+    ),
+    Operation(
+        name="activate_workers",
+        label="Activate",
+        description="Activate the selected deactivated workers (allowed to connect again)",
+        explain="Activate: the worker may connect again with its token; it gets work once it connects.",
+        applies=lambda w: not w.active,
+        run=_activate,
+        summary=lambda n: f"Activated {n} worker(s).",
     ),
 )
 
@@ -140,7 +154,7 @@ class WorkerAdmin(OperatedAdmin):
     ]
     inlines = [WorkerSessionInline]
     operations = WORKER_OPERATIONS
-    actions = [*(op.bulk() for op in WORKER_OPERATIONS), "activate_workers", "issue_new_tokens"]
+    actions = [*(op.bulk() for op in WORKER_OPERATIONS), "issue_new_tokens"]
 
     def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return bool(request.user.is_active and request.user.is_staff)  # registering a worker
@@ -263,14 +277,6 @@ class WorkerAdmin(OperatedAdmin):
         if token:
             _show_token_once(request, obj, token)
         return super().response_add(request, obj, post_url_continue)
-
-    @admin.action(description="Activate the selected workers", permissions=["operate"])
-    def activate_workers(self, request: HttpRequest, queryset: QuerySet[Worker]) -> HttpResponse | None:
-        for worker in queryset:
-            worker_activate(worker_id=worker.id)
-            self.log_change(request, worker, f"activated by {actor_of(request)}")
-        self.message_user(request, f"Activated {queryset.count()} worker(s).")
-        return None
 
     @admin.action(
         description="Issue new tokens for the selected workers (shown once)", permissions=["operate"]
