@@ -159,7 +159,7 @@ def test_the_demo_activates_its_own_workers_that_an_earlier_run_left_deactivated
     assert "demo-b was deactivated" in out.getvalue()
 
 
-# --- SIGTERM and the trickle (issue 34, item 8) ---------------------------------------------------------------
+# --- SIGTERM and the trickle (issue 34, item 8) -------------------------------------------------------
 
 
 def test_trickle_samples_finish_and_each_has_its_own_salt() -> None:
