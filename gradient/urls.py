@@ -13,6 +13,10 @@ from gradient.throttling import limit_admin_login
 admin.site.site_header = "Gradient"
 admin.site.site_title = "Gradient console"
 admin.site.index_title = "Scheduler console"
+# Django's navigation sidebar repeats the index beside every list and took the width the lists' own
+# columns need (progress, waiting for, outcome, last seen hid at 1 400 px); the breadcrumbs and the
+# index remain.
+admin.site.enable_nav_sidebar = False
 # Failed logins are limited per account and per address (gradient.throttling); set before the admin's
 # URLs are made, which take the view from here.
 admin.site.login = limit_admin_login(admin.site.login)  # type: ignore[method-assign]

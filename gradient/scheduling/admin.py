@@ -34,7 +34,7 @@ from gradient.names import NameCheckedForm
 from gradient.records.admin import RecordTimelineMixin
 from gradient.scheduling import selectors
 from gradient.scheduling.admin_logs import BuildLogMixin, FailedBuildLogsMixin
-from gradient.scheduling.admin_waiting import WaitingReasonFilter, waiting_for
+from gradient.scheduling.admin_waiting import WaitingReasonFilter, waiting_for, waiting_for_brief
 from gradient.scheduling.models import (
     BuildAttempt,
     CachedPath,
@@ -196,7 +196,7 @@ class EvaluationAdmin(FailedBuildLogsMixin, RecordTimelineMixin, OperatedAdmin):
         "created",
         "took",
         "progress",
-        waiting_for,
+        waiting_for_brief,
         "kind",
     ]
     list_display_links = ["name"]
@@ -546,17 +546,19 @@ class DerivationBuildAdmin(BuildLogMixin, RecordTimelineMixin, OperatedAdmin):
 
 @admin.register(DispatchedJob)
 class DispatchedJobAdmin(ReadOnlyAdmin):
+    # The assignment by its short id (the row's link) and the job by name (a link to its page): the
+    # job's name once, so that "outcome" fits a 1 400 px screen.
     list_display = [
-        "job_name",
+        "assignment",
         "job_page",
         "kind",
+        "outcome",
         "worker",
         "rounded_score",
         "dispatched",
         "took",
-        "outcome",
     ]
-    list_display_links = ["job_name"]
+    list_display_links = ["assignment"]
     list_filter = ["kind", "outcome"]
     search_fields = ["id", "job_id", "worker__name", "derivation_build__drv_path", "evaluation__repository"]
     list_select_related = ["worker", "derivation_build", "evaluation"]
@@ -564,6 +566,10 @@ class DispatchedJobAdmin(ReadOnlyAdmin):
     @admin.display(description="assignment", ordering="dispatched_at")
     def job_name(self, obj: DispatchedJob) -> str:
         return obj.job_name
+
+    @admin.display(description="assignment", ordering="dispatched_at")
+    def assignment(self, obj: DispatchedJob) -> str:
+        return str(obj.id)[:8]
 
     @admin.display(description="job")
     def job_page(self, obj: DispatchedJob) -> SafeString | str:
