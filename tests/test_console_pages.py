@@ -166,3 +166,45 @@ def test_the_403_page_is_gradients_and_points_members_to_my() -> None:
     text = refused.content.decode()
     assert refused.status_code == 403 and "Django administration" not in text
     assert 'href="/my/"' in text
+
+
+# --- Durations and times (issue 34, item 6) -----------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_a_shared_builds_page_shows_waited_and_built_apart(console: Client) -> None:
+    from gradient.scheduling.models import BuildAttempt
+
+    build = DerivationBuildFactory(
+        status=BuildStatus.COMPLETED, queued_at=T0, finished_at=T0 + timedelta(seconds=12.7)
+    )
+    BuildAttempt.objects.create(
+        build=build,
+        number=1,
+        outcome="Succeeded",
+        started_at=T0 + timedelta(seconds=11.7),
+        finished_at=T0 + timedelta(seconds=12.7),
+    )
+    page = console.get(reverse("admin:scheduling_derivationbuild_change", args=[build.id])).content.decode()
+    waited = page.split("field-waited", 1)[1].split("field-built", 1)[0]
+    built = page.split("field-built", 1)[1][:600]
+    assert "11.7 s" in waited and "1.0 s" in built, (waited, built)
+    listed = console.get(reverse("admin:scheduling_derivationbuild_changelist")).content.decode()
+    assert "12.7 s" not in listed, "no column adds the wait to the build"
+
+
+@pytest.mark.django_db
+def test_deactivated_at_sessions_and_job_records_use_the_one_relative_time_style(console: Client) -> None:
+    from gradient.records.models import JobRecord
+
+    worker = WorkerFactory(active=False, deactivated_at=timezone.now() - timedelta(minutes=3))
+    WorkerSessionFactory(worker=worker, closed_at=timezone.now())
+    page = console.get(reverse("admin:workers_worker_change", args=[worker.id])).content.decode()
+    deactivated = page.split("field-deactivated", 1)[1][:600]
+    assert "<time" in deactivated and "ago" in deactivated, deactivated
+    sessions = console.get(reverse("admin:workers_workersession_changelist")).content.decode()
+    assert sessions.count("data-ago") >= 3, "opened, last seen and closed, relative"
+    EvaluationFactory()  # a record of its own
+    assert JobRecord.objects.exists()
+    records = console.get(reverse("admin:records_jobrecord_changelist")).content.decode()
+    assert "data-ago" in records

@@ -272,3 +272,14 @@ def test_the_lists_key_columns_fit_a_1400_px_screen(page: Any, live_server: Any)
     _shot(page, "console-workers.png")
     hidden["Workers"] = _columns_past(page, 1400)
     assert hidden == {"Evaluations": [], "Dispatched jobs": [], "Workers": []}
+
+
+def test_a_relative_time_keeps_ticking_on_an_open_page(page: Any, live_server: Any) -> None:
+    """Issue 34, item 6: "started 14 s ago" went on saying so while the log above it ran on."""
+    expect = sync_api.expect
+    worker = WorkerFactory(name="ticking", last_seen=timezone.now())
+    sign_in(page, live_server.url, f"/admin/workers/worker/{worker.id}/change/")
+    seen = page.locator(".field-seen time[data-ago]")
+    first = seen.inner_text()
+    expect(seen).not_to_have_text(first)  # without a reload
+    expect(seen).to_contain_text("ago")

@@ -13,7 +13,7 @@ from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
-from gradient.console import ago
+from gradient.console import ago, when
 from gradient.records.decisions.fold import fold
 from gradient.records.decisions.project import project
 from gradient.records.errors import DecodeError, InvalidHistory, RecordError
@@ -58,7 +58,14 @@ def _action(name: str, intent: ControlIntent, description: str):  # type: ignore
 
 @admin.register(JobRecord)
 class JobRecordAdmin(admin.ModelAdmin):
-    list_display = ["job_key", "revision", "settled", "settled_at", "created_at", "tombstoned_at"]
+    list_display = [
+        "job_key",
+        "revision",
+        "settled",
+        when("settled_at", "settled at"),
+        when("created_at", "created"),
+        when("tombstoned_at", "tombstoned"),
+    ]
     list_filter = ["settled", ("tombstoned_at", admin.EmptyFieldListFilter)]
     search_fields = ["job_key", "idempotency_key"]
     date_hierarchy = "created_at"

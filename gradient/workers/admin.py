@@ -22,6 +22,7 @@ from gradient.console import (
     actor_of,
     ago,
     assignment_job_link,
+    when,
 )
 from gradient.names import NameCheckedForm
 from gradient.recovery.models import ServerBoot
@@ -149,7 +150,7 @@ class WorkerAdmin(OperatedAdmin):
         "capabilities",
         "metrics",
         "seen",
-        "deactivated_at",
+        "deactivated",
     ]
     inlines = [WorkerSessionInline]
     operations = WORKER_OPERATIONS
@@ -203,6 +204,10 @@ class WorkerAdmin(OperatedAdmin):
     @admin.display(description="last seen", ordering="last_seen")
     def seen(self, obj: Worker) -> SafeString | str:
         return ago(obj.last_seen)
+
+    @admin.display(description="deactivated", ordering="deactivated_at")
+    def deactivated(self, obj: Worker) -> SafeString | str:
+        return ago(obj.deactivated_at) if obj.deactivated_at else "no"
 
     @admin.display(description="connection")
     def connection(self, obj: Worker) -> SafeString | str:
@@ -304,7 +309,14 @@ class WorkerAdmin(OperatedAdmin):
 
 @admin.register(WorkerSession)
 class WorkerSessionAdmin(ReadOnlyAdmin):
-    list_display = ["worker", "opened_at", "last_seen", "closed_at", "draining", "close_reason"]
+    list_display = [
+        "worker",
+        when("opened_at", "opened"),
+        when("last_seen", "last seen"),
+        when("closed_at", "closed"),
+        "draining",
+        "close_reason",
+    ]
     list_filter = ["draining"]
     list_select_related = ["worker"]
 
