@@ -713,15 +713,8 @@ class BuildLogView(APIView):
             query = LineQuery(first=line_range[0], last=line_range[1], text=needle or "")
             return _log_lines(build, assignment_id, query, missing=missing)
         found = build_log_read(build=build, assignment_id=assignment_id, offset=offset)
-        if found is None and missing == "empty":
-            nothing = HttpResponse(status=204)
-            nothing[LOG_COMPLETE_HEADER] = "false"
-            nothing["Cache-Control"] = "no-store"
-            return nothing
         if found is None:
-            raise NotFound(
-                "This build has no log." if assignment_id is None else "No log of this assignment."
-            )
+            return _no_log(assignment_id, missing=missing)
         response = HttpResponse(found.text, content_type="text/plain; charset=utf-8")
         response[LOG_OFFSET_HEADER] = str(found.offset)
         response[LOG_COMPLETE_HEADER] = "true" if found.complete else "false"
@@ -730,17 +723,22 @@ class BuildLogView(APIView):
         return response
 
 
-def _log_lines(
-    build: DerivationBuild, assignment_id: uuid.UUID | None, query: LineQuery, *, missing: str
-) -> HttpResponse:
-    found = build_log_lines(build=build, assignment_id=assignment_id, query=query)
-    if found is None and missing == "empty":
+def _no_log(assignment_id: uuid.UUID | None, *, missing: str) -> HttpResponse:
+    """A build without a log (of that assignment): 204 with `missing=empty`, else 404."""
+    if missing == "empty":
         nothing = HttpResponse(status=204)
         nothing[LOG_COMPLETE_HEADER] = "false"
         nothing["Cache-Control"] = "no-store"
         return nothing
+    raise NotFound("This build has no log." if assignment_id is None else "No log of this assignment.")
+
+
+def _log_lines(
+    build: DerivationBuild, assignment_id: uuid.UUID | None, query: LineQuery, *, missing: str
+) -> HttpResponse:
+    found = build_log_lines(build=build, assignment_id=assignment_id, query=query)
     if found is None:
-        raise NotFound("This build has no log." if assignment_id is None else "No log of this assignment.")
+        return _no_log(assignment_id, missing=missing)
     if query.text:
         text = "".join(f"{n}:{line}\n" for n, line in found.lines)
     else:
