@@ -209,3 +209,6 @@ def test_select_lines_reads_pieces_only_as_far_as_the_last_line_wanted() -> None
     assert len(read) <= 5, "it stopped reading once past line 4"
     assert list(select_lines(["a\nb", "\nc"], LineQuery())) == [(1, "a"), (2, "b"), (3, "c")]
     assert list(select_lines(["a\n"], LineQuery())) == [(1, "a")], "a trailing newline opens no line"
+    # A search counts the lines of pieces without a match instead of splitting them: same numbers.
+    assert list(select_lines(["a\nb\n", "c\nerror\n", "d"], LineQuery(text="ERROR"))) == [(4, "error")]
+    assert list(select_lines(["x\nxx er", "ror\ny"], LineQuery(text="error"))) == [(2, "xx error")]

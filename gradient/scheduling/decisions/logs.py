@@ -159,7 +159,20 @@ def select_lines(pieces: Iterable[str], query: LineQuery) -> Iterator[tuple[int,
         return n >= query.first and (not needle or needle in line.casefold())
 
     for piece in pieces:
-        parts = (partial + piece).split("\n")
+        text = partial + piece
+        if needle and needle not in text.casefold():
+            # No match in this piece: count its lines instead of splitting them (a search reads the
+            # whole log; most pieces match nothing).
+            end = text.rfind("\n")
+            if end >= 0:
+                number += text.count("\n", 0, end + 1)
+                partial = text[end + 1 :]
+                if query.last is not None and number >= query.last:
+                    return
+            else:
+                partial = text
+            continue
+        parts = text.split("\n")
         partial = parts.pop()
         for line in parts:
             number += 1
