@@ -104,6 +104,11 @@ class Operation:
     option: str = ""
     option_applies: Callable[[Any], bool] | None = None
     run_option: Callable[[Any, str], str] | None = None
+    # Ticked unless the operator unticks it: a restart that reused the builds it failed on would fail
+    # again at once, which is never what "restart" means to the person who pressed it.
+    option_default: bool = False
+    # Where the row's page leads once it is done (a restart: the new evaluation); None stays on the row.
+    lands_on: Callable[[Any], Any | None] | None = None
 
     def offers_option(self, rows: list[Any]) -> bool:
         return (
@@ -207,8 +212,13 @@ class OperatedAdmin(ReadOnlyAdmin):
             self.message_user(
                 request, f"{obj}: {operation.label.lower()} does not apply now.", messages.WARNING
             )
-        else:
-            operation.carry_out(self, request, [obj])
+        elif operation.carry_out(self, request, [obj]) and operation.lands_on is not None:
+            landing = operation.lands_on(obj)
+            if landing is not None:
+                meta = landing._meta
+                return HttpResponseRedirect(
+                    reverse(f"admin:{meta.app_label}_{meta.model_name}_change", args=[landing.pk])
+                )
         return HttpResponseRedirect(change_url)
 
     def change_view(
@@ -266,6 +276,7 @@ def ago(at: datetime | None, now: datetime | None = None) -> SafeString | str:
     delta = (now - at).total_seconds()
     words = f"{duration(abs(delta))} ago" if delta >= 0 else f"in {duration(-delta)}"
     exact = timezone.localtime(at).strftime("%Y-%m-%d %H:%M:%S %Z")
+    # The page keeps the words current (templates/admin/base_site.html), as a live log ticks.
     return format_html('<time datetime="{}" title="{}">{}</time>', at.isoformat(), exact, words)
 
 

@@ -5,6 +5,8 @@ before any view runs: no text column of PostgreSQL can hold one, so a filter suc
 would otherwise end in a database error (a 500). (Form and JSON fields are refused by Django's and DRF's
 own validators.)
 
+`ApiTrailingSlash`: `/api/v1/evaluations/` is `/api/v1/evaluations`, a 308 there (method and body kept).
+
 `DatabaseOutageMiddleware`: while the database does not answer, every route answers 503 with
 `Retry-After` (not a 500 with a traceback per request), logged once per interval.
 """
@@ -18,7 +20,14 @@ from typing import Any
 
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction
 from django.db import InterfaceError, OperationalError
-from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest, JsonResponse
+from django.http import (
+    HttpRequest,
+    HttpResponse,
+    HttpResponseBadRequest,
+    HttpResponsePermanentRedirect,
+    JsonResponse,
+)
+from django.urls import Resolver404, resolve
 from django.utils.decorators import sync_and_async_middleware
 from django.utils.deprecation import MiddlewareMixin
 
@@ -57,6 +66,36 @@ def refuse_nul(get_response: Callable[[HttpRequest], Any]) -> Callable[[HttpRequ
         return nul_refusal(request) or get_response(request)
 
     return middleware
+
+
+# --- A REST route asked for with a trailing slash ------------------------------------------------------
+
+
+class ApiTrailingSlash(MiddlewareMixin):
+    """The REST routes are spelled without a trailing slash (rest.md); a client that adds one (as many
+    frameworks do) is sent to the route, not given a 404. A path that is a route as it is stays."""
+
+    PREFIX = "/api/v1/"
+
+    def process_request(self, request: HttpRequest) -> HttpResponse | None:
+        path = request.path_info
+        if not path.startswith(self.PREFIX) or not path.endswith("/") or path == self.PREFIX:
+            return None
+        try:
+            resolve(path)
+            return None
+        except Resolver404:
+            pass
+        target = path.rstrip("/")
+        try:
+            resolve(target)
+        except Resolver404:
+            return None
+        query = request.META.get("QUERY_STRING", "")
+        script_prefix = request.path[: len(request.path) - len(path)]
+        response = HttpResponsePermanentRedirect(f"{script_prefix}{target}" + (f"?{query}" if query else ""))
+        response.status_code = 308  # not 301: a POST stays a POST, with its body
+        return response
 
 
 # --- A database that does not answer -------------------------------------------------------------------

@@ -49,7 +49,26 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
         return None  # not an API error: Django's handler500 answers (in JSON under /api/)
     if isinstance(exc, exceptions.ValidationError) and not isinstance(response.data, dict):
         response.data = {"non_field_errors": response.data}
+    view = context.get("view")
+    if (
+        isinstance(exc, exceptions.ValidationError)
+        and not getattr(view, "takes_forms", False)
+        and _sent_a_form(context.get("request"))
+    ):
+        # `curl -d '{...}'` sends JSON labelled as a form: say so, not only which fields are missing.
+        said = list(response.data.get("non_field_errors", []))
+        response.data["non_field_errors"] = [*said, BODY_MUST_BE_JSON]
     return response
+
+
+BODY_MUST_BE_JSON = "The body must be JSON, sent with Content-Type: application/json."
+
+
+def _sent_a_form(request: Any) -> bool:
+    if request is None or request.method in ("GET", "HEAD", "OPTIONS"):
+        return False
+    media = (request.content_type or "").split(";", 1)[0].strip().lower()
+    return media in ("application/x-www-form-urlencoded", "multipart/form-data")
 
 
 class Pages(LimitOffsetPagination):

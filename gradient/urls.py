@@ -13,6 +13,10 @@ from gradient.throttling import limit_admin_login
 admin.site.site_header = "Gradient"
 admin.site.site_title = "Gradient console"
 admin.site.index_title = "Scheduler console"
+# Django's navigation sidebar repeats the index beside every list and took the width the lists' own
+# columns need (progress, waiting for, outcome, last seen hid at 1 400 px); the breadcrumbs and the
+# index remain.
+admin.site.enable_nav_sidebar = False
 # Failed logins are limited per account and per address (gradient.throttling); set before the admin's
 # URLs are made, which take the view from here.
 admin.site.login = limit_admin_login(admin.site.login)  # type: ignore[method-assign]
@@ -29,6 +33,7 @@ urlpatterns = [
     path("admin/overview/", admin.site.admin_view(overview_page), name="console-overview"),
     path("admin/overview.json", admin.site.admin_view(overview_json), name="console-overview-json"),
     path("admin/", admin.site.urls),
+    path("my/", include("gradient.member")),  # project members' read-only view (gradient/member.py)
     # The document is the same for everyone and reads no table: not counted (the counters are a table).
     path("api/schema/", SpectacularAPIView.as_view(throttle_classes=[]), name="schema"),
     path(

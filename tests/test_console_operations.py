@@ -199,7 +199,7 @@ def test_cancel_from_the_evaluations_page_asks_first(console: Client) -> None:
     assert Evaluation.objects.get(id=evaluation.id).status == EvaluationStatus.QUEUED
     console.post(url, {"confirmed": "yes"})
     assert Evaluation.objects.get(id=evaluation.id).status == EvaluationStatus.ABORTED
-    assert _controls(evaluation.job_key) == [("cancel", "root")]
+    assert _controls(evaluation.job_key) == [("cancel", "admin:root")]  # as every console action (issue 34)
 
 
 def _failed_build_of(evaluation: Evaluation) -> tuple[DerivationBuild, DerivationBuild]:
@@ -375,6 +375,27 @@ def test_restart_says_which_failed_builds_it_would_fail_on_and_offers_to_rebuild
     assert _controls(evaluation.job_key) == [("rebuild", "admin:root"), ("resubmit", "admin:root")]
     job = record_job(job_key=evaluation.job_key, now=timezone.now())
     assert job.successor is not None
+
+
+def test_restart_rebuilds_the_failed_builds_unless_unticked_and_lands_on_the_new_evaluation(
+    console: Client,
+) -> None:
+    evaluation = _finished(EvaluationStatus.FAILED)
+    failed, _ = _failed_build_of(evaluation)
+    url = reverse("admin:scheduling_evaluation_operate", args=[evaluation.id, "restart_evaluations"])
+    asked = console.get(url).content.decode()
+    assert 'id="operation-option" checked' in asked, "the rebuild is ticked unless the operator unticks it"
+    assert "untick" in asked
+
+    # What the ticked box sends, as a browser submits the form.
+    done = console.post(url, {"confirmed": "yes", "option": "yes"})
+
+    job = record_job(job_key=evaluation.job_key, now=timezone.now())
+    assert job.successor is not None
+    successor_id = job.successor.split(":", 1)[1]
+    new_page = reverse("admin:scheduling_evaluation_change", args=[successor_id])
+    assert (done.status_code, done["Location"]) == (302, new_page), "the result page is the new evaluation"
+    assert DerivationBuild.objects.get(id=failed.id).status == BuildStatus.QUEUED
 
 
 def test_restart_without_rebuilding_says_the_new_evaluation_will_fail_again(console: Client) -> None:

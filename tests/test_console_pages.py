@@ -108,3 +108,103 @@ def test_a_cluster_attempts_seats_name_their_workers(console: Client) -> None:
     attempt = ClusterAttemptFactory(seats=[{"role": "server", "index": 0, "worker_id": str(worker.id)}])
     page = console.get(reverse("admin:clusters_clusterjob_change", args=[attempt.cluster_job_id])).content
     assert f"server[0] on {worker.id} (builder-9, no zone)".encode() in page
+
+
+# --- Console details (issue 34, item 7) ---------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_history_leads_to_the_records_timeline_not_djangos_empty_history(console: Client) -> None:
+    evaluation = EvaluationFactory()
+    history = console.get(reverse("admin:scheduling_evaluation_history", args=[evaluation.id]))
+    change = reverse("admin:scheduling_evaluation_change", args=[evaluation.id])
+    assert (history.status_code, history["Location"]) == (302, f"{change}#record-timeline")
+    assert 'id="record-timeline"' in console.get(change).content.decode()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_deactivated_worker_offers_activate_behind_a_confirmation(console: Client) -> None:
+    worker = WorkerFactory(active=False)
+    page = console.get(reverse("admin:workers_worker_change", args=[worker.id])).content.decode()
+    operate = reverse("admin:workers_worker_operate", args=[worker.id, "activate_workers"])
+    assert operate in page, "the worker's page has an Activate button"
+    asked = console.post(
+        reverse("admin:workers_worker_changelist"),
+        {"action": "activate_workers", "_selected_action": [str(worker.id)]},
+    )
+    assert "Yes, activate them" in asked.content.decode(), "the list's action asks first"
+    worker.refresh_from_db()
+    assert worker.active is False, "nothing changed before the confirmation"
+    console.post(operate, {"confirmed": "yes"})
+    worker.refresh_from_db()
+    assert worker.active is True
+
+
+@pytest.mark.django_db
+def test_waits_for_workers_says_no_more_than_applies(console: Client) -> None:
+    ended = EvaluationFactory(status=EvaluationStatus.ABORTED, wait_for_workers=False)
+    running = EvaluationFactory(status=EvaluationStatus.BUILDING, wait_for_workers=False)
+    ended_page = console.get(reverse("admin:scheduling_evaluation_change", args=[ended.id])).content.decode()
+    assert "aborted after the grace" not in ended_page and "aborted if no connected worker" not in ended_page
+    running_page = console.get(reverse("admin:scheduling_evaluation_change", args=[running.id])).content
+    assert "aborted if no connected worker can build it for the grace" in running_page.decode()
+
+
+@pytest.mark.django_db
+def test_a_build_that_does_not_wait_has_no_empty_why_it_waits_row(console: Client) -> None:
+    done = DerivationBuildFactory(status=BuildStatus.COMPLETED)
+    page = console.get(reverse("admin:scheduling_derivationbuild_change", args=[done.id])).content.decode()
+    assert "field-why_it_waits" not in page
+
+
+@pytest.mark.django_db
+def test_the_403_page_is_gradients_and_points_members_to_my() -> None:
+    client = Client()
+    client.force_login(User.objects.create_user("ci", password="pw-ci-12345", is_staff=True))
+    evaluation = EvaluationFactory()
+    refused = client.get(reverse("admin:scheduling_evaluation_delete", args=[evaluation.id]))
+    text = refused.content.decode()
+    assert refused.status_code == 403 and "Django administration" not in text
+    assert 'href="/my/"' in text
+
+
+# --- Durations and times (issue 34, item 6) -----------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_a_shared_builds_page_shows_waited_and_built_apart(console: Client) -> None:
+    from gradient.scheduling.models import BuildAttempt
+
+    build = DerivationBuildFactory(
+        status=BuildStatus.COMPLETED, queued_at=T0, finished_at=T0 + timedelta(seconds=12.7)
+    )
+    BuildAttempt.objects.create(
+        build=build,
+        number=1,
+        outcome="Succeeded",
+        started_at=T0 + timedelta(seconds=11.7),
+        finished_at=T0 + timedelta(seconds=12.7),
+    )
+    page = console.get(reverse("admin:scheduling_derivationbuild_change", args=[build.id])).content.decode()
+    waited = page.split("field-waited", 1)[1].split("field-built", 1)[0]
+    built = page.split("field-built", 1)[1][:600]
+    assert "11.7 s" in waited and "1.0 s" in built, (waited, built)
+    listed = console.get(reverse("admin:scheduling_derivationbuild_changelist")).content.decode()
+    assert "12.7 s" not in listed, "no column adds the wait to the build"
+
+
+@pytest.mark.django_db
+def test_deactivated_at_sessions_and_job_records_use_the_one_relative_time_style(console: Client) -> None:
+    from gradient.records.models import JobRecord
+
+    worker = WorkerFactory(active=False, deactivated_at=timezone.now() - timedelta(minutes=3))
+    WorkerSessionFactory(worker=worker, closed_at=timezone.now())
+    page = console.get(reverse("admin:workers_worker_change", args=[worker.id])).content.decode()
+    deactivated = page.split("field-deactivated", 1)[1][:600]
+    assert "<time" in deactivated and "ago" in deactivated, deactivated
+    sessions = console.get(reverse("admin:workers_workersession_changelist")).content.decode()
+    assert sessions.count("<time datetime") >= 3, "opened, last seen and closed, relative"
+    EvaluationFactory()  # a record of its own
+    assert JobRecord.objects.exists()
+    records = console.get(reverse("admin:records_jobrecord_changelist")).content.decode()
+    assert "<time datetime" in records

@@ -22,6 +22,7 @@ from tests.clusters_helpers import make_cluster, queued_build
 from tests.factories import (
     DerivationBuildFactory,
     DispatchedJobFactory,
+    EvaluationFactory,
     ProjectFactory,
     WorkerFactory,
     WorkerSessionFactory,
@@ -140,10 +141,17 @@ def test_an_evaluation_with_a_failed_build_reads_as_a_view_and_restarts_from_its
     page.click("a.operation:has-text('Restart')")
     expect(page.locator("#confirm-operation")).to_contain_text("supersedes the finished one")
     _shot(page, "console-restart-confirmation.png")
+    # Issue 34: the failed builds are rebuilt unless the operator unticks it, and the result page is
+    # the new evaluation.
+    expect(page.locator("#operation-option")).to_be_checked()
     page.click("input[value='Yes, restart it']")
     expect(page.locator(".messagelist")).to_contain_text("restarted as sim:diamond@")
     job = record_job(job_key=evaluation.job_key, now=timezone.now())
-    assert [(c.intent, c.actor) for c in job.controls] == [("resubmit", "admin:op")] and job.successor
+    assert job.successor
+    assert [(c.intent, c.actor) for c in job.controls] == [("rebuild", "admin:op"), ("resubmit", "admin:op")]
+    successor = job.successor.split(":", 1)[1]
+    expect(page).to_have_url(f"{live_server.url}/admin/scheduling/evaluation/{successor}/change/")
+    assert DerivationBuild.objects.get(id=failed.id).status == BuildStatus.QUEUED
     response = page.goto(f"{live_server.url}/admin/scheduling/evaluation/add/")
     assert response is not None and response.status == 403
 
@@ -202,3 +210,76 @@ def test_a_cluster_is_aborted_from_its_own_page(page: Any, live_server: Any) -> 
     expect(page.locator(".field-record_timeline")).to_contain_text("admin:op")
     _shot(page, "console-cluster.png")
     assert ClusterJob.objects.get(id=cluster.id).status == ClusterStatus.ABORTED
+
+
+def _columns_past(page: Any, width: int) -> list[str]:
+    """The list's column headers whose right edge is beyond `width` or beyond the list's own box (which
+    scrolls sideways: a column past it is hidden until the operator scrolls)."""
+    shown = page.locator("#changelist .results").bounding_box()
+    right = min(width, shown["x"] + shown["width"]) if shown else width
+    past = []
+    for th in page.locator("#result_list thead th").all():
+        box = th.bounding_box()
+        if box is not None and box["x"] + box["width"] > right + 1:
+            past.append(th.inner_text().strip())
+    return past
+
+
+def test_the_lists_key_columns_fit_a_1400_px_screen(page: Any, live_server: Any) -> None:
+    """Issue 34, item 7: progress, waiting for and kind on Evaluations; outcome on Dispatched jobs
+    (each column once); last seen on Workers: all visible at 1 400 px with long values in them."""
+    expect = sync_api.expect
+    project = ProjectFactory(name="nixpkgs-ci-with-a-long-name")
+    worker = WorkerFactory(
+        name="builder-with-a-rather-long-name-7", architectures=["x86_64-linux", "aarch64-linux"]
+    )
+    WorkerSessionFactory(worker=worker)
+    reason = {
+        "reason": "workers",
+        "unmet": [
+            {"architecture": "aarch64-linux", "required_features": ["kvm", "big-parallel"], "builds": 3}
+        ],
+        "connected_workers": 3,
+        "available_architectures": ["x86_64-linux", "i686-linux"],
+    }
+    evaluation = EvaluationFactory(
+        project=project,
+        repository="https://git.example.org/some-group/a-repository-with-a-long-name.git",
+        commit="4f2a9c1e" * 5,
+        status=EvaluationStatus.WAITING,
+        waiting_reason=reason,
+    )
+    build = DerivationBuildFactory()
+    DispatchedJobFactory(
+        derivation_build=build, worker=worker, finished_at=timezone.now(), outcome="Completed"
+    )
+    sign_in(page, live_server.url, "/admin/scheduling/evaluation/")
+    expect(page.locator("#result_list")).to_contain_text("nixpkgs-ci-with-a-long-name")
+    _shot(page, "console-evaluations.png")
+    hidden = {"Evaluations": _columns_past(page, 1400)}
+    assert "aarch64-linux" in page.locator("#result_list").inner_text()
+    _ = evaluation
+
+    page.goto(f"{live_server.url}/admin/scheduling/dispatchedjob/")
+    expect(page.locator("#result_list")).to_contain_text("Completed")
+    headers = [th.inner_text().strip().lower() for th in page.locator("#result_list thead th").all()]
+    _shot(page, "console-dispatched.png")
+    assert headers.count("job") == 1 and "outcome" in headers, headers
+    hidden["Dispatched jobs"] = _columns_past(page, 1400)
+
+    page.goto(f"{live_server.url}/admin/workers/worker/")
+    expect(page.locator("#result_list")).to_contain_text("builder-with-a-rather-long-name-7")
+    _shot(page, "console-workers.png")
+    hidden["Workers"] = _columns_past(page, 1400)
+    assert hidden == {"Evaluations": [], "Dispatched jobs": [], "Workers": []}
+
+
+def test_a_relative_time_keeps_ticking_on_an_open_page(page: Any, live_server: Any) -> None:
+    """Issue 34, item 6: "started 14 s ago" went on saying so while the log above it ran on."""
+    expect = sync_api.expect
+    worker = WorkerFactory(name="ticking", last_seen=timezone.now())
+    sign_in(page, live_server.url, f"/admin/workers/worker/{worker.id}/change/")
+    seen = page.locator(".field-seen time")
+    first = seen.inner_text()
+    expect(seen).not_to_have_text(first)  # without a reload
+    expect(seen).to_contain_text("ago")

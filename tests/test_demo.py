@@ -157,3 +157,61 @@ def test_the_demo_activates_its_own_workers_that_an_earlier_run_left_deactivated
     assert names == ["demo-a", "demo-b", "demo-c"]
     assert Worker.objects.get(name="demo-b").active
     assert "demo-b was deactivated" in out.getvalue()
+
+
+# --- SIGTERM and the trickle (issue 34, item 8) -------------------------------------------------------
+
+
+def test_trickle_samples_finish_and_each_has_its_own_salt() -> None:
+    names = [demo.trickle_sample(n) for n in range(1, 5)]
+    assert names[0] == f"{demo.SAMPLES[0]}&salt=trickle-1" and len(set(names)) == 4
+    assert all("fail=" not in n and "aarch64" not in n for n in names)
+
+
+@pytest.mark.e2e
+@pytest.mark.django_db(transaction=True)
+def test_the_demo_keeps_a_trickle_of_work_and_sigterm_stops_it_with_its_server_and_workers(
+    tmp_path: Path,
+) -> None:
+    import os
+    import signal
+    import sys
+    import time
+
+    import psutil
+
+    from gradient.scheduling.models import Evaluation
+    from tests.support.processes import ROOT, database_env, free_port
+
+    log = open(tmp_path / "demo.log", "wb")  # noqa: SIM115 (closed below)
+    process = subprocess.Popen(
+        [sys.executable, "manage.py", "demo", "--port", str(free_port()), "--trickle-secs", "1"],
+        cwd=ROOT,
+        env=database_env(),
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    children: list[psutil.Process] = []
+    try:
+        deadline = time.monotonic() + 120
+        # The five samples, then more: the trickle goes on after the samples are in.
+        while Evaluation.objects.filter(repository__contains="salt=trickle-").count() < 2:
+            assert process.poll() is None, (tmp_path / "demo.log").read_text()
+            assert time.monotonic() < deadline, "no trickled evaluation in 120 s"
+            time.sleep(0.5)
+        children = psutil.Process(process.pid).children()
+        assert len(children) == 4, "the server and three workers"
+
+        os.kill(process.pid, signal.SIGTERM)
+
+        process.wait(60)  # raises when the demo itself did not stop
+        gone, alive = psutil.wait_procs(children, timeout=30)
+        assert alive == [], f"left running after SIGTERM: {[c.pid for c in alive]}"
+    finally:
+        log.close()
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+        for child in children:
+            if child.is_running():
+                child.kill()

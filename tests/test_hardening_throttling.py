@@ -20,6 +20,7 @@ pytestmark = pytest.mark.django_db
 
 
 def _token(client: APIClient, username: str, password: str, forwarded: str | None = None) -> int:
+    """The status of a login: 401 for wrong credentials (issue 34), 429 once throttled."""
     extra = {"HTTP_X_FORWARDED_FOR": forwarded} if forwarded else {}
     return client.post(
         "/api/v1/auth/token", {"username": username, "password": password}, **extra
@@ -29,7 +30,7 @@ def _token(client: APIClient, username: str, password: str, forwarded: str | Non
 @override_settings(GRADIENT_API_THROTTLE_ANON="2/minute", GRADIENT_LOGIN_THROTTLE_ACCOUNT="")
 def test_a_forged_x_forwarded_for_does_not_give_a_client_a_new_count() -> None:
     codes = [_token(APIClient(), "x", "y", forwarded=f"10.0.0.{n}") for n in range(4)]
-    assert codes == [400, 400, 429, 429]
+    assert codes == [401, 401, 429, 429]
 
 
 @override_settings(
@@ -39,7 +40,7 @@ def test_a_forged_x_forwarded_for_does_not_give_a_client_a_new_count() -> None:
 )
 def test_behind_a_trusted_proxy_each_forwarded_client_has_its_own_count() -> None:
     codes = [_token(APIClient(), "x", "y", forwarded=f"10.0.0.{n % 2}") for n in range(4)]
-    assert codes == [400, 400, 400, 400]
+    assert codes == [401, 401, 401, 401]
     assert _token(APIClient(), "x", "y", forwarded="10.0.0.0") == 429
 
 
@@ -75,7 +76,7 @@ def test_rates_parse() -> None:
 
 @override_settings(GRADIENT_API_THROTTLE_ANON="2/minute", GRADIENT_LOGIN_THROTTLE_ACCOUNT="")
 def test_the_count_is_kept_in_the_database_not_in_a_process() -> None:
-    assert [_token(APIClient(), "x", "y") for _ in range(2)] == [400, 400]
+    assert [_token(APIClient(), "x", "y") for _ in range(2)] == [401, 401]
     cache.clear()  # what a restart did to the local-memory count
     assert _token(APIClient(), "x", "y") == 429
     assert RateCounter.objects.filter(key__startswith="anon").get().hits == 3
@@ -84,7 +85,7 @@ def test_the_count_is_kept_in_the_database_not_in_a_process() -> None:
 @override_settings(GRADIENT_LOGIN_THROTTLE_ACCOUNT="3/15m", GRADIENT_LOGIN_THROTTLE_ADDRESS="")
 def test_failed_token_logins_are_limited_per_account_even_with_the_right_password_then() -> None:
     User.objects.create_user("op", password="pw-op-1")
-    assert [_token(APIClient(), "op", "wrong") for _ in range(3)] == [400, 400, 400]
+    assert [_token(APIClient(), "op", "wrong") for _ in range(3)] == [401, 401, 401]
     refused = APIClient().post("/api/v1/auth/token", {"username": "op", "password": "pw-op-1"})
     assert refused.status_code == 429 and "Retry-After" in refused
     # Another account is not held back.
@@ -128,4 +129,4 @@ def test_two_serve_processes_share_one_count(tmp_path: Path) -> None:
             http_json("POST", f"{server.base_url}/api/v1/auth/token", {"username": "x", "password": "y"})[0]
             for server in (first, second, first, second)
         ]
-    assert codes == [400, 400, 400, 429]
+    assert codes == [401, 401, 401, 429]

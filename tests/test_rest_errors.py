@@ -202,7 +202,6 @@ def test_an_unknown_or_malformed_id_is_404(world: World, method: str, path: str)
 
 BAD_BODIES = [
     ("/api/v1/auth/token", {"username": "staff"}, "password"),
-    ("/api/v1/auth/token", {"username": "staff", "password": "wrong"}, "non_field_errors"),
     ("/api/v1/users", {"username": "bad name!", "password": "pw-1234567"}, "username"),
     ("/api/v1/users", {"username": "staff", "password": "pw-1234567"}, "username"),
     ("/api/v1/users", {"username": "new", "password": "pw-1234567", "projects": ["nope"]}, "projects"),

@@ -94,7 +94,7 @@ def test_the_build_list_is_paged_newest_first_filtered_and_only_what_the_caller_
     page = client(member).get("/api/v1/builds").json()
     assert page["count"] == 2 and page["next"] is None
     assert [b["id"] for b in page["results"]] == [str(new.id), str(old.id)]
-    assert set(page["results"][0]) == {"id", "drv_path", "system", "status", "created_at"}
+    assert set(page["results"][0]) == {"id", "name", "drv_path", "system", "status", "created_at"}
 
     c = client(staff)
     assert c.get("/api/v1/builds").json()["count"] == 3

@@ -198,7 +198,7 @@ def test_an_operator_cancels_evaluations_from_the_admin(setup) -> None:  # type:
     assert response.status_code == 200 and b"Cancelled 1 evaluations" in response.content
     assert Evaluation.objects.get(id=created["id"]).status == "Aborted"
     assert RecordEntry.objects.filter(
-        record__job_key=f"eval:{created['id']}", kind="control", actor="staff"
+        record__job_key=f"eval:{created['id']}", kind="control", actor="admin:staff"
     ).exists()
 
 
@@ -216,3 +216,81 @@ def test_the_build_list_says_nothing_of_another_projects_evaluations(setup) -> N
     assert client(member).get("/api/v1/builds?project=other-ci").json()["count"] == 0
     assert client(member).get(f"/api/v1/builds?evaluation={theirs.id}").json()["count"] == 0
     assert client(staff).get("/api/v1/builds?project=other-ci").json()["count"] == 3
+
+
+# --- REST answers that say what the docs say (issue 34, item 5) -------------------------------------------
+
+
+def test_cancelling_a_completed_evaluation_is_a_400_that_writes_nothing(setup) -> None:  # type: ignore[no-untyped-def]
+    from gradient.scheduling import history
+
+    _, member, _, _ = setup
+    created = client(member).post("/api/v1/evaluations", BODY, format="json").json()
+    history.evaluation_transition(
+        evaluation_id=created["id"], to="Completed", expect=None, reason="done", now=timezone.now()
+    )
+    before = RecordEntry.objects.filter(record__job_key=f"eval:{created['id']}").count()
+
+    response = client(member).post(f"/api/v1/evaluations/{created['id']}/cancel")
+
+    assert response.status_code == 400 and "Completed" in str(response.json()["non_field_errors"])
+    assert RecordEntry.objects.filter(record__job_key=f"eval:{created['id']}").count() == before
+    assert Evaluation.objects.get(id=created["id"]).status == "Completed"
+
+
+def test_a_trailing_slash_is_redirected_to_the_route_keeping_the_query(setup) -> None:  # type: ignore[no-untyped-def]
+    _, member, _, _ = setup
+    c = client(member)
+    response = c.get("/api/v1/evaluations/?limit=1")
+    assert (response.status_code, response["Location"]) == (308, "/api/v1/evaluations?limit=1")
+    assert c.get("/api/v1/evaluations/?limit=1", follow=True).json()["count"] == 0
+    assert c.get("/api/v1/no-such-route/").status_code == 404
+
+
+def test_the_schema_says_lists_omit_builds_and_failed_builds(setup) -> None:  # type: ignore[no-untyped-def]
+    _, _, _, staff = setup
+    schema = client(staff).get("/api/schema/", HTTP_ACCEPT="application/vnd.oai.openapi+json").json()
+    fields = schema["components"]["schemas"]["Evaluation"]["properties"]
+    for name in ("builds", "failed_builds"):
+        assert "Empty in lists" in fields[name]["description"], name
+    page = schema["components"]["schemas"]["EvaluationPage"]["properties"]["results"]
+    assert "failed_builds" in page["description"] and "omitted in lists" in page["description"]
+
+
+def test_a_json_body_sent_as_a_form_is_told_the_body_must_be_json(setup) -> None:  # type: ignore[no-untyped-def]
+    import json
+
+    _, member, _, _ = setup
+    response = client(member).post(
+        "/api/v1/evaluations", json.dumps(BODY), content_type="application/x-www-form-urlencoded"
+    )
+    assert response.status_code == 400
+    assert "The body must be JSON" in " ".join(response.json()["non_field_errors"])
+    assert Evaluation.objects.count() == 0
+
+
+def test_builds_carry_their_names_named_dependencies_and_an_absolute_log_link(setup) -> None:  # type: ignore[no-untyped-def]
+    from gradient.scheduling.models import BuildLog
+    from tests.factories import DispatchedJobFactory
+
+    project, member, _, _ = setup
+    evaluation = Evaluation.objects.create(
+        project=project, repository="sim:x", commit="1", status=EvaluationStatus.BUILDING
+    )
+    graph.ingest_eval_result(
+        evaluation=evaluation, derivations=[drv("lib"), drv("app", "lib")], now=timezone.now()
+    )
+    app = DerivationBuild.objects.get(drv_path__endswith="app.drv")
+    lib = DerivationBuild.objects.get(drv_path__endswith="lib.drv")
+    BuildLog.objects.create(build=app, assignment=DispatchedJobFactory(derivation_build=app))
+
+    body = client(member).get(f"/api/v1/builds/{app.id}").json()
+
+    assert body["name"] == app.name and body["dependencies"] == [str(lib.id)]
+    assert body["dependency_builds"] == [{"id": str(lib.id), "name": lib.name, "status": lib.status}]
+    assert body["log_url"] == f"/api/v1/builds/{app.id}/log"
+    assert body["log_link"] == f"http://testserver/api/v1/builds/{app.id}/log"
+    detail = client(member).get(f"/api/v1/evaluations/{evaluation.id}").json()
+    assert {b["name"] for b in detail["builds"]} == {app.name, lib.name}
+    listed = client(member).get(f"/api/v1/builds?evaluation={evaluation.id}").json()["results"]
+    assert {b["name"] for b in listed} == {app.name, lib.name}

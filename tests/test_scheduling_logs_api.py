@@ -131,3 +131,84 @@ def test_the_log_is_readable_by_whoever_may_read_the_build(setup: dict[str, Any]
     assert APIClient().get(f"/api/v1/builds/{build.id}/log").status_code == 401
     staff = User.objects.create_user("staff", password="pw-staff-1", is_staff=True)
     assert client(staff).get(f"/api/v1/builds/{build.id}/log").status_code == 200
+
+
+# --- ?lines= and ?q= (issue 34, item 4) --------------------------------------------------------------------
+
+
+def _log_of_lines(setup: dict[str, Any], count: int) -> Any:
+    """A log of `count` numbered lines, sent in pieces that split lines, as a worker streams it."""
+    worker = setup["worker"]
+    a = ask(worker.id)
+    assert a is not None
+    text = "".join(f"line {n}{' error: boom' if n % 50 == 0 else ''}\n" for n in range(1, count + 1))
+    for start in range(0, len(text), 37):
+        send(worker, a, start, text[start : start + 37])
+    return a
+
+
+def test_lines_a_to_b_answers_those_lines_of_an_open_log_and_of_a_sealed_one(setup: dict[str, Any]) -> None:
+    from gradient.scheduling.services.logs import build_log_seal_pass
+
+    a = _log_of_lines(setup, 300)
+    c, path = client(setup["member"]), f"/api/v1/builds/{setup['build'].id}/log"
+    for state in ("open", "sealed"):
+        response = c.get(f"{path}?lines=120-122")
+        assert response.status_code == 200, state
+        assert response.content.decode() == "line 120\nline 121\nline 122\n"
+        assert response["X-Log-Lines"] == "120-122"
+        assert c.get(f"{path}?lines=299-").content.decode() == "line 299\nline 300 error: boom\n"
+        assert c.get(f"{path}?lines=7").content.decode() == "line 7\n"
+        assert c.get(f"{path}?lines=400-500")["X-Log-Lines"] == ""
+        if state == "open":
+            report(setup["worker"].id, a, "JobCompleted")
+            assert build_log_seal_pass(now=timezone.now()) == 1
+
+
+def test_q_answers_the_matching_lines_with_their_numbers_within_lines(setup: dict[str, Any]) -> None:
+    _log_of_lines(setup, 300)
+    c, path = client(setup["member"]), f"/api/v1/builds/{setup['build'].id}/log"
+    found = c.get(f"{path}?q=ERROR")
+    assert found.content.decode().splitlines() == [
+        f"{n}:line {n} error: boom" for n in (50, 100, 150, 200, 250, 300)
+    ]
+    assert found["X-Log-Lines"] == "50-300" and "X-Log-More" not in found
+    assert c.get(f"{path}?q=error&lines=60-160").content.decode() == (
+        "100:line 100 error: boom\n150:line 150 error: boom\n"
+    )
+
+
+@pytest.mark.parametrize(
+    ("query", "field"),
+    [
+        ("lines=0-3", "lines"),
+        ("lines=9-3", "lines"),
+        ("lines=a-b", "lines"),
+        ("lines=1-200001", "lines"),
+        ("q=", "q"),
+        ("q=x&offset=3", "offset"),
+    ],
+)
+def test_bad_lines_or_q_are_a_400_naming_the_parameter(setup: dict[str, Any], query: str, field: str) -> None:
+    _log_of_lines(setup, 3)
+    response = client(setup["member"]).get(f"/api/v1/builds/{setup['build'].id}/log?{query}")
+    assert response.status_code == 400 and field in response.json()
+
+
+def test_select_lines_reads_pieces_only_as_far_as_the_last_line_wanted() -> None:
+    from gradient.scheduling.decisions.logs import LineQuery, select_lines
+
+    read: list[str] = []
+
+    def pieces() -> Any:
+        for n in range(1, 1_000_000):
+            read.append("x")
+            yield f"l{n}\nl"  # each piece ends inside the next line
+
+    assert list(select_lines(pieces(), LineQuery(first=3, last=4))) == [(3, "ll3"), (4, "ll4")]
+    assert len(read) <= 5, "it stopped reading once past line 4"
+    assert list(select_lines(["a\nb", "\nc"], LineQuery())) == [(1, "a"), (2, "b"), (3, "c")]
+    assert list(select_lines(["a\n"], LineQuery())) == [(1, "a")], "a trailing newline opens no line"
+    # A search counts the lines of pieces without a match instead of splitting them: same numbers.
+    assert list(select_lines(["a\nb\n", "c\nerror\n", "d"], LineQuery(text="ERROR"))) == [(4, "error")]
+    assert list(select_lines(["x\nxx er", "ror\ny"], LineQuery(text="error"))) == [(2, "xx error")]

@@ -10,6 +10,7 @@ from django.utils import timezone
 
 from gradient.recovery.models import ServerBoot
 from gradient.scheduling.decisions import waiting as w
+from gradient.scheduling.decisions.access import may_take
 from gradient.scheduling.models import BuildStatus, DerivationBuild, EvaluationBuild, EvaluationStatus
 from gradient.scheduling.services import graph
 from gradient.scheduling.services.waiting import refresh_waiting_state, repair_build_graph
@@ -296,3 +297,118 @@ def test_a_draining_worker_session_counts_as_no_capacity_for_parking() -> None:
         "capability": "fetch",
         "connected_workers": 0,
     }
+
+
+# --- a worker that may not take a project's jobs is no capacity for it (issue 34, item 1) ------------
+
+
+def test_may_take_is_one_shared_project_and_none_serves_every_project() -> None:
+    assert may_take(frozenset({"demo"}), ["demo", "other"])
+    assert not may_take(frozenset({"demo"}), ["rest-proj"])
+    assert not may_take(frozenset(), ["demo"]), "a worker of no project takes nothing"
+    assert may_take(None, ["demo"]) and not may_take(None, []), "a job wanted by no project: nobody"
+
+
+def _serving(*projects: str) -> w.PoolWorker:
+    return w.PoolWorker(True, True, True, ("x86_64-linux",), (), projects=frozenset(projects))
+
+
+def test_a_queued_evaluation_that_no_capable_worker_serves_waits_naming_its_project() -> None:
+    pool = w.Pool((_serving("demo"), _serving("demo"), _serving("demo", "docs")))
+    v = w.assess(
+        status="Queued",
+        counters=w.Counters(0, 0, 0),
+        has_open_job=False,
+        pool=pool,
+        blocking=None,
+        project="rest-proj",
+    )
+    assert v.reason == {
+        "reason": "eval_workers",
+        "capability": "fetch",
+        "connected_workers": 3,
+        "project": "rest-proj",
+        "capable_workers": 3,
+        "serving_projects": ["demo", "docs"],
+    }
+    words = w.describe(v.reason)
+    assert "no connected worker serves project rest-proj; 3 connected serve: demo, docs" in words
+    served = w.assess(
+        status="Queued",
+        counters=w.Counters(0, 0, 0),
+        has_open_job=False,
+        pool=pool,
+        blocking=None,
+        project="docs",
+    )
+    assert served.reason is None
+
+
+def test_a_blocking_build_whose_fitting_workers_serve_no_project_needing_it_waits_for_workers() -> None:
+    build = w.BlockingBuild("b1", BuildStatus.QUEUED, "x86_64-linux", (), projects=("rest-proj",))
+    v = w.building_verdict([build], w.Pool((_serving("demo"),)))
+    assert v.reason is not None and v.reason["reason"] == "workers"
+    assert v.reason["unserved"] == [{"projects": ["rest-proj"], "builds": 1}]
+    assert v.reason["unmet"] == [] and w.abortable(v.reason)
+    assert "no connected worker serves project rest-proj; 1 connected serve: demo" in w.describe(v.reason)
+    # A build that another served project's evaluation also needs is handed out for that one.
+    shared = w.BlockingBuild("b1", BuildStatus.QUEUED, "x86_64-linux", (), projects=("demo", "rest-proj"))
+    assert w.building_verdict([shared], w.Pool((_serving("demo"),))).reason is None
+
+
+def test_a_project_park_is_aborted_after_the_grace_but_a_missing_capability_alone_is_not() -> None:
+    now = timezone.now()
+    since = now - timedelta(seconds=301)
+    project_park = {"reason": "eval_workers", "capability": "eval", "project": "p", "connected_workers": 1}
+    capability_park = {"reason": "eval_workers", "capability": "eval", "connected_workers": 0}
+    due = {"waiting_since": since, "pool_stable_since": since, "now": now, "wait_for_workers": False}
+    assert w.unbuildable_due(reason=project_park, **due)
+    assert not w.unbuildable_due(reason=capability_park, **due)
+    assert not w.unbuildable_due(reason=project_park, **{**due, "wait_for_workers": True})
+
+
+@pytest.mark.django_db
+def test_an_evaluation_of_a_project_no_connected_worker_serves_is_parked_then_aborted_after_grace() -> None:
+    demo, rest_proj = ProjectFactory(name="demo"), ProjectFactory(name="rest-proj")
+    ServerBoot.objects.create(
+        hostname="h", pid=1, started_at=timezone.now() - timedelta(hours=1), last_heartbeat=timezone.now()
+    )
+    for _ in range(3):
+        connected_worker([demo])
+    evaluation = EvaluationFactory(project=rest_proj)
+    refresh_waiting_state(now=timezone.now(), grace_secs=300, use_memo=False)
+    evaluation.refresh_from_db()
+    assert evaluation.status == "Waiting"
+    assert evaluation.waiting_reason["project"] == "rest-proj"
+    assert "no connected worker serves project rest-proj; 3 connected serve: demo" in w.describe(
+        evaluation.waiting_reason
+    )
+    r = refresh_waiting_state(now=timezone.now() + timedelta(seconds=301), grace_secs=300, use_memo=False)
+    evaluation.refresh_from_db()
+    assert r.aborted == 1 and evaluation.status == "Aborted"
+    assert "no connected worker serves project rest-proj" in evaluation.warnings[-1]
+
+
+@pytest.mark.django_db
+def test_a_project_park_clears_when_a_connected_worker_is_given_the_project() -> None:
+    demo, rest_proj = ProjectFactory(name="demo"), ProjectFactory(name="rest-proj")
+    worker = connected_worker([demo])
+    evaluation = EvaluationFactory(project=rest_proj)
+    refresh_waiting_state(now=timezone.now(), grace_secs=300)
+    evaluation.refresh_from_db()
+    assert evaluation.status == "Waiting" and evaluation.waiting_reason["project"] == "rest-proj"
+    worker.projects.add(rest_proj)
+    refresh_waiting_state(now=timezone.now(), grace_secs=300)  # the memo sees the pool changed
+    evaluation.refresh_from_db()
+    assert (evaluation.status, evaluation.waiting_reason) == ("Queued", None)
+
+
+@pytest.mark.django_db
+def test_a_building_evaluation_whose_builds_no_serving_worker_can_take_waits_for_workers() -> None:
+    demo, rest_proj = ProjectFactory(name="demo"), ProjectFactory(name="rest-proj")
+    evaluation = _building(rest_proj, [drv("solo")])
+    connected_worker([demo], architectures=["x86_64-linux"])
+    refresh_waiting_state(now=timezone.now(), grace_secs=300, use_memo=False)
+    evaluation.refresh_from_db()
+    assert evaluation.status == "Waiting"
+    assert evaluation.waiting_reason["unserved"] == [{"projects": ["rest-proj"], "builds": 1}]

@@ -67,9 +67,16 @@ def test_a_username_and_password_get_a_token_that_authenticates() -> None:
     assert client.get("/api/v1/workers").status_code == 200
 
 
-@pytest.mark.parametrize(
-    "body", [{"username": "operator", "password": "wrong"}, {"username": "operator"}, {}, ["operator"]]
-)
+def test_a_wrong_password_is_401_and_says_so() -> None:
+    User.objects.create_user("operator", password="operator-pw")
+    response = APIClient().post(
+        "/api/v1/auth/token", {"username": "operator", "password": "wrong"}, format="json"
+    )
+    assert response.status_code == 401 and response["WWW-Authenticate"] == "Token"
+    assert "Unable to log in" in response.json()["detail"]
+
+
+@pytest.mark.parametrize("body", [{"username": "operator"}, {}, ["operator"]])
 def test_bad_credentials_get_400_with_errors(body: Any) -> None:
     User.objects.create_user("operator", password="operator-pw")
     response = APIClient().post("/api/v1/auth/token", body, format="json")
@@ -250,3 +257,41 @@ def test_the_schema_documents_the_routes(staff: APIClient) -> None:
         "/api/v1/workers/{worker_id}/deactivate",
     ):
         assert path in paths, path
+
+
+def test_staff_sets_a_workers_projects_and_an_evaluation_parked_for_its_project_is_queued_again(
+    staff: APIClient, submitter: APIClient
+) -> None:
+    from gradient.scheduling.services.waiting import refresh_waiting_state
+    from tests.factories import EvaluationFactory, connected_worker
+
+    demo = Project.objects.create(name="demo")
+    rest_proj = Project.objects.create(name="rest-proj")
+    worker = connected_worker([demo])
+    evaluation = EvaluationFactory(project=rest_proj)
+    refresh_waiting_state(now=timezone.now(), grace_secs=300)
+    parked = staff.get(f"/api/v1/evaluations/{evaluation.id}").json()
+    assert parked["status"] == "Waiting" and parked["waiting_reason"]["project"] == "rest-proj"
+
+    path = f"/api/v1/workers/{worker.id}"
+    assert submitter.patch(path, {"projects": ["rest-proj"]}, format="json").status_code == 403
+    refused = staff.patch(path, {"projects": ["demo", "nope"]}, format="json")
+    assert refused.status_code == 400 and "nope" in str(refused.json()["projects"])
+    assert sorted(worker.projects.values_list("name", flat=True)) == ["demo"], "a 400 changes nothing"
+    assert staff.patch(path, {}, format="json").status_code == 400
+    assert staff.patch(f"/api/v1/workers/{uuid.uuid4()}", {"projects": []}, format="json").status_code == 404
+
+    response = staff.patch(path, {"projects": ["demo", "rest-proj"]}, format="json")
+
+    assert response.status_code == 200 and response.json()["projects"] == ["demo", "rest-proj"]
+    refresh_waiting_state(now=timezone.now(), grace_secs=300)
+    evaluation.refresh_from_db()
+    assert (evaluation.status, evaluation.waiting_reason) == ("Queued", None)
+
+
+def test_the_schema_documents_patching_a_workers_projects(staff: APIClient) -> None:
+    schema = staff.get("/api/schema/", HTTP_ACCEPT="application/vnd.oai.openapi+json").json()
+    patch = schema["paths"]["/api/v1/workers/{worker_id}"]["patch"]
+    body = patch["requestBody"]["content"]["application/json"]["schema"]["$ref"].rsplit("/", 1)[-1]
+    assert "projects" in schema["components"]["schemas"][body]["properties"]
+    assert "200" in patch["responses"]

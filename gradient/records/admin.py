@@ -7,13 +7,13 @@ from typing import Any
 
 from django.contrib import admin, messages
 from django.db.models import QuerySet
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
-from gradient.console import ago
+from gradient.console import ago, when
 from gradient.records.decisions.fold import fold
 from gradient.records.decisions.project import project
 from gradient.records.errors import DecodeError, InvalidHistory, RecordError
@@ -58,7 +58,14 @@ def _action(name: str, intent: ControlIntent, description: str):  # type: ignore
 
 @admin.register(JobRecord)
 class JobRecordAdmin(admin.ModelAdmin):
-    list_display = ["job_key", "revision", "settled", "settled_at", "created_at", "tombstoned_at"]
+    list_display = [
+        "job_key",
+        "revision",
+        "settled",
+        when("settled_at", "settled at"),
+        when("created_at", "created"),
+        when("tombstoned_at", "tombstoned"),
+    ]
     list_filter = ["settled", ("tombstoned_at", admin.EmptyFieldListFilter)]
     search_fields = ["job_key", "idempotency_key"]
     date_hierarchy = "created_at"
@@ -217,8 +224,16 @@ def render_job_timeline(job_key: str) -> SafeString | str:
 
 
 class RecordTimelineMixin:
-    """For a job's ModelAdmin: a read-only `record_timeline` field showing the job's record."""
+    """For a job's ModelAdmin: a read-only `record_timeline` field showing the job's record, and the
+    History button leading to it (Django's own history lists admin edits, which these rows never get)."""
 
     @admin.display(description="Record (timeline)")
     def record_timeline(self, obj: Any) -> SafeString | str:
-        return render_job_timeline(obj.job_key)
+        return format_html('<div id="record-timeline">{}</div>', render_job_timeline(obj.job_key))
+
+    def history_view(
+        self, request: HttpRequest, object_id: str, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        meta = self.model._meta  # type: ignore[attr-defined]
+        change = reverse(f"admin:{meta.app_label}_{meta.model_name}_change", args=[object_id])
+        return HttpResponseRedirect(f"{change}#record-timeline")

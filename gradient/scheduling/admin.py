@@ -22,11 +22,13 @@ from gradient.console import (
     assignment_job_link,
     between,
     drv_name,
+    since,
 )
 from gradient.core.vocab import (
     BUILD_PENDING,
     EVALUATION_ACTIVE,
     EVALUATION_TERMINAL,
+    BuildStatus,
     EvaluationKind,
     EvaluationStatus,
 )
@@ -34,7 +36,7 @@ from gradient.names import NameCheckedForm
 from gradient.records.admin import RecordTimelineMixin
 from gradient.scheduling import selectors
 from gradient.scheduling.admin_logs import BuildLogMixin, FailedBuildLogsMixin
-from gradient.scheduling.admin_waiting import WaitingReasonFilter, waiting_for
+from gradient.scheduling.admin_waiting import WaitingReasonFilter, waiting_for, waiting_for_brief
 from gradient.scheduling.models import (
     BuildAttempt,
     CachedPath,
@@ -74,10 +76,9 @@ def _link(obj: object, label: str) -> SafeString:
 
 
 def _cancel(evaluation: Evaluation, actor: str) -> str:
-    # An evaluation's cancel from the console has always been signed with the bare username.
-    receipt = evaluation_request_cancel(
-        evaluation_id=evaluation.id, actor=actor.removeprefix("admin:"), now=timezone.now()
-    )
+    # Signed as every console action is (console.actor_of: `admin:<user>`), so a record's timeline
+    # names the console the same way for a cancel as for a restart.
+    receipt = evaluation_request_cancel(evaluation_id=evaluation.id, actor=actor, now=timezone.now())
     return receipt.message if receipt is not None else "cancelled"
 
 
@@ -112,9 +113,14 @@ def _restart_consequences(evaluation: Evaluation) -> list[str]:
     names = ", ".join(drv_name(b.drv_path) for b in failed[:5]) + (" …" if len(failed) > 5 else "")
     return [
         f"{len(failed)} failed build{'s' if len(failed) != 1 else ''} it needs ({names}) "
-        f"{'is' if len(failed) == 1 else 'are'} still failed: restarted alone, the new evaluation fails on "
-        "them again. Tick “Also rebuild its failed builds” to queue them afresh first."
+        f"{'is' if len(failed) == 1 else 'are'} still failed: they are queued afresh first, unless you "
+        "untick “Also rebuild its failed builds” (then the new evaluation fails on them again)."
     ]
+
+
+def _restarted_as(evaluation: Evaluation) -> Evaluation | None:
+    lineage = selectors.evaluation_lineage(evaluation.id)
+    return lineage.restarted_as if lineage is not None else None
 
 
 def _prioritize_evaluation(evaluation: Evaluation, actor: str) -> str:
@@ -147,6 +153,8 @@ EVALUATION_OPERATIONS = (
         option="Also rebuild its failed builds (a rebuild intent beside the restart's on its record)",
         option_applies=lambda e: bool(operations.rebuildable_failed_builds(e.id)),
         run_option=_restart_and_rebuild,
+        option_default=True,
+        lands_on=_restarted_as,
     ),
     Operation(
         name="prioritize_evaluations",
@@ -190,7 +198,7 @@ class EvaluationAdmin(FailedBuildLogsMixin, RecordTimelineMixin, OperatedAdmin):
         "created",
         "took",
         "progress",
-        waiting_for,
+        waiting_for_brief,
         "kind",
     ]
     list_display_links = ["name"]
@@ -285,11 +293,11 @@ class EvaluationAdmin(FailedBuildLogsMixin, RecordTimelineMixin, OperatedAdmin):
 
     @admin.display(description="waits for workers")
     def waits_for_workers(self, obj: Evaluation) -> str:
-        return (
-            "yes: never aborted for want of a worker"
-            if obj.wait_for_workers
-            else "no: aborted after the grace"
-        )
+        if obj.wait_for_workers:
+            return "yes: never aborted for want of a worker"
+        if obj.status not in EVALUATION_ACTIVE:
+            return "no"  # it ended: what the grace would do no longer applies
+        return "no: aborted if no connected worker can build it for the grace"
 
     @admin.display(description="what happens next")
     def next_step(self, obj: Evaluation) -> str:
@@ -463,7 +471,7 @@ BUILD_OPERATIONS = (
 
 @admin.register(DerivationBuild)
 class DerivationBuildAdmin(BuildLogMixin, RecordTimelineMixin, OperatedAdmin):
-    list_display = ["name", "system", "status", "drv_lost", "attempts", "queued", "took"]
+    list_display = ["name", "system", "status", "drv_lost", "attempts", "queued", "waited", "built"]
     list_filter = ["status", "system", ("drv_lost_at", admin.EmptyFieldListFilter)]
     search_fields = ["id", "drv_path"]
     inlines = [SharingInline, DependencyInline, DependentInline, AttemptInline]
@@ -485,7 +493,8 @@ class DerivationBuildAdmin(BuildLogMixin, RecordTimelineMixin, OperatedAdmin):
         "output_paths",
         "queued",
         "finished",
-        "took",
+        "waited",
+        "built",
         "build_log",
         "record_timeline",
     )
@@ -518,9 +527,22 @@ class DerivationBuildAdmin(BuildLogMixin, RecordTimelineMixin, OperatedAdmin):
     def finished(self, obj: DerivationBuild) -> SafeString | str:
         return ago(obj.finished_at)
 
-    @admin.display(description="duration")
-    def took(self, obj: DerivationBuild) -> str:
-        return between(obj.queued_at, obj.finished_at) if obj.finished_at else "-"
+    # Waited and built apart: one "duration" from queued to finished read 12.7 s for a 1.0 s attempt.
+    @admin.display(description="waited")
+    def waited(self, obj: DerivationBuild) -> str:
+        """From queued to its latest attempt's start (or to now, while it is still queued)."""
+        attempt = obj.build_attempts.order_by("-started_at").first()
+        if attempt is None:
+            return since(obj.queued_at) if obj.status == BuildStatus.QUEUED else "-"
+        return between(obj.queued_at, attempt.started_at) if obj.queued_at else "-"
+
+    @admin.display(description="built")
+    def built(self, obj: DerivationBuild) -> str:
+        """Its latest attempt, start to finish (so far, while it runs)."""
+        attempt = obj.build_attempts.order_by("-started_at").first()
+        if attempt is None:
+            return "-"
+        return between(attempt.started_at, attempt.finished_at or timezone.now())
 
     @admin.display(description="prioritized")
     def is_prioritized(self, obj: DerivationBuild) -> str:
@@ -530,20 +552,29 @@ class DerivationBuildAdmin(BuildLogMixin, RecordTimelineMixin, OperatedAdmin):
     def why_it_waits(self, obj: DerivationBuild) -> str:
         return selectors.build_waiting_text(obj)
 
+    def get_fields(self, request, obj=None):  # type: ignore[no-untyped-def]
+        fields = super().get_fields(request, obj)
+        # A build that is building, done or failed does not wait: no empty "why it waits" row.
+        if obj is None or not selectors.build_waiting_text(obj):
+            return [f for f in fields if f != "why_it_waits"]
+        return fields
+
 
 @admin.register(DispatchedJob)
 class DispatchedJobAdmin(ReadOnlyAdmin):
+    # The assignment by its short id (the row's link) and the job by name (a link to its page): the
+    # job's name once, so that "outcome" fits a 1 400 px screen.
     list_display = [
-        "job_name",
+        "assignment",
         "job_page",
         "kind",
+        "outcome",
         "worker",
         "rounded_score",
         "dispatched",
         "took",
-        "outcome",
     ]
-    list_display_links = ["job_name"]
+    list_display_links = ["assignment"]
     list_filter = ["kind", "outcome"]
     search_fields = ["id", "job_id", "worker__name", "derivation_build__drv_path", "evaluation__repository"]
     list_select_related = ["worker", "derivation_build", "evaluation"]
@@ -551,6 +582,10 @@ class DispatchedJobAdmin(ReadOnlyAdmin):
     @admin.display(description="assignment", ordering="dispatched_at")
     def job_name(self, obj: DispatchedJob) -> str:
         return obj.job_name
+
+    @admin.display(description="assignment", ordering="dispatched_at")
+    def assignment(self, obj: DispatchedJob) -> str:
+        return str(obj.id)[:8]
 
     @admin.display(description="job")
     def job_page(self, obj: DispatchedJob) -> SafeString | str:

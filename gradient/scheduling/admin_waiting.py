@@ -8,6 +8,8 @@ from typing import Any
 from django.contrib import admin
 from django.db.models import QuerySet
 from django.http import HttpRequest
+from django.utils.html import format_html
+from django.utils.safestring import SafeString
 
 from gradient.scheduling.decisions.waiting import FOREIGN_REASONS, PASS_REASONS, describe
 from gradient.scheduling.models import Evaluation
@@ -27,6 +29,36 @@ LABELS = {
 def waiting_for(obj: Evaluation) -> str:
     """Empty when the evaluation is not waiting."""
     return describe(obj.waiting_reason)
+
+
+def brief(reason: dict[str, Any] | None) -> str:
+    """The reason in a few words for a list's column: "workers: aarch64-linux (kvm)", "a worker serving
+    rest-proj"; the sentence (describe) is on the evaluation's page and on hover."""
+    if not reason:
+        return ""
+    name = reason.get("reason")
+    if reason.get("project"):
+        return f"a worker serving {reason['project']}"
+    if name == "workers":
+        needs = [
+            u["architecture"]
+            + (f" ({', '.join(u['required_features'])})" if u.get("required_features") else "")
+            for u in reason.get("unmet", [])
+        ]
+        serving = sorted({p for u in reason.get("unserved", []) for p in u["projects"]})
+        needs += [f"serving {p}" for p in serving]
+        return "workers: " + "; ".join(needs)
+    if name == "eval_workers":
+        return f"a worker that can {reason.get('capability', 'evaluate')}"
+    return LABELS.get(str(name), str(name))
+
+
+@admin.display(description="waiting for")
+def waiting_for_brief(obj: Evaluation) -> SafeString | str:
+    """The list's column: brief, with the whole sentence on hover."""
+    if not obj.waiting_reason:
+        return ""
+    return format_html('<span title="{}">{}</span>', describe(obj.waiting_reason), brief(obj.waiting_reason))
 
 
 class WaitingReasonFilter(admin.SimpleListFilter):

@@ -27,7 +27,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from gradient.core.ids import parse_uuid
-from gradient.core.vocab import BuildStatus, EvaluationStatus, member_of
+from gradient.core.vocab import EVALUATION_ACTIVE, BuildStatus, EvaluationStatus, member_of
 from gradient.idempotency import scoped_key
 from gradient.records.errors import IdempotencyConflict
 from gradient.rest import (
@@ -41,6 +41,7 @@ from gradient.rest import (
 )
 from gradient.rest import created as created_response
 from gradient.scheduling import selectors
+from gradient.scheduling.decisions.logs import MAX_LINE_RANGE, MAX_MATCHES, LineQuery, parse_line_range
 from gradient.scheduling.decisions.waiting import describe
 from gradient.scheduling.models import BuildLog, DerivationBuild, Evaluation, EvaluationBuild, Project
 from gradient.scheduling.services import operations
@@ -49,7 +50,7 @@ from gradient.scheduling.services.evaluations import (
     evaluation_create,
     evaluation_request_cancel,
 )
-from gradient.scheduling.services.logs import build_log_read
+from gradient.scheduling.services.logs import build_log_lines, build_log_read
 
 IDEMPOTENCY_HEADER = "Idempotency-Key"
 
@@ -95,12 +96,14 @@ class EvaluationCreateSerializer(serializers.Serializer[Any]):
 
 class BuildRefSerializer(serializers.Serializer[Any]):
     id = serializers.UUIDField()
+    name = serializers.CharField(help_text="The derivation's name without its store hash: hello-2.12.")
     drv_path = serializers.CharField()
     status = serializers.CharField()
 
 
 class FailedBuildSerializer(serializers.Serializer[Any]):
     id = serializers.UUIDField()
+    name = serializers.CharField(help_text="The derivation's name without its store hash: hello-2.12.")
     drv_path = serializers.CharField()
     status = serializers.CharField()
     last_error = serializers.CharField()
@@ -128,12 +131,16 @@ class EvaluationSerializer(serializers.Serializer[Any]):
     )
     created_at = serializers.DateTimeField()
     finished_at = serializers.DateTimeField(allow_null=True)
-    builds = serializers.SerializerMethodField()
+    builds = serializers.SerializerMethodField(
+        help_text="The shared builds it needs. Empty in lists (`progress` counts them there): the "
+        "evaluation's own route has them."
+    )
     progress = serializers.SerializerMethodField(
         help_text='Its builds by where they are, in words: "412/1030 built, 3 failed, 615 queued".'
     )
     failed_builds = serializers.SerializerMethodField(
-        help_text="The builds that failed it (or await a retry), with their errors."
+        help_text="The builds that failed it (or await a retry), with their errors. Empty in lists "
+        "(`progress` counts them there): the evaluation's own route has them."
     )
     waiting_next = serializers.SerializerMethodField(
         help_text='While it waits, what happens next in words ("aborted at 07:13:00 UTC unless a worker '
@@ -164,7 +171,13 @@ class EvaluationSerializer(serializers.Serializer[Any]):
         if not self.context.get("with_builds", True):
             return []
         return [
-            {"id": b.id, "drv_path": b.drv_path, "status": b.status, "last_error": b.last_error}
+            {
+                "id": b.id,
+                "name": b.name,
+                "drv_path": b.drv_path,
+                "status": b.status,
+                "last_error": b.last_error,
+            }
             for b in selectors.evaluation_failed_builds(obj.id)
         ]
 
@@ -174,13 +187,25 @@ class EvaluationSerializer(serializers.Serializer[Any]):
             return []
         rows = obj.build_links.select_related("build").order_by("build__created_at", "build__drv_path")
         return [
-            {"id": link.build.id, "drv_path": link.build.drv_path, "status": link.build.status}
+            {
+                "id": link.build.id,
+                "name": link.build.name,
+                "drv_path": link.build.drv_path,
+                "status": link.build.status,
+            }
             for link in rows
         ]
 
 
+class DependencySerializer(serializers.Serializer[Any]):
+    id = serializers.UUIDField()
+    name = serializers.CharField()
+    status = serializers.CharField()
+
+
 class BuildSerializer(serializers.Serializer[Any]):
     id = serializers.UUIDField()
+    name = serializers.CharField(help_text="The derivation's name without its store hash: hello-2.12.")
     drv_path = serializers.CharField()
     system = serializers.CharField()
     status = serializers.CharField()
@@ -192,7 +217,13 @@ class BuildSerializer(serializers.Serializer[Any]):
     log_url = serializers.SerializerMethodField(
         help_text="The path of this build's log (`GET /api/v1/builds/{id}/log`), or null without one yet."
     )
-    dependencies = serializers.SerializerMethodField()
+    log_link = serializers.SerializerMethodField(
+        help_text="`log_url` as an absolute URL, as the API index gives its links; null without a log."
+    )
+    dependencies = serializers.SerializerMethodField(help_text="The ids of the builds it needs.")
+    dependency_builds = serializers.SerializerMethodField(
+        help_text="The builds it needs, by name, in the order of `dependencies`."
+    )
     created_at = serializers.DateTimeField()
     finished_at = serializers.DateTimeField(allow_null=True)
 
@@ -202,10 +233,22 @@ class BuildSerializer(serializers.Serializer[Any]):
             return None
         return reverse("build-log", kwargs={"build_id": str(obj.id)})
 
+    @extend_schema_field(serializers.URLField(allow_null=True))
+    def get_log_link(self, obj: DerivationBuild) -> str | None:
+        path = self.get_log_url(obj)
+        request = self.context.get("request")
+        return request.build_absolute_uri(path) if path is not None and request is not None else path
+
+    def _dependencies(self, obj: DerivationBuild) -> list[DerivationBuild]:
+        edges = obj.dependency_edges.select_related("dependency").order_by("dependency__drv_path")
+        return [edge.dependency for edge in edges]
+
     def get_dependencies(self, obj: DerivationBuild) -> list[uuid.UUID]:
-        return list(
-            obj.dependency_edges.order_by("dependency__drv_path").values_list("dependency_id", flat=True)
-        )
+        return [d.id for d in self._dependencies(obj)]
+
+    @extend_schema_field(DependencySerializer(many=True))
+    def get_dependency_builds(self, obj: DerivationBuild) -> list[dict[str, Any]]:
+        return [{"id": d.id, "name": d.name, "status": d.status} for d in self._dependencies(obj)]
 
 
 class EvaluationPageSerializer(serializers.Serializer[Any]):
@@ -213,7 +256,9 @@ class EvaluationPageSerializer(serializers.Serializer[Any]):
     next = serializers.URLField(allow_null=True, help_text="The next page, or null on the last one.")
     previous = serializers.URLField(allow_null=True)
     results = EvaluationSerializer(
-        many=True, help_text="This page; `builds`, `warnings` and `errors` are left empty in lists."
+        many=True,
+        help_text="This page; `builds`, `failed_builds`, `warnings` and `errors` are omitted in lists (left "
+        "empty; `progress` counts the builds): read one evaluation for them.",
     )
 
 
@@ -327,12 +372,18 @@ class EvaluationCancelView(APIView):
         responses={
             202: OpenApiResponse(
                 ControlReceiptSerializer, description="Cancel recorded; the evaluation ends Aborted"
-            )
+            ),
+            400: OpenApiResponse(description="The evaluation ended Completed or Failed: nothing changed"),
         },
         summary="Cancel an evaluation: a control intent on its record; running jobs get AbortJob",
+        description="An evaluation that ended Completed or Failed is a 400 that changes nothing (its "
+        "record gets no intent); one that is Aborted already answers 202 again (it stays cancelled).",
     )
     def post(self, request: Request, evaluation_id: str) -> Response:
         evaluation = evaluation_for(request.user, evaluation_id)
+        if evaluation.status not in EVALUATION_ACTIVE and evaluation.status != EvaluationStatus.ABORTED:
+            refused = f"Only an active evaluation can be cancelled; this one is {evaluation.status}."
+            raise serializers.ValidationError({"non_field_errors": [refused]})
         receipt = evaluation_request_cancel(
             evaluation_id=evaluation.id,
             actor=request.user.get_username(),
@@ -361,6 +412,7 @@ def build_for(user: Any, build_id: str) -> DerivationBuild:
 
 class BuildListItemSerializer(serializers.Serializer[Any]):
     id = serializers.UUIDField()
+    name = serializers.CharField(help_text="The derivation's name without its store hash: hello-2.12.")
     drv_path = serializers.CharField()
     system = serializers.CharField()
     status = serializers.CharField()
@@ -438,7 +490,8 @@ class BuildsView(APIView):
 class BuildDetailView(APIView):
     @extend_schema(responses={200: BuildSerializer}, summary="One shared build, with its dependencies")
     def get(self, request: Request, build_id: str) -> Response:
-        return Response(BuildSerializer(build_for(request.user, build_id)).data)
+        build = build_for(request.user, build_id)
+        return Response(BuildSerializer(build, context={"request": request}).data)
 
 
 # --- The operator's actions (beside the routes of rest.md) ------------------------------------------------
@@ -545,6 +598,8 @@ class LogNegotiation(BaseContentNegotiation):
 LOG_OFFSET_HEADER = "X-Log-Offset"
 LOG_COMPLETE_HEADER = "X-Log-Complete"
 LOG_ASSIGNMENT_HEADER = "X-Log-Assignment"
+LOG_LINES_HEADER = "X-Log-Lines"
+LOG_MORE_HEADER = "X-Log-More"
 
 
 class BuildLogView(APIView):
@@ -561,6 +616,29 @@ class BuildLogView(APIView):
             ),
             OpenApiParameter(
                 "offset", OpenApiTypes.INT, description="The text from this character on (default 0)."
+            ),
+            OpenApiParameter(
+                "lines",
+                OpenApiTypes.STR,
+                description="Only these lines, numbered from 1: `120-180`, `120-` (to the end) or `120`; at "
+                f"most {MAX_LINE_RANGE} of them. The answer is their text (header `{LOG_LINES_HEADER}`: "
+                "the numbers of the first and last line sent). Read from the stored log piece by piece, "
+                "never the whole log at once.",
+            ),
+            OpenApiParameter(
+                "q",
+                OpenApiTypes.STR,
+                description="Only the lines containing this text (case-insensitive), each as "
+                f"`<line number>:<line>`, as `grep -n` prints them; at most {MAX_MATCHES} (then header "
+                f"`{LOG_MORE_HEADER}: true`). With `lines`, within those lines.",
+            ),
+            OpenApiParameter(
+                LOG_LINES_HEADER,
+                OpenApiTypes.STR,
+                OpenApiParameter.HEADER,
+                description="With `lines` or `q`: `<first>-<last>`, the numbers of the lines sent (empty "
+                "when none).",
+                response=[200],
             ),
             OpenApiParameter(
                 "missing",
@@ -623,21 +701,59 @@ class BuildLogView(APIView):
         missing = request.query_params.get("missing", "404")
         if missing not in ("404", "empty"):
             errors["missing"] = ["missing must be 404 or empty."]
+        raw_lines, needle = request.query_params.get("lines"), request.query_params.get("q")
+        line_range: tuple[int, int | None] = (1, None)
+        if raw_lines is not None:
+            parsed = parse_line_range(raw_lines)
+            if isinstance(parsed, str):
+                errors["lines"] = [parsed]
+            else:
+                line_range = parsed
+        if needle is not None and not needle:
+            errors["q"] = ["q must not be empty."]
+        if (raw_lines is not None or needle is not None) and raw_offset is not None:
+            errors["offset"] = ["offset reads characters; it does not go with lines or q."]
         if errors:
             raise serializers.ValidationError(errors)
+        if raw_lines is not None or needle is not None:
+            query = LineQuery(first=line_range[0], last=line_range[1], text=needle or "")
+            return _log_lines(build, assignment_id, query, missing=missing)
         found = build_log_read(build=build, assignment_id=assignment_id, offset=offset)
-        if found is None and missing == "empty":
-            nothing = HttpResponse(status=204)
-            nothing[LOG_COMPLETE_HEADER] = "false"
-            nothing["Cache-Control"] = "no-store"
-            return nothing
         if found is None:
-            raise NotFound(
-                "This build has no log." if assignment_id is None else "No log of this assignment."
-            )
+            return _no_log(assignment_id, missing=missing)
         response = HttpResponse(found.text, content_type="text/plain; charset=utf-8")
         response[LOG_OFFSET_HEADER] = str(found.offset)
         response[LOG_COMPLETE_HEADER] = "true" if found.complete else "false"
         response[LOG_ASSIGNMENT_HEADER] = str(found.assignment_id)
         response["Cache-Control"] = "no-store"
         return response
+
+
+def _no_log(assignment_id: uuid.UUID | None, *, missing: str) -> HttpResponse:
+    """A build without a log (of that assignment): 204 with `missing=empty`, else 404."""
+    if missing == "empty":
+        nothing = HttpResponse(status=204)
+        nothing[LOG_COMPLETE_HEADER] = "false"
+        nothing["Cache-Control"] = "no-store"
+        return nothing
+    raise NotFound("This build has no log." if assignment_id is None else "No log of this assignment.")
+
+
+def _log_lines(
+    build: DerivationBuild, assignment_id: uuid.UUID | None, query: LineQuery, *, missing: str
+) -> HttpResponse:
+    found = build_log_lines(build=build, assignment_id=assignment_id, query=query)
+    if found is None:
+        return _no_log(assignment_id, missing=missing)
+    if query.text:
+        text = "".join(f"{n}:{line}\n" for n, line in found.lines)
+    else:
+        text = "".join(f"{line}\n" for _, line in found.lines)
+    response = HttpResponse(text, content_type="text/plain; charset=utf-8")
+    response[LOG_LINES_HEADER] = f"{found.lines[0][0]}-{found.lines[-1][0]}" if found.lines else ""
+    response[LOG_COMPLETE_HEADER] = "true" if found.complete else "false"
+    response[LOG_ASSIGNMENT_HEADER] = str(found.assignment_id)
+    response["Cache-Control"] = "no-store"
+    if found.more:
+        response[LOG_MORE_HEADER] = "true"
+    return response

@@ -22,6 +22,7 @@ from gradient.console import (
     actor_of,
     ago,
     assignment_job_link,
+    when,
 )
 from gradient.names import NameCheckedForm
 from gradient.recovery.models import ServerBoot
@@ -81,6 +82,11 @@ def _deactivate(worker: Worker, actor: str) -> str:
     return operations.worker_request_deactivate(worker_id=worker.id, actor=actor, now=timezone.now()).message
 
 
+def _activate(worker: Worker, actor: str) -> str:
+    worker_activate(worker_id=worker.id)
+    return f"activated by {actor}"
+
+
 WORKER_OPERATIONS = (
     Operation(
         name="drain_workers",
@@ -103,6 +109,15 @@ WORKER_OPERATIONS = (
         refused=(operations.ActionRefused,),
         summary=lambda n: f"Deactivated {n} worker(s).",
     ),
+    Operation(
+        name="activate_workers",
+        label="Activate",
+        description="Activate the selected deactivated workers (allowed to connect again)",
+        explain="Activate: the worker may connect again with its token; it gets work once it connects.",
+        applies=lambda w: not w.active,
+        run=_activate,
+        summary=lambda n: f"Activated {n} worker(s).",
+    ),
 )
 
 
@@ -112,15 +127,14 @@ class WorkerAdmin(OperatedAdmin):
 
     form = NameCheckedForm
 
+    # One "state" column in words instead of three icon columns (a red ✖ for an ordinary "not
+    # draining" read as an error), so that "last seen" fits a 1 400 px screen beside the filters.
     list_display = [
         "name",
-        "connected",
-        "draining",
-        "active",
+        "state",
         "zone",
         "architectures_text",
-        "max_concurrent_builds",
-        "running",
+        "slots",
         "seen",
     ]
     list_filter = ["active", "zone", "can_build", "can_eval", "can_fetch"]
@@ -136,11 +150,11 @@ class WorkerAdmin(OperatedAdmin):
         "capabilities",
         "metrics",
         "seen",
-        "deactivated_at",
+        "deactivated",
     ]
     inlines = [WorkerSessionInline]
     operations = WORKER_OPERATIONS
-    actions = [*(op.bulk() for op in WORKER_OPERATIONS), "activate_workers", "issue_new_tokens"]
+    actions = [*(op.bulk() for op in WORKER_OPERATIONS), "issue_new_tokens"]
 
     def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return bool(request.user.is_active and request.user.is_staff)  # registering a worker
@@ -166,6 +180,19 @@ class WorkerAdmin(OperatedAdmin):
         session = _open_session(obj)
         return bool(session and session.draining)
 
+    @admin.display(description="state")
+    def state(self, obj: Worker) -> str:
+        session = _open_session(obj)
+        if not obj.active:
+            return "deactivated"
+        if session is None:
+            return "not connected"
+        return "connected, draining" if session.draining else "connected"
+
+    @admin.display(description="slots (running)")
+    def slots(self, obj: Worker) -> str:
+        return f"{obj.max_concurrent_builds} ({self.running(obj)})"
+
     @admin.display(description="architectures")
     def architectures_text(self, obj: Worker) -> str:
         return ", ".join(obj.architectures) or "-"
@@ -177,6 +204,10 @@ class WorkerAdmin(OperatedAdmin):
     @admin.display(description="last seen", ordering="last_seen")
     def seen(self, obj: Worker) -> SafeString | str:
         return ago(obj.last_seen)
+
+    @admin.display(description="deactivated", ordering="deactivated_at")
+    def deactivated(self, obj: Worker) -> SafeString | str:
+        return ago(obj.deactivated_at) if obj.deactivated_at else "no"
 
     @admin.display(description="connection")
     def connection(self, obj: Worker) -> SafeString | str:
@@ -264,14 +295,6 @@ class WorkerAdmin(OperatedAdmin):
             _show_token_once(request, obj, token)
         return super().response_add(request, obj, post_url_continue)
 
-    @admin.action(description="Activate the selected workers", permissions=["operate"])
-    def activate_workers(self, request: HttpRequest, queryset: QuerySet[Worker]) -> HttpResponse | None:
-        for worker in queryset:
-            worker_activate(worker_id=worker.id)
-            self.log_change(request, worker, f"activated by {actor_of(request)}")
-        self.message_user(request, f"Activated {queryset.count()} worker(s).")
-        return None
-
     @admin.action(
         description="Issue new tokens for the selected workers (shown once)", permissions=["operate"]
     )
@@ -286,7 +309,14 @@ class WorkerAdmin(OperatedAdmin):
 
 @admin.register(WorkerSession)
 class WorkerSessionAdmin(ReadOnlyAdmin):
-    list_display = ["worker", "opened_at", "last_seen", "closed_at", "draining", "close_reason"]
+    list_display = [
+        "worker",
+        when("opened_at", "opened"),
+        when("last_seen", "last seen"),
+        when("closed_at", "closed"),
+        "draining",
+        "close_reason",
+    ]
     list_filter = ["draining"]
     list_select_related = ["worker"]
 

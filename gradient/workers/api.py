@@ -23,7 +23,7 @@ from drf_spectacular.utils import (
 )
 from rest_framework import serializers, status
 from rest_framework.authtoken.views import ObtainAuthToken
-from rest_framework.exceptions import NotFound, Throttled, ValidationError
+from rest_framework.exceptions import AuthenticationFailed, NotFound, Throttled, ValidationError
 from rest_framework.parsers import FormParser, MultiPartParser
 from rest_framework.permissions import IsAdminUser
 from rest_framework.request import Request
@@ -135,6 +135,12 @@ class WorkerCreateSerializer(serializers.Serializer[Any]):
         return _checked_name(value, Worker.objects.values_list("name", flat=True), "worker")
 
 
+class WorkerUpdateSerializer(serializers.Serializer[Any]):
+    projects = ProjectNamesField(
+        help_text="The names of the projects whose jobs the worker may take, replacing the ones it had."
+    )
+
+
 class WorkerCreatedSerializer(serializers.Serializer[Any]):
     id = serializers.UUIDField()
     token = serializers.CharField(help_text="The worker's token: shown only here, stored hashed.")
@@ -213,10 +219,15 @@ class AuthTokenView(ObtainAuthToken):
 
     throttle_classes = [AnonThrottle, UserThrottle]  # DRF's view has none: password guessing is bounded
     parser_classes = [FormParser, MultiPartParser, JSONParser]  # DRF's, with gradient.parsers' JSON
+    takes_forms = True  # a login form is a form: its errors need no "the body must be JSON"
 
     @extend_schema(
         request=TokenRequestSerializer,
-        responses={200: TokenSerializer, 400: OpenApiResponse(description="Bad credentials")},
+        responses={
+            200: TokenSerializer,
+            400: OpenApiResponse(description="A field is missing or malformed"),
+            401: OpenApiResponse(description="The username and password name no active user"),
+        },
         auth=[],
         summary="Exchange a username and password for an API token",
     )
@@ -231,6 +242,13 @@ class AuthTokenView(ObtainAuthToken):
         serializer = self.get_serializer(data=request.data)
         if not serializer.is_valid():
             login_failed(request, username)
+            given = isinstance(request.data, dict) and all(
+                isinstance(request.data.get(f), str) and request.data.get(f) for f in ("username", "password")
+            )
+            if given and set(serializer.errors) == {"non_field_errors"}:
+                # Both fields given, and they name no active user: the credentials are wrong (401);
+                # a missing or malformed field stays a 400 with field errors.
+                raise AuthenticationFailed(serializer.errors["non_field_errors"][0])
             raise ValidationError(serializer.errors)
         # A new hashed, expiring token per login (gradient.auth), in the shape DRF's view answered.
         return Response({"token": issue_token(serializer.validated_data["user"])})
@@ -406,6 +424,21 @@ class WorkerDetailView(APIView):
     @extend_schema(responses={200: WorkerSerializer}, summary="One worker")
     def get(self, request: Request, worker_id: str) -> Response:
         return Response(WorkerSerializer(_worker_or_404(worker_id)).data)
+
+    @extend_schema(
+        request=WorkerUpdateSerializer,
+        responses={200: WorkerSerializer},
+        summary="Set the projects a worker serves",
+        description="`projects` replaces the worker's projects: from its next request it is offered and "
+        "given only their evaluations and the builds their evaluations need; running jobs keep running. "
+        "An unknown project name is a 400 that changes nothing.",
+    )
+    def patch(self, request: Request, worker_id: str) -> Response:
+        worker = _worker_or_404(worker_id)
+        serializer = WorkerUpdateSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        services.worker_set_projects(worker_id=worker.id, projects=serializer.validated_data["projects"])
+        return Response(WorkerSerializer(_worker_or_404(str(worker.id))).data)
 
 
 class WorkerDeactivateView(APIView):

@@ -160,6 +160,19 @@ def close_open_sessions(*, worker_id: uuid.UUID, reason: str, code: int, now: da
     return closed
 
 
+def worker_set_projects(*, worker_id: uuid.UUID, projects: Iterable[Project]) -> bool:
+    """Replace the projects whose jobs the worker may take (scheduling.decisions.access). Its running
+    jobs keep running; from its next RequestJob it is offered and given only the new projects' work.
+    False for an unknown id."""
+    with transaction.atomic():
+        worker = Worker.objects.select_for_update(no_key=True).filter(id=worker_id).first()
+        if worker is None:
+            return False
+        worker.projects.set(list(projects))
+    log.info("worker %s now serves: %s", worker_id, ", ".join(sorted(p.name for p in projects)) or "nothing")
+    return True
+
+
 def worker_activate(*, worker_id: uuid.UUID) -> bool:
     return bool(Worker.objects.filter(id=worker_id).update(active=True, deactivated_at=None))
 

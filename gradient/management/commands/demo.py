@@ -1,5 +1,8 @@
 """`python manage.py demo`: the service, three workers and a few sample evaluations, so a new user
-watches jobs flow through the admin within a minute. Stop it with Ctrl-C.
+watches jobs flow through the admin within a minute. Stop it with Ctrl-C or SIGTERM (`kill <pid>`): either
+stops the server and the workers too. With the simulated executor it keeps a trickle of sample work
+going (`--trickle-secs`, one evaluation every 20 s by default), so there is always something live to
+look at.
 
 It runs `serve` and three reference workers as child processes on this machine, against whatever
 database the settings name (the embedded SQLite file by default). With `--executor sim` (the default)
@@ -46,6 +49,10 @@ SAMPLES = (
 )
 WORKERS = (("demo-a", "zone-a"), ("demo-b", "zone-a"), ("demo-c", "zone-b"))
 NIX_ARM_WORKER = "demo-c"
+# The trickle cycles through the samples that finish (not the failing or the waiting one), each with a
+# fresh salt: new store paths, so it builds instead of reusing what an earlier one built.
+TRICKLE = SAMPLES[:3]
+TRICKLE_SECS = 20.0
 # A worker that stopped is started again after this long: a deactivated one is refused (403) and stops
 # at once, so the demo retries it until an operator activates it again, and keeps everything else running.
 RESTART_AFTER_SECS = 10.0
@@ -127,6 +134,15 @@ def supervise(workers: list[DemoWorker], *, now: float) -> Iterator[str]:
         )
 
 
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
+def trickle_sample(n: int) -> str:
+    """The n-th trickled sample (from 1): the finishing samples in turn, each with its own salt."""
+    return f"{TRICKLE[(n - 1) % len(TRICKLE)]}&salt=trickle-{n}"
+
+
 def demo_nix_config(*extra: str) -> str:
     """The demo workers' NIX_CONFIG: the operator's own, then a local store without sandbox, build
     users or network (the example flakes need nothing else)."""
@@ -140,6 +156,12 @@ class Command(BaseCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--port", type=int, default=8000)
         parser.add_argument(
+            "--trickle-secs",
+            type=float,
+            default=TRICKLE_SECS,
+            help="with --executor sim, submit one more sample evaluation this often (0: none)",
+        )
+        parser.add_argument(
             "--executor",
             choices=("sim", "nix"),
             default="sim",
@@ -147,7 +169,16 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
+        # SIGTERM stops the demo as Ctrl-C does: the `finally` below stops the server and the workers.
+        previous = signal.signal(signal.SIGTERM, _interrupt)
+        try:
+            self._run(**options)
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+
+    def _run(self, **options: Any) -> None:
         port = options["port"]
+        trickle_secs = options["trickle_secs"] if options["executor"] == "sim" else 0.0
         executor = options["executor"]
         root = Path(settings.BASE_DIR)
         worker_env: dict[str, dict[str, str]] = {name: dict(os.environ) for name, _ in WORKERS}
@@ -224,11 +255,22 @@ class Command(BaseCommand):
             self.stdout.write(
                 f"Gradient demo running: http://127.0.0.1:{port}/admin/ (user admin, password admin).\n"
                 f"Evaluations: http://127.0.0.1:{port}/admin/scheduling/evaluation/ ; "
-                f"workers log to var/demo-*.log. Ctrl-C stops everything."
+                f"workers log to var/demo-*.log. Ctrl-C (or SIGTERM) stops everything."
             )
+            trickled = 0
+            next_trickle = time.monotonic() + trickle_secs
             while (code := serve.poll()) is None:
                 for message in supervise(workers, now=time.monotonic()):
                     self.stderr.write(message)
+                if trickle_secs > 0 and time.monotonic() >= next_trickle:
+                    trickled += 1
+                    evaluation_create(
+                        project=project,
+                        repository=trickle_sample(trickled),
+                        commit="demo",
+                        now=timezone.now(),
+                    )
+                    next_trickle = time.monotonic() + trickle_secs
                 time.sleep(1)
             why = last_error(logs / "demo-serve.log") or "see var/demo-serve.log"
             self.stderr.write(f"the server stopped (exit {code}): {why}; stopping the workers")

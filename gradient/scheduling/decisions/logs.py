@@ -12,6 +12,7 @@ Pure: plain values in, plain values out, no I/O.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 MAX_POSITION = 2**63 - 1  # a position is stored in a 64-bit column
@@ -110,3 +111,76 @@ def tail_lines(text: str, count: int) -> str:
     """The last `count` lines of `text` (a trailing newline ends the last line, it opens none)."""
     lines = text.splitlines()
     return "\n".join(lines[-count:]) if count > 0 else ""
+
+
+# --- Reading lines of a stored log ---------------------------------------------------------------------
+
+MAX_LINE_RANGE = 100_000  # ?lines=a-b spans at most this many lines
+MAX_MATCHES = 10_000  # ?q= answers at most this many matching lines
+
+
+@dataclass(frozen=True, slots=True)
+class LineQuery:
+    """Which lines a reader wants: numbers `first`..`last` (1-based, inclusive; `last` None: to the end)
+    and, with `text`, only those containing it (case-insensitive)."""
+
+    first: int = 1
+    last: int | None = None
+    text: str = ""
+
+
+def parse_line_range(raw: str) -> tuple[int, int | None] | str:
+    """`120-180`, `120-` (to the end) or `120` (one line) → (first, last); otherwise why not, as a
+    message for the 400."""
+    head, dash, tail = raw.partition("-")
+    if not (head.isascii() and head.isdigit() and len(head) <= 12) or int(head) < 1:
+        return "lines must be a-b (line numbers from 1), a- or a single line number."
+    first = int(head)
+    if not dash:
+        return (first, first)
+    if tail == "":
+        return (first, None)
+    if not (tail.isascii() and tail.isdigit() and len(tail) <= 12) or int(tail) < first:
+        return "lines must be a-b with b at least a."
+    if int(tail) - first + 1 > MAX_LINE_RANGE:
+        return f"lines spans at most {MAX_LINE_RANGE} lines; ask for the rest in another request."
+    return (first, int(tail))
+
+
+def select_lines(pieces: Iterable[str], query: LineQuery) -> Iterator[tuple[int, str]]:
+    """The numbered lines of the text that `pieces` make up in order (a line may span pieces; a
+    trailing newline ends the last line, it opens none), as the query picks them. Reads the pieces
+    only as far as it needs: past `last` it stops, so only one piece and one line are held at a time."""
+    needle = query.text.casefold()
+    number = 0
+    partial = ""
+
+    def wanted(n: int, line: str) -> bool:
+        return n >= query.first and (not needle or needle in line.casefold())
+
+    for piece in pieces:
+        text = partial + piece
+        if needle and needle not in text.casefold():
+            # No match in this piece: count its lines instead of splitting them (a search reads the
+            # whole log; most pieces match nothing).
+            end = text.rfind("\n")
+            if end >= 0:
+                number += text.count("\n", 0, end + 1)
+                partial = text[end + 1 :]
+                if query.last is not None and number >= query.last:
+                    return
+            else:
+                partial = text
+            continue
+        parts = text.split("\n")
+        partial = parts.pop()
+        for line in parts:
+            number += 1
+            if query.last is not None and number > query.last:
+                return
+            if wanted(number, line):
+                yield number, line
+    if partial:
+        number += 1
+        if (query.last is None or number <= query.last) and wanted(number, partial):
+            yield number, partial

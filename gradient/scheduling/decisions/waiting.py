@@ -13,6 +13,7 @@ from enum import StrEnum
 from typing import Any
 
 from gradient.core.vocab import BUILTIN_SYSTEM, BuildStatus, EvaluationStatus
+from gradient.scheduling.decisions.access import may_take
 
 UNBUILDABLE_GRACE_SECS = 300
 MEMO_SECS = 60
@@ -75,6 +76,8 @@ class PoolWorker:
     architectures: tuple[str, ...]
     system_features: tuple[str, ...]
     draining: bool = False
+    # The projects whose jobs it may take (access.may_take); None: not known here, so not checked.
+    projects: frozenset[str] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,7 +87,15 @@ class Pool:
     def fingerprint(self) -> tuple[Any, ...]:
         return tuple(
             sorted(
-                (w.can_fetch, w.can_eval, w.can_build, w.architectures, w.system_features, w.draining)
+                (
+                    w.can_fetch,
+                    w.can_eval,
+                    w.can_build,
+                    w.architectures,
+                    w.system_features,
+                    w.draining,
+                    tuple(sorted(w.projects or ())),
+                )
                 for w in self.workers
             )
         )
@@ -96,14 +107,27 @@ class Pool:
     def available_architectures(self) -> list[str]:
         return sorted({a for w in self.available if w.can_build for a in w.architectures})
 
-    def fits(self, system: str, features: Iterable[str]) -> bool:
+    def fits(self, system: str, features: Iterable[str], projects: Iterable[str] | None = None) -> bool:
+        """Some available worker can build it; with `projects`, one that may also take it for one of
+        them."""
         needed = set(features)
+        wanted_by = None if projects is None else frozenset(projects)
         return any(
             w.can_build
             and (system == BUILTIN_SYSTEM or system in w.architectures)
             and needed <= set(w.system_features)
+            and _serves(w, wanted_by)
             for w in self.available
         )
+
+    def serving_projects(self, capable: Iterable[PoolWorker]) -> list[str]:
+        return sorted({p for w in capable for p in (w.projects or ())})
+
+
+def _serves(worker: PoolWorker, projects: frozenset[str] | None) -> bool:
+    if projects is None or worker.projects is None:
+        return True
+    return may_take(worker.projects, projects)
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,6 +136,8 @@ class BlockingBuild:
     status: str
     system: str
     required_features: tuple[str, ...]
+    # The projects of the active evaluations that need it; None: not checked.
+    projects: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,9 +165,11 @@ def draining_verdict(status: str, parked_for: str | None) -> Verdict:
     return Verdict({"reason": "draining", "resume": resume.value})
 
 
-def pre_build_verdict(status: str, has_open_job: bool, pool: Pool) -> Verdict:
-    """Fetching without a fetch worker; Queued or Evaluating* without an eval worker. An evaluation
-    whose job is on a worker right now is not waiting."""
+def pre_build_verdict(status: str, has_open_job: bool, pool: Pool, project: str | None = None) -> Verdict:
+    """Fetching without a fetch worker; Queued or Evaluating* without an eval worker; or with such
+    workers, none of which may take the evaluation's `project` (then the reason names the project and
+    what the capable workers serve, and it is aborted after the grace like unbuildable work). An
+    evaluation whose job is on a worker right now is not waiting."""
     if has_open_job or status not in PRE_BUILD:
         return NOT_WAITING
     capability = "fetch" if status in (EvaluationStatus.QUEUED, EvaluationStatus.FETCHING) else "eval"
@@ -150,32 +178,58 @@ def pre_build_verdict(status: str, has_open_job: bool, pool: Pool) -> Verdict:
         return Verdict({"reason": "eval_workers", "capability": "fetch", "connected_workers": connected})
     if not any(w.can_eval for w in pool.available):
         return Verdict({"reason": "eval_workers", "capability": "eval", "connected_workers": connected})
+    if project is None:
+        return NOT_WAITING
+    for needed in ("fetch", "eval") if capability == "fetch" else ("eval",):
+        capable = [w for w in pool.available if (w.can_fetch if needed == "fetch" else w.can_eval)]
+        if not any(_serves(w, frozenset({project})) for w in capable):
+            return Verdict(
+                {
+                    "reason": "eval_workers",
+                    "capability": needed,
+                    "connected_workers": connected,
+                    "project": project,
+                    "capable_workers": len(capable),
+                    "serving_projects": pool.serving_projects(capable),
+                }
+            )
     return NOT_WAITING
 
 
 def building_verdict(blocking: Sequence[BlockingBuild], pool: Pool) -> Verdict:
     """Building with no worker fitting a blocking build: `workers` with the unmet (architecture,
-    features) sets; every blocking build fits a worker yet none can be handed out: `graph_stuck`."""
+    features) sets, and (`unserved`) the builds that fitting workers exist for but none of which may
+    take them for a project that needs them; every blocking build fits a worker yet none can be handed
+    out: `graph_stuck`."""
     wanted = [b for b in blocking if b.status in STILL_WANTED]
     if not wanted:
         return Verdict(None, finalize=True)
     unmet: dict[tuple[str, tuple[str, ...]], int] = {}
+    unserved: dict[tuple[str, ...], int] = {}
     for b in wanted:
-        if b.status != BuildStatus.BUILDING and not pool.fits(b.system, b.required_features):
+        if b.status == BuildStatus.BUILDING:
+            continue
+        if not pool.fits(b.system, b.required_features):
             key = (b.system, tuple(sorted(b.required_features)))
             unmet[key] = unmet.get(key, 0) + 1
-    if unmet:
-        return Verdict(
-            {
-                "reason": "workers",
-                "unmet": [
-                    {"architecture": arch, "required_features": list(feats), "builds": n}
-                    for (arch, feats), n in sorted(unmet.items())
-                ],
-                "connected_workers": len(pool.available),
-                "available_architectures": pool.available_architectures(),
-            }
-        )
+        elif b.projects is not None and not pool.fits(b.system, b.required_features, b.projects):
+            projects = tuple(sorted(set(b.projects)))
+            unserved[projects] = unserved.get(projects, 0) + 1
+    if unmet or unserved:
+        reason: dict[str, Any] = {
+            "reason": "workers",
+            "unmet": [
+                {"architecture": arch, "required_features": list(feats), "builds": n}
+                for (arch, feats), n in sorted(unmet.items())
+            ],
+            "connected_workers": len(pool.available),
+            "available_architectures": pool.available_architectures(),
+        }
+        if unserved:
+            builders = [w for w in pool.available if w.can_build]
+            reason["unserved"] = [{"projects": list(p), "builds": n} for p, n in sorted(unserved.items())]
+            reason["serving_projects"] = pool.serving_projects(builders)
+        return Verdict(reason)
     if any(b.status in HANDABLE for b in wanted):
         return NOT_WAITING
     return Verdict({"reason": "graph_stuck", "pending_shared_builds": len(wanted)})
@@ -190,6 +244,7 @@ def assess(
     blocking: Sequence[BlockingBuild] | None,
     draining: bool = False,
     parked_for: str | None = None,
+    project: str | None = None,
 ) -> Verdict:
     """The whole decision for one evaluation. `blocking` may be None when the counters decide.
 
@@ -208,7 +263,7 @@ def assess(
         return draining_verdict(status, parked_for)
     if pre_build:
         queued = EvaluationStatus.QUEUED if status == EvaluationStatus.WAITING else status
-        return pre_build_verdict(queued, has_open_job, pool)
+        return pre_build_verdict(queued, has_open_job, pool, project)
     if phase == Phase.FINALIZE:
         return Verdict(None, finalize=True)
     if phase == Phase.BUILDING:
@@ -285,6 +340,23 @@ def drv_recovery_action(*, active_recoveries: int, finished_recoveries: int) -> 
     return DrvRecoveryAction.START
 
 
+def abortable(reason: dict[str, Any] | None) -> bool:
+    """A park the grace ends with an abort: a `workers` park with builds no connected worker can
+    build (`unmet`) or may take (`unserved`), and an `eval_workers` park naming a project that no
+    capable worker serves. A missing capability alone is only waited for (design: eval_workers)."""
+    if reason is None:
+        return False
+    if reason.get("reason") == "workers":
+        return bool(reason.get("unmet") or reason.get("unserved"))
+    return reason.get("reason") == "eval_workers" and bool(reason.get("project"))
+
+
+def same_park(old: dict[str, Any] | None, new: dict[str, Any]) -> bool:
+    """The same park on the same missing things: its waiting_since (the grace's start) is kept."""
+    keys = ("reason", "unmet", "unserved", "project", "capability")
+    return old is not None and all(old.get(k) == new.get(k) for k in keys)
+
+
 def unbuildable_due(
     *,
     reason: dict[str, Any] | None,
@@ -294,9 +366,10 @@ def unbuildable_due(
     now: datetime,
     grace_secs: int = UNBUILDABLE_GRACE_SECS,
 ) -> bool:
-    """A `workers` park with a non-empty unmet set, older than the grace, on a pool that has had the
-    grace to come back since the last server start: hand it back to be aborted. wait_for_workers opts out."""
-    if wait_for_workers or reason is None or reason.get("reason") != "workers" or not reason.get("unmet"):
+    """An abortable park (a `workers` park with unmet or unserved builds, an `eval_workers` park naming
+    a project), older than the grace, on a pool that has had the grace to come back since the last
+    server start: hand it back to be aborted. wait_for_workers opts out."""
+    if wait_for_workers or not abortable(reason):
         return False
     if waiting_since is None:
         return False
@@ -305,11 +378,29 @@ def unbuildable_due(
 
 
 def unbuildable_warning(reason: dict[str, Any]) -> str:
+    if reason.get("reason") == "eval_workers":
+        return f"aborted: {unserved_words(reason)}"
     parts = []
     for u in reason.get("unmet", []):
         features = ", ".join(u["required_features"]) or "no features"
         parts.append(f"{u['architecture']} with {features} ({u['builds']} builds)")
-    return "aborted: no worker can build " + "; ".join(parts)
+    said = ["no worker can build " + "; ".join(parts)] if parts else []
+    if reason.get("unserved"):
+        said.append(unserved_words(reason))
+    return "aborted: " + "; ".join(said)
+
+
+def unserved_words(reason: dict[str, Any]) -> str:
+    """ "no connected worker serves project rest-proj; 3 connected serve: demo"."""
+    if reason.get("reason") == "eval_workers":
+        projects = [str(reason.get("project"))]
+        capable = reason.get("capable_workers", 0)
+    else:
+        projects = sorted({p for u in reason.get("unserved", []) for p in u["projects"]})
+        capable = reason.get("connected_workers", 0)
+    serving = ", ".join(reason.get("serving_projects", [])) or "no project"
+    noun = "project" if len(projects) == 1 else "projects"
+    return f"no connected worker serves {noun} {', '.join(projects)}; {capable} connected serve: {serving}"
 
 
 def describe(reason: dict[str, Any] | None) -> str:
@@ -317,11 +408,16 @@ def describe(reason: dict[str, Any] | None) -> str:
     if not reason:
         return ""
     name = reason.get("reason")
+    if name == "eval_workers" and reason.get("project"):
+        capability = reason.get("capability")
+        return f"Waiting for a worker that can {capability} for its project: {unserved_words(reason)}."
     if name == "eval_workers":
         return (
             f"Waiting for a worker that can {reason.get('capability')}: none of the "
             f"{reason.get('connected_workers', 0)} connected workers can."
         )
+    if name == "workers" and not reason.get("unmet"):
+        return f"Waiting for workers: {unserved_words(reason)}."
     if name == "workers":
         needs = "; ".join(
             f"{u['architecture']}"
@@ -330,9 +426,11 @@ def describe(reason: dict[str, Any] | None) -> str:
             for u in reason.get("unmet", [])
         )
         archs = ", ".join(reason.get("available_architectures", [])) or "none"
+        also = f" Also {unserved_words(reason)}." if reason.get("unserved") else ""
         return (
             f"Waiting for workers: no connected worker can build {needs}. "
             f"{reason.get('connected_workers', 0)} workers connected; architectures available: {archs}."
+            + also
         )
     if name == "graph_stuck":
         return (
@@ -374,7 +472,7 @@ def unbuildable_deadline(
 ) -> datetime | None:
     """When the waiting pass aborts a `workers` park (unbuildable_due turns true), or None when it never
     will (wait_for_workers, another reason, nothing unmet)."""
-    if wait_for_workers or reason is None or reason.get("reason") != "workers" or not reason.get("unmet"):
+    if wait_for_workers or not abortable(reason):
         return None
     if waiting_since is None:
         return None
@@ -393,6 +491,13 @@ def what_happens_next(
     if not reason:
         return ""
     name = reason.get("reason")
+    if reason.get("project") or (name == "workers" and not reason.get("unmet")):
+        projects = reason.get("project") or ", ".join(
+            sorted({p for u in reason.get("unserved", []) for p in u["projects"]})
+        )
+        if deadline is not None:
+            return f"aborted at {deadline:%H:%M:%S} UTC unless a worker serving {projects} connects"
+        return f"runs once a worker serving {projects} connects"
     if name == "workers":
         wanted = "; ".join(
             u["architecture"]

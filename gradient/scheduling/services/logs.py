@@ -11,7 +11,9 @@ log-seal pass (build_log_seal_step), outside the reports' hot path.
 
 from __future__ import annotations
 
+import codecs
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -26,9 +28,12 @@ from gradient.core.protocol import BuildLog as BuildLogPiece
 from gradient.core.vocab import JobKeyKind
 from gradient.runtime import counters
 from gradient.scheduling.decisions.logs import (
+    MAX_MATCHES,
+    LineQuery,
     LogState,
     append_piece,
     build_cut_line,
+    select_lines,
     tail_lines,
     worker_cut_line,
 )
@@ -254,17 +259,18 @@ def latest_log(build: DerivationBuild) -> BuildLog | None:
     )
 
 
+def _log_of(build: DerivationBuild, assignment_id: uuid.UUID | None) -> BuildLog | None:
+    if assignment_id is None:
+        return latest_log(build)
+    return (
+        BuildLog.objects.filter(build=build, assignment_id=assignment_id).select_related("assignment").first()
+    )
+
+
 def build_log_read(*, build: DerivationBuild, assignment_id: uuid.UUID | None, offset: int) -> LogText | None:
     """The build's log (the latest assignment's that sent one, or `assignment_id`'s) from character
     `offset` on, or None when there is no such log."""
-    if assignment_id is None:
-        log = latest_log(build)
-    else:
-        log = (
-            BuildLog.objects.filter(build=build, assignment_id=assignment_id)
-            .select_related("assignment")
-            .first()
-        )
+    log = _log_of(build, assignment_id)
     if log is None:
         return None
     # The state before the text: a piece arriving in between makes the text longer, never shorter. A
@@ -322,3 +328,51 @@ def build_log_window(*, build: DerivationBuild, max_chars: int = 64 * 1024) -> L
         complete=found.complete,
         cut=found.cut,
     )
+
+
+PIECE_BYTES = 64 * 1024
+
+
+def _pieces(log: BuildLog) -> Iterator[str]:
+    """The log's text in pieces, in order, never all of it at once: a sealed log decompressed as a
+    stream, an open one's chunks fetched a few at a time (a server-side cursor)."""
+    if log.sealed_at is not None and log.blob is not None:
+        reader = zstandard.ZstdDecompressor().stream_reader(bytes(log.blob))
+        decoder = codecs.getincrementaldecoder("utf-8")()
+        while block := reader.read(PIECE_BYTES):
+            yield decoder.decode(block)
+        yield decoder.decode(b"", final=True)
+        return
+    chunks = BuildLogChunk.objects.filter(log_id=log.id).order_by("start").values_list("data", flat=True)
+    yield from chunks.iterator(chunk_size=32)
+
+
+@dataclass(frozen=True)
+class LogLines:
+    """Numbered lines of one log, as a LineQuery picked them; `more` when ?q= matched more than
+    MAX_MATCHES lines (the first ones are here)."""
+
+    assignment_id: uuid.UUID
+    complete: bool
+    lines: list[tuple[int, str]]
+    more: bool
+
+
+def build_log_lines(
+    *, build: DerivationBuild, assignment_id: uuid.UUID | None, query: LineQuery
+) -> LogLines | None:
+    """The lines of the build's log (as build_log_read picks the log) that `query` asks for, read from
+    the stored chunks or the sealed blob piece by piece, stopping past the last line wanted; None
+    without such a log."""
+    log = _log_of(build, assignment_id)
+    if log is None:
+        return None
+    complete = log.assignment.finished_at is not None
+    lines: list[tuple[int, str]] = []
+    more = False
+    for numbered in select_lines(_pieces(log), query):
+        if len(lines) == MAX_MATCHES:
+            more = True
+            break
+        lines.append(numbered)
+    return LogLines(assignment_id=log.assignment_id, complete=complete, lines=lines, more=more)

@@ -59,8 +59,10 @@ class WaitingPassResult:
 
 
 def current_pool() -> w.Pool:
-    sessions = WorkerSession.objects.filter(closed_at__isnull=True, worker__active=True).select_related(
-        "worker"
+    sessions = (
+        WorkerSession.objects.filter(closed_at__isnull=True, worker__active=True)
+        .select_related("worker")
+        .prefetch_related("worker__projects")
     )
     return w.Pool(
         tuple(
@@ -71,6 +73,7 @@ def current_pool() -> w.Pool:
                 architectures=tuple(s.worker.architectures or ()),
                 system_features=tuple(s.worker.system_features or ()),
                 draining=s.draining,
+                projects=frozenset(p.name for p in s.worker.projects.all()),
             )
             for s in sessions
         )
@@ -95,11 +98,20 @@ def _counters(evaluation_ids: list[uuid.UUID]) -> dict[uuid.UUID, w.Counters]:
 
 
 def _blocking(evaluation_id: uuid.UUID) -> list[w.BlockingBuild]:
+    rows = list(
+        EvaluationBuild.objects.filter(evaluation_id=evaluation_id, blocks_evaluation=True).values_list(
+            "build_id", "build__status", "build__system", "build__required_features"
+        )
+    )
+    # A shared build can be handed to a worker of any project whose active evaluation needs it.
+    wanted_by: dict[uuid.UUID, set[str]] = defaultdict(set)
+    for build_id, project in EvaluationBuild.objects.filter(
+        build_id__in=[r[0] for r in rows], blocks_evaluation=True, evaluation__status__in=EVALUATION_ACTIVE
+    ).values_list("build_id", "evaluation__project__name"):
+        wanted_by[build_id].add(project)
     return [
-        w.BlockingBuild(str(b), status, system, tuple(features or ()))
-        for b, status, system, features in EvaluationBuild.objects.filter(
-            evaluation_id=evaluation_id, blocks_evaluation=True
-        ).values_list("build_id", "build__status", "build__system", "build__required_features")
+        w.BlockingBuild(str(b), status, system, tuple(features or ()), tuple(sorted(wanted_by[b])))
+        for b, status, system, features in rows
     ]
 
 
@@ -124,7 +136,8 @@ def refresh_waiting_state(
     evaluations = list(
         Evaluation.objects.filter(status__in=EVALUATION_ACTIVE)
         .annotate(has_open_job=Exists(open_job))
-        .only("id", "kind", "status", "waiting_reason", "waiting_since", "wait_for_workers")
+        .select_related("project")
+        .only("id", "kind", "status", "waiting_reason", "waiting_since", "wait_for_workers", "project__name")
     )
     counters = _counters([e.id for e in evaluations])
     for evaluation in evaluations:
@@ -151,6 +164,7 @@ def refresh_waiting_state(
                 blocking=blocking,
                 draining=result.draining,
                 parked_for=parked_for,
+                project=evaluation.project.name,
             )
             _MEMO.put(memo_key, fingerprint, verdict, now)
         _apply(evaluation, verdict, c, now, result)
@@ -232,12 +246,8 @@ def _apply(
         return
     if old == verdict.reason and evaluation.status == EvaluationStatus.WAITING:
         return  # unchanged: nothing is written
-    same_park = (
-        old is not None
-        and old.get("reason") == verdict.name
-        and old.get("unmet") == verdict.reason.get("unmet")
-    )
-    since = evaluation.waiting_since if same_park and evaluation.waiting_since else now
+    kept = w.same_park(old, verdict.reason)
+    since = evaluation.waiting_since if kept and evaluation.waiting_since else now
     expected = evaluation.status
     if history.evaluation_transition(
         evaluation_id=evaluation.id,
