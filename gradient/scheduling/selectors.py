@@ -11,6 +11,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import msgspec
+import psycopg
 from django.conf import settings
 from django.db import connection
 from django.db.models import Count, Exists, OuterRef, Q, QuerySet
@@ -307,11 +308,13 @@ _HEADS_WHERE = """
     AND (b.retry_at IS NULL OR b.retry_at <= %(now)s)
     AND NOT EXISTS (
         SELECT 1 FROM cluster_member m JOIN cluster_job c ON c.id = m.cluster_job_id
-        WHERE m.derivation_build_id = b.id AND c.status <> ALL(%(cluster_ended)s))
+        WHERE m.derivation_build_id = b.id AND c.status <> ALL(%(cluster_ended)s) OFFSET 0)
     AND EXISTS (
         SELECT 1 FROM evaluation_build eb JOIN evaluation e ON e.id = eb.evaluation_id
         WHERE eb.build_id = b.id AND eb.blocks_evaluation AND e.status = ANY(%(active)s)
-          AND e.project_id = ANY(%(projects)s))"""
+          AND e.project_id = ANY(%(projects)s) OFFSET 0)"""
+# OFFSET 0 keeps each EXISTS a lookup per build walked (PostgreSQL cannot make it a join), so a head
+# walks the queue's index in order and stops at its LIMIT, whatever the statistics say.
 _HEADS_FROM = (
     "(SELECT b.id, b.queued_at, b.created_at, b.prioritized, b.system, b.required_features "
     "FROM derivation_build b WHERE " + _HEADS_WHERE
@@ -344,8 +347,11 @@ def _queued_heads(
         "cap": now - timedelta(seconds=wait_cap_secs) if wait_cap_secs is not None else None,
         "scored": scored_ids,
     }
-    with connection.cursor() as cursor:
-        cursor.execute(_HEADS_UNCAPPED if wait_cap_secs is None else _HEADS_CAPPED, params)
+    connection.ensure_connection()
+    # Bound on the server and prepared (psycopg's own cursor on Django's connection, so in its
+    # transaction): the text never changes, so PostgreSQL plans it once per connection, not per batch.
+    with psycopg.Cursor(connection.connection) as cursor:
+        cursor.execute(_HEADS_UNCAPPED if wait_cap_secs is None else _HEADS_CAPPED, params, prepare=True)
         # Django reads jsonb as text and decodes it itself: so does this.
         return [
             (*row[:5], json.loads(row[5]) if isinstance(row[5], str) else row[5]) for row in cursor.fetchall()

@@ -500,10 +500,24 @@ def finish_evaluations(
     # Locked, in id order, for the same reason as in queue_ready_builds: the last two builds of an
     # evaluation finishing in two transactions at once would each see the other still Building, and
     # the evaluation would wait for the next waiting pass to complete.
+    ids = set(evaluation_ids)
+    if after_successes and ids:
+        # An evaluation with a needed build that no report can finish now (Created, Queued, waiting for
+        # its retry: only a Building build is finished by a report) cannot complete in any transaction
+        # running now: it is passed over without taking its row lock, which every report batch finishing
+        # builds of one large evaluation would otherwise wait for, one batch after the other. (Such a
+        # build claimed, built and reported while this batch is still uncommitted would leave the
+        # evaluation to the waiting pass, as the lock below avoids for the last builds of an evaluation.)
+        not_yet = EvaluationBuild.objects.filter(
+            evaluation_id=OuterRef("pk"),
+            blocks_evaluation=True,
+            build__status__in=[s for s in BUILD_UNFINISHED if s != BuildStatus.BUILDING],
+        )
+        ids -= set(Evaluation.objects.filter(id__in=ids).filter(Exists(not_yet)).values_list("id", flat=True))
     candidates = _lock_ids(
         Evaluation.objects.filter(
             Q(status=EvaluationStatus.BUILDING) | (Q(status=EvaluationStatus.WAITING) & parked_building),
-            id__in=set(evaluation_ids),
+            id__in=ids,
         )
     )
     for evaluation_id in candidates:
