@@ -322,7 +322,12 @@ _HEADS_FROM = (
 _HEADS_PRIORITIZED = _HEADS_FROM + " AND b.prioritized ORDER BY b.queued_at, b.id LIMIT %(many)s)"
 _HEADS_OLDEST = _HEADS_FROM + " ORDER BY b.queued_at, b.id LIMIT %(few)s)"
 _HEADS_YOUNGER = _HEADS_FROM + " AND b.queued_at > %(cap)s ORDER BY b.queued_at, b.id LIMIT %(few)s)"
-_HEADS_CAPPED_BY_ID = _HEADS_FROM + " AND b.queued_at <= %(cap)s ORDER BY b.id LIMIT %(few)s)"
+# Gated on the oldest Queued build (one index read, evaluated once): while none is past the cap, the walk
+# in id order would read every Queued build to find none.
+_OLDEST_PAST_CAP = "(SELECT min(q.queued_at) FROM derivation_build q WHERE q.status = %(queued)s) <= %(cap)s"
+_HEADS_CAPPED_BY_ID = (
+    _HEADS_FROM + " AND b.queued_at <= %(cap)s AND " + _OLDEST_PAST_CAP + " ORDER BY b.id LIMIT %(few)s)"
+)
 _HEADS_SCORED = _HEADS_FROM + " AND b.id = ANY(%(scored)s))"
 _HEADS_UNCAPPED = " UNION ALL ".join((_HEADS_PRIORITIZED, _HEADS_OLDEST, _HEADS_SCORED))
 _HEADS_CAPPED = " UNION ALL ".join((_HEADS_PRIORITIZED, _HEADS_YOUNGER, _HEADS_CAPPED_BY_ID, _HEADS_SCORED))
