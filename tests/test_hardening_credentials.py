@@ -76,7 +76,7 @@ SPELLINGS = [" alice", "alice\t", "\u3000alice", "alice ", "\talice\u3000"]
 def test_a_locked_account_stays_locked_on_the_token_route_however_the_name_is_spaced(spelling: str) -> None:
     User.objects.create_user("alice", password="pw-alice-1")
     assert _token(spelling, "pw-alice-1") == 200  # the route itself reads these as alice
-    assert [_token("alice", "wrong") for _ in range(3)] == [400, 400, 400]
+    assert [_token("alice", "wrong") for _ in range(3)] == [401, 401, 401]  # a wrong password is 401
     assert _token(spelling, "pw-alice-1") == 429
     assert _token("alice", "pw-alice-1") == 429
 
