@@ -131,6 +131,7 @@ def test_a_lone_surrogate_in_the_token_routes_body_is_400(body: str) -> None:
     assert "surrogate" in response.json()["detail"]
 
 
+@pytest.mark.django_db(transaction=True)  # a real serve writes its boot: emptied afterwards
 def test_a_static_path_that_climbs_out_of_the_static_files_is_404_without_a_traceback(
     tmp_path: Any,
 ) -> None:
