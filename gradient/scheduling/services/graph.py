@@ -480,29 +480,6 @@ class EvaluationFinish:
     errors: tuple[str, ...] = ()
 
 
-# One probe per link, stopping at the first build found (OFFSET 0 keeps each EXISTS a lookup: as a join,
-# PostgreSQL hashed all of a large evaluation's links for every batch).
-_NOT_YET_BUILDING = """
-SELECT e.id FROM unnest(%s::uuid[]) AS e(id) WHERE EXISTS (
-    SELECT 1 FROM evaluation_build eb WHERE eb.evaluation_id = e.id AND eb.blocks_evaluation
-    AND EXISTS (SELECT 1 FROM derivation_build b WHERE b.id = eb.build_id AND b.status = ANY(%s) OFFSET 0)
-    OFFSET 0)
-"""
-
-
-def _evaluations_with_builds_not_yet_building(ids: set[uuid.UUID]) -> set[uuid.UUID]:
-    """Those of these evaluations with a needed build that is unfinished and not Building."""
-    statuses = [s.value for s in BUILD_UNFINISHED if s != BuildStatus.BUILDING]
-    if connection.vendor == "postgresql":
-        with connection.cursor() as cursor:
-            cursor.execute(_NOT_YET_BUILDING, [list(ids), statuses])
-            return {row[0] for row in cursor.fetchall()}
-    not_yet = EvaluationBuild.objects.filter(
-        evaluation_id=OuterRef("pk"), blocks_evaluation=True, build__status__in=statuses
-    )
-    return set(Evaluation.objects.filter(id__in=ids).filter(Exists(not_yet)).values_list("id", flat=True))
-
-
 def finish_evaluations(
     *, evaluation_ids: Iterable[uuid.UUID], now: datetime, after_successes: bool = False
 ) -> list[EvaluationFinish]:
@@ -523,19 +500,10 @@ def finish_evaluations(
     # Locked, in id order, for the same reason as in queue_ready_builds: the last two builds of an
     # evaluation finishing in two transactions at once would each see the other still Building, and
     # the evaluation would wait for the next waiting pass to complete.
-    ids = set(evaluation_ids)
-    if after_successes and ids:
-        # An evaluation with a needed build that no report can finish now (Created, Queued, waiting for
-        # its retry: only a Building build is finished by a report) cannot complete in any transaction
-        # running now: it is passed over without taking its row lock, which every report batch finishing
-        # builds of one large evaluation would otherwise wait for, one batch after the other. (Such a
-        # build claimed, built and reported while this batch is still uncommitted would leave the
-        # evaluation to the waiting pass, as the lock below avoids for the last builds of an evaluation.)
-        ids -= _evaluations_with_builds_not_yet_building(ids)
     candidates = _lock_ids(
         Evaluation.objects.filter(
             Q(status=EvaluationStatus.BUILDING) | (Q(status=EvaluationStatus.WAITING) & parked_building),
-            id__in=ids,
+            id__in=set(evaluation_ids),
         )
     )
     for evaluation_id in candidates:
