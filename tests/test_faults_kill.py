@@ -19,7 +19,9 @@ import random
 import signal
 import time
 from contextlib import ExitStack
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -158,33 +160,83 @@ def test_serve_killed_at_random_moments_recovers_each_time_and_every_evaluation_
     print(f"{kills} kills; {abandoned} assignments closed by startup recovery and handed out again")
 
 
+@dataclass
+class _Held:
+    """A busy service (Celery beat, serve, three reference workers on a wide evaluation) and a
+    connection of the test's own that takes a lock a batch of serve's will wait for, in its transaction."""
+
+    env: dict[str, str]
+    beat: Any
+    server: ServeProcess
+    port: int
+    evaluation: str
+    holder: Any
+
+    def waiting_on(self, table: str) -> int | None:
+        """The backend of a batch waiting for a lock on `table`, inside its transaction."""
+        pid = scalar(
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+            f"AND wait_event_type = 'Lock' AND query LIKE '%%{table}%%' AND pid <> %s",
+            (self.holder.info.backend_pid,),
+        )
+        return int(pid) if pid is not None else None
+
+    def kill_while_waiting(self, table: str, what: str) -> int:
+        """SIGKILL serve once a batch waits for the lock on `table`; returns that batch's backend, ended."""
+        try:
+            blocked = wait_until(lambda: self.waiting_on(table), timeout=60, what=what)
+            assert self.server.stop(signal.SIGKILL) == -signal.SIGKILL
+        finally:
+            self.holder.rollback()  # the killed boot's backend goes on, finds its client gone, rolls back
+        wait_until(
+            lambda: not scalar("SELECT count(*) FROM pg_stat_activity WHERE pid = %s", (blocked,)),
+            timeout=30,
+            what="the killed boot's batch transaction to end",
+        )
+        return blocked
+
+    def restart_and_finish(self, stack: ExitStack, tmp_path: Path, what: str) -> None:
+        self.server = stack.enter_context(serve(self.env, tmp_path, port=self.port))
+        try:
+            wait_all_completed([self.evaluation], [], 90, what)
+        except BaseException:
+            print(f"--- serve\n{self.server.log()[-5000:]}")
+            print(f"--- celery\n{self.beat.log()[-4000:]}")
+            raise
+
+
+def _held(stack: ExitStack, tmp_path: Path, salt: str) -> _Held:
+    import psycopg
+    from django.db import connection
+
+    env = service_env()
+    beat = stack.enter_context(celery_worker(env, tmp_path))
+    server = stack.enter_context(serve(env, tmp_path))
+    op = Operator.login(server)
+    op.project("demo")
+    evaluation = op.evaluation(f"sim:wide?n=12&duration_ms=200&eval_ms=200&salt={salt}")
+    start_workers(stack, op, server.ws_url, tmp_path, [f"w{k}" for k in range(3)])
+    settings = connection.settings_dict
+    holder = psycopg.connect(
+        host=settings["HOST"] or "127.0.0.1",
+        port=int(settings["PORT"] or 5432),
+        user=settings["USER"],
+        dbname=settings["NAME"],
+        autocommit=False,
+    )
+    stack.callback(holder.close)
+    return _Held(env, beat, server, server.port, evaluation, holder)
+
+
 def test_serve_killed_in_the_middle_of_a_report_batch_commits_none_of_it_and_everything_finishes_once(
     tmp_path: Path,
 ) -> None:
     """A batch of reports is one transaction: SIGKILL while one is applied (held open, here, by this
     test's lock on the evaluation the batch's completions must finish) commits none of its reports, the
     next boot's recovery hands their jobs out again, and every build still completes exactly once."""
-    import psycopg
-    from django.db import connection
-
-    env = service_env()
     with ExitStack() as stack:
-        beat = stack.enter_context(celery_worker(env, tmp_path))
-        server = stack.enter_context(serve(env, tmp_path))
-        port = server.port
-        op = Operator.login(server)
-        op.project("demo")
-        evaluation = op.evaluation("sim:wide?n=12&duration_ms=200&eval_ms=200&salt=batch-kill")
-        start_workers(stack, op, server.ws_url, tmp_path, [f"w{k}" for k in range(3)])
-        settings = connection.settings_dict
-        holder = psycopg.connect(
-            host=settings["HOST"] or "127.0.0.1",
-            port=int(settings["PORT"] or 5432),
-            user=settings["USER"],
-            dbname=settings["NAME"],
-            autocommit=False,
-        )
-        stack.callback(holder.close)
+        held = _held(stack, tmp_path, "batch-kill")
+        evaluation = held.evaluation
         wait_until(
             lambda: DispatchedJob.objects.filter(kind="build", finished_at__isnull=True).exists(),
             timeout=60,
@@ -192,37 +244,12 @@ def test_serve_killed_in_the_middle_of_a_report_batch_commits_none_of_it_and_eve
         )
         # Hold the evaluation: a batch that completes one of its builds waits for it, inside its
         # transaction, with the build's completion and its assignment's close written but not committed.
-        holder.execute("SELECT id FROM evaluation WHERE id = %s FOR UPDATE", [evaluation])
+        held.holder.execute("SELECT id FROM evaluation WHERE id = %s FOR UPDATE", [evaluation])
         done_before = DispatchedJob.objects.filter(kind="build", outcome="Completed").count()
-
-        def batch_waiting() -> int | None:
-            """The backend of a report batch waiting for the evaluation, inside its transaction."""
-            pid = scalar(
-                "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
-                "AND wait_event_type = 'Lock' AND query LIKE '%%evaluation%%' AND pid <> %s",
-                (holder.info.backend_pid,),
-            )
-            return int(pid) if pid is not None else None
-
-        try:
-            blocked = wait_until(batch_waiting, timeout=60, what="a report batch waiting in its transaction")
-            assert server.stop(signal.SIGKILL) == -signal.SIGKILL
-        finally:
-            holder.rollback()  # the killed boot's backend goes on, finds its client gone, rolls back
-        wait_until(
-            lambda: not scalar("SELECT count(*) FROM pg_stat_activity WHERE pid = %s", (blocked,)),
-            timeout=30,
-            what="the killed boot's batch transaction to end",
-        )
+        held.kill_while_waiting("evaluation", "a report batch waiting in its transaction")
         # None of the batch committed: no build of it completed after the lock was taken.
         assert DispatchedJob.objects.filter(kind="build", outcome="Completed").count() == done_before
-        server = stack.enter_context(serve(env, tmp_path, port=port))
-        try:
-            wait_all_completed([evaluation], [], 90, "the evaluation after the kill mid-batch")
-        except BaseException:
-            print(f"--- serve\n{server.log()[-5000:]}")
-            print(f"--- celery\n{beat.log()[-4000:]}")
-            raise
+        held.restart_and_finish(stack, tmp_path, "the evaluation after the kill mid-batch")
     assert invariant_violations() == {}
     offenders = jobs_not_completed_exactly_once([evaluation])
     assert offenders == {}, explain_jobs(list(offenders))
@@ -236,64 +263,23 @@ def test_serve_killed_in_the_middle_of_a_claim_batch_commits_none_of_its_claims_
     test's lock on the idle slots, which the batch writes after its claim statement) commits none of its
     claims: no AssignJob went out for them, the builds are still Queued after the next boot, and every
     build still completes exactly once."""
-    import psycopg
-    from django.db import connection
-
-    env = service_env()
     with ExitStack() as stack:
-        beat = stack.enter_context(celery_worker(env, tmp_path))
-        server = stack.enter_context(serve(env, tmp_path))
-        port = server.port
-        op = Operator.login(server)
-        op.project("demo")
-        evaluation = op.evaluation("sim:wide?n=12&duration_ms=200&eval_ms=200&salt=claim-kill")
-        start_workers(stack, op, server.ws_url, tmp_path, [f"w{k}" for k in range(3)])
-        settings = connection.settings_dict
-        holder = psycopg.connect(
-            host=settings["HOST"] or "127.0.0.1",
-            port=int(settings["PORT"] or 5432),
-            user=settings["USER"],
-            dbname=settings["NAME"],
-            autocommit=False,
-        )
-        stack.callback(holder.close)
+        held = _held(stack, tmp_path, "claim-kill")
+        evaluation = held.evaluation
         wait_until(
-            lambda: DispatchedJob.objects.filter(kind="build").exists(),
-            timeout=60,
-            what="a build handed out",
+            lambda: DispatchedJob.objects.filter(kind="build").exists(), timeout=60, what="a build handed out"
         )
         # Every claim batch writes the idle slots after its claim statement, inside its transaction.
-        holder.execute("LOCK TABLE idle_slot IN SHARE ROW EXCLUSIVE MODE")
-
-        def batch_waiting() -> int | None:
-            """The backend of a claim batch waiting for the idle slots, its claims written, not committed."""
-            pid = scalar(
-                "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
-                "AND wait_event_type = 'Lock' AND query LIKE '%%idle_slot%%' AND pid <> %s",
-                (holder.info.backend_pid,),
-            )
-            return int(pid) if pid is not None else None
-
-        try:
-            blocked = wait_until(batch_waiting, timeout=60, what="a claim batch waiting in its transaction")
-            dispatched_before = DispatchedJob.objects.filter(kind="build").count()
-            assert server.stop(signal.SIGKILL) == -signal.SIGKILL
-        finally:
-            holder.rollback()
-        wait_until(
-            lambda: not scalar("SELECT count(*) FROM pg_stat_activity WHERE pid = %s", (blocked,)),
-            timeout=30,
-            what="the killed boot's claim transaction to end",
+        held.holder.execute("LOCK TABLE idle_slot IN SHARE ROW EXCLUSIVE MODE")
+        dispatched_before = wait_until(
+            lambda: held.waiting_on("idle_slot") and DispatchedJob.objects.filter(kind="build").count(),
+            timeout=60,
+            what="a claim batch waiting in its transaction",
         )
+        held.kill_while_waiting("idle_slot", "a claim batch waiting in its transaction")
         # None of the batch's claims committed: no build was handed out after the lock was taken.
         assert DispatchedJob.objects.filter(kind="build").count() == dispatched_before
-        server = stack.enter_context(serve(env, tmp_path, port=port))
-        try:
-            wait_all_completed([evaluation], [], 90, "the evaluation after the kill mid-claim-batch")
-        except BaseException:
-            print(f"--- serve\n{server.log()[-5000:]}")
-            print(f"--- celery\n{beat.log()[-4000:]}")
-            raise
+        held.restart_and_finish(stack, tmp_path, "the evaluation after the kill mid-claim-batch")
     assert invariant_violations() == {}
     offenders = jobs_not_completed_exactly_once([evaluation])
     assert offenders == {}, explain_jobs(list(offenders))
