@@ -206,7 +206,8 @@ SELECT aid, attempts FROM started
 
 def claim_builds_statement(*, claims: Sequence[BuildClaim], now: datetime) -> dict[uuid.UUID, int]:
     """The batch's claims and starts in one statement (PostgreSQL only; the caller has a transaction):
-    won assignment id -> the build's attempt number. Two claims of one build in a batch: one wins."""
+    won assignment id -> the build's attempt number. Two claims of one build in a batch: one wins; a
+    build another transaction holds is lost at once (SKIP LOCKED), never waited for."""
     if not claims:
         return {}
     params: dict[str, Any] = {

@@ -154,7 +154,7 @@ def claim_build(
     claim = build_claim(
         build=build, worker_id=worker_id, job=job, terms=terms, assignment_id=assignment_id or uuid.uuid4()
     )
-    won = claim_builds(claims=[claim], now=now)
+    won = claim_builds(claims=[claim], now=now, skip_locked=False)
     return Claimed(claim.assignment_id, job) if claim.assignment_id in won else None
 
 
@@ -176,17 +176,21 @@ def build_claim(
     )
 
 
-def claim_builds(*, claims: Sequence[BuildClaim], now: datetime) -> set[uuid.UUID]:
+def claim_builds(*, claims: Sequence[BuildClaim], now: datetime, skip_locked: bool = True) -> set[uuid.UUID]:
     """Claim and start a batch of shared builds, each for its worker, inside the caller's transaction:
     THE claim-and-start of a shared build (a RequestJob batch, a single claim, a cluster's seat). Each
     claim wins or loses alone; a won build is Building with one more attempt and its BuildAttempt row,
     and drops out of every worker's sent set. Returns the ids of the assignments won.
 
     PostgreSQL does the batch in one statement (claims.claim_builds_statement); SQLite, which has no
-    such statement, claims one after the other with the same conditions, each in a savepoint."""
+    such statement, claims one after the other with the same conditions, each in a savepoint.
+    `skip_locked`: a batch of RequestJobs loses a build another transaction holds at once (the request
+    takes its next choice); a claim of one given build (claim_build: a cluster's seat) waits for that
+    transaction instead, taking its locks in the order every other claim does (the assignment row, then
+    the build's), so that it never deadlocks with one: claim by claim, each in a savepoint."""
     if not claims:
         return set()
-    if connection.vendor == "postgresql":
+    if connection.vendor == "postgresql" and skip_locked:
         won = set(claim_builds_statement(claims=claims, now=now))
     else:
         won = {c.assignment_id for c in claims if _claim_build_alone(c, now)}
