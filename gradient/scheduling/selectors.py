@@ -11,7 +11,6 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import msgspec
-import psycopg
 from django.conf import settings
 from django.db import connection
 from django.db.models import Count, Exists, OuterRef, Q, QuerySet
@@ -352,11 +351,8 @@ def _queued_heads(
         "cap": now - timedelta(seconds=wait_cap_secs) if wait_cap_secs is not None else None,
         "scored": scored_ids,
     }
-    connection.ensure_connection()
-    # Bound on the server and prepared (psycopg's own cursor on Django's connection, so in its
-    # transaction): the text never changes, so PostgreSQL plans it once per connection, not per batch.
-    with psycopg.Cursor(connection.connection) as cursor:
-        cursor.execute(_HEADS_UNCAPPED if wait_cap_secs is None else _HEADS_CAPPED, params, prepare=True)
+    with connection.cursor() as cursor:
+        cursor.execute(_HEADS_UNCAPPED if wait_cap_secs is None else _HEADS_CAPPED, params)
         # Django reads jsonb as text and decodes it itself: so does this.
         return [
             (*row[:5], json.loads(row[5]) if isinstance(row[5], str) else row[5]) for row in cursor.fetchall()
