@@ -84,11 +84,11 @@ def test_a_body_that_trickles_is_cut_off_at_the_whole_request_time_out(tmp_path:
                         open_after.remove(sock)
                 time.sleep(0.5)
             assert not open_after, f"{len(open_after)} of {len(slow)} trickling connections still open"
-            # A body that is sent in time is read as before (400: bad credentials, not a time-out).
+            # A body that is sent in time is read as before (401: bad credentials, not a time-out).
             with socket.create_connection(("127.0.0.1", server.port)) as ok:
                 body = b'{"username": "x", "password": "y"}'
                 ok.sendall(_post_headers(len(body)) + body)
-                assert ok.recv(64).startswith(b"HTTP/1.1 400")
+                assert ok.recv(64).startswith(b"HTTP/1.1 401")
             assert http_get(f"{server.base_url}/healthz")[0] == 200
         finally:
             for sock in slow:
