@@ -263,14 +263,32 @@ def queued_build_refs(
     unprioritized build outside these loses to one inside on wait or on id, so the winner is the same.
     `preselect` of each kind are loaded: a batch of RequestJobs from workers alike asks for more.
     """
-    worker = state.worker
-    if not worker.can_build:
+    return build_refs(
+        state, queued_head_rows(state, now, wait_cap_secs=wait_cap_secs, scored=scored, preselect=preselect)
+    )
+
+
+def queued_head_rows(
+    state: WorkerState,
+    now: datetime,
+    *,
+    wait_cap_secs: float | None = None,
+    scored: Iterable[str] = (),
+    preselect: int = PRESELECT,
+) -> list[tuple[Any, ...]]:
+    """The rows queued_build_refs reads (id, queued_at, created_at, prioritized, system, required
+    features), before the worker's features are checked: what a process's book keeps per kind of worker."""
+    if not state.worker.can_build:
         return []
     scored_ids = [parsed for key in scored if (parsed := _build_id(key)) is not None]
     if connection.vendor == "postgresql":
-        rows = _queued_heads(state, now, wait_cap_secs, scored_ids, preselect)
-    else:
-        rows = _queued_heads_orm(state, now, wait_cap_secs, scored_ids, preselect)
+        return _queued_heads(state, now, wait_cap_secs, scored_ids, preselect)
+    return _queued_heads_orm(state, now, wait_cap_secs, scored_ids, preselect)
+
+
+def build_refs(state: WorkerState, rows: Iterable[tuple[Any, ...]]) -> list[BuildRef]:
+    """The rows of queued_head_rows that the worker can build, once each, as light references."""
+    worker = state.worker
     refs: dict[uuid.UUID, BuildRef] = {}
     for b, q, c, p, system, features in rows:
         if b not in refs and worker_can_build(worker, system, features):

@@ -136,6 +136,11 @@ class Command(BaseCommand):
 
         run_startup_recovery(boot_id=boot.id)
 
+        from gradient.scheduling.book import enable_here
+
+        if enable_here() is not None:
+            self.stdout.write("gradient: the queue's heads kept in memory (LISTEN gradient_queue)")
+
         runner: PassRunner | None = None
         if not settings.REDIS_URL and not options["no_passes"]:
             runner = PassRunner()

@@ -22,6 +22,7 @@ from django.utils import timezone
 from gradient.core.protocol import AssignJob, FlakeStep, Job
 from gradient.core.vocab import EvaluationStatus, JobKind, JobKindName, job_kind_of
 from gradient.runtime import lanes
+from gradient.scheduling import book as queue_book
 from gradient.scheduling import jobs, selectors
 from gradient.scheduling.decisions.scoring import (
     Candidate,
@@ -219,6 +220,16 @@ def _request_builds(
         busy = set(_claiming)
     _rank_each(asking, pool, policy, now, len(busy))
     won = _claim_choices(asking, answers, pool, policy, now, tried, busy, chosen)
+    kept = queue_book.book()
+    behind = [a for a in asking if answers[a.index] is None and a.shared is not None]
+    if kept is not None and behind:
+        # Left unanswered from the book: its entry may be behind (claims of another process, a change
+        # not announced yet). Once more from the queue itself.
+        for a in behind:
+            kept.forget((*_shape(a.state), wait_cap_secs(pool) is None))
+            a.shared, a.at = None, 0
+        _rank_each(behind, pool, policy, now, len(busy))
+        won += _claim_choices(behind, answers, pool, policy, now, tried, busy | chosen, chosen)
     idle.extend(a.state.id for a in asking if answers[a.index] is None)
     _clear_idle_slots(full + won, JobKind.BUILD)
     _record_idle_slots(idle, JobKind.BUILD, now)
@@ -287,9 +298,7 @@ def _rank_each(asking: list[_Asking], pool: PoolView, policy: str, now: datetime
     for members in groups.values():
         plain = [a for a in members if not a.scores]
         if plain:
-            refs = selectors.queued_build_refs(
-                plain[0].state, now, wait_cap_secs=cap, preselect=max(PRESELECT, 2 * len(plain) + 8 + busy)
-            )
+            refs = _shared_heads(plain[0].state, now, cap, max(PRESELECT, 2 * len(plain) + 8 + busy))
             by_key = {r.job_key: r for r in refs}
             order = [
                 by_key[s.job_id] for s in rank([_candidate(r, now, {}) for r in refs], WorkerView(), pool)
@@ -300,6 +309,27 @@ def _rank_each(asking: list[_Asking], pool: PoolView, policy: str, now: datetime
         for a in members:
             if a.scores:
                 a.ranked = _ranked_with_scores(a, pool, policy, now, cap)
+
+
+# What the book reads at once for a kind of worker: enough for a few batches of a hundred workers.
+BOOK_PRESELECT = 4 * PRESELECT
+
+
+def _shared_heads(
+    state: selectors.WorkerState, now: datetime, cap: float, preselect: int
+) -> list[selectors.BuildRef]:
+    """The heads of the queue for workers of this one's kind: from this process's book where it keeps one
+    (gradient.scheduling.book), else read now."""
+    kept = queue_book.book()
+    if kept is None:
+        return selectors.queued_build_refs(state, now, wait_cap_secs=cap, preselect=preselect)
+    shape = (*_shape(state), cap is None)
+    rows = kept.heads(
+        shape,
+        max(preselect, BOOK_PRESELECT),
+        lambda n: selectors.queued_head_rows(state, now, wait_cap_secs=cap, preselect=n),
+    )
+    return selectors.build_refs(state, rows)
 
 
 def _ranked_with_scores(a: _Asking, pool: PoolView, policy: str, now: datetime, cap: float) -> list[Score]:
@@ -367,6 +397,9 @@ def _claim_choices(
             )
             claims.append((a, choice, claim, job))
         won = lifecycle.claim_builds(claims=[c for _, _, c, _ in claims], now=claimed_at)
+        if (kept := queue_book.book()) is not None:
+            # Claimed, or lost (taken elsewhere, no longer Queued or wanted): out of the book either way.
+            kept.gone(_build_id(c.job_id) for _, c in chosen_now)
         waiting = []
         for a, choice, claim, payload in claims:
             if claim.assignment_id in won:

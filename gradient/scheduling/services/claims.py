@@ -20,6 +20,8 @@ from typing import Any
 from django.db import connection
 
 from gradient.core.vocab import (
+    CLUSTER_TERMINAL,
+    EVALUATION_ACTIVE,
     EVALUATION_TERMINAL,
     BuildAttemptOutcome,
     BuildStatus,
@@ -181,13 +183,26 @@ WITH req AS (
     WHERE b.id IN (SELECT build_id FROM req) AND b.status = %(queued_status)s
       AND (b.retry_at IS NULL OR b.retry_at <= %(now)s)
     FOR NO KEY UPDATE SKIP LOCKED
+), eligible AS (
+    -- A RequestJob's claim (no cluster attempt) holds only for a build no live cluster has as a member
+    -- and that an active evaluation of one of the worker's projects needs: the choice came from the
+    -- process's book, which may be behind (gradient.scheduling.book); checked on the locked row.
+    SELECT r.* FROM req r JOIN locked l ON l.id = r.build_id
+    WHERE r.cluster_attempt_id IS NOT NULL OR (
+        NOT EXISTS (
+            SELECT 1 FROM cluster_member m JOIN cluster_job c ON c.id = m.cluster_job_id
+            WHERE m.derivation_build_id = r.build_id AND c.status <> ALL(%(cluster_ended)s))
+        AND EXISTS (
+            SELECT 1 FROM evaluation_build eb JOIN evaluation e ON e.id = eb.evaluation_id
+                JOIN worker_project wp ON wp.project_id = e.project_id AND wp.worker_id = r.worker_id
+            WHERE eb.build_id = r.build_id AND eb.blocks_evaluation AND e.status = ANY(%(active)s)))
 ), ins AS (
     INSERT INTO dispatched_job (id, kind, job_id, evaluation_id, derivation_build_id, worker_id,
         cluster_attempt_id, score, score_breakdown, missing_nar_size, missing_count, job, phase, queued_at,
         dispatched_at, reason)
     SELECT r.aid, %(kind)s, 'build:' || r.build_id::text, NULL, r.build_id, r.worker_id, r.cluster_attempt_id,
         r.score, r.breakdown::jsonb, r.nar, r.cnt, r.job::jsonb, '', r.queued_at, %(now)s, ''
-    FROM req r JOIN locked l ON l.id = r.build_id
+    FROM eligible r
     ON CONFLICT (job_id) WHERE finished_at IS NULL DO NOTHING
     RETURNING id, derivation_build_id, worker_id
 ), started AS (
@@ -226,6 +241,8 @@ def claim_builds_statement(*, claims: Sequence[BuildClaim], now: datetime) -> di
         "queued_status": BuildStatus.QUEUED.value,
         "building_status": BuildStatus.BUILDING.value,
         "running": BuildAttemptOutcome.RUNNING.value,
+        "cluster_ended": [s.value for s in CLUSTER_TERMINAL],
+        "active": [s.value for s in EVALUATION_ACTIVE],
     }
     with connection.cursor() as cursor:
         cursor.execute(_CLAIM_BUILDS, params)

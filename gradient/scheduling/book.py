@@ -1,0 +1,202 @@
+"""The book of a `serve` process: the heads of the queue of shared builds, in memory, per kind of worker.
+
+A batch of RequestJob{build} ranks, for each kind of worker asking (its systems, its projects: the
+worker's shape), the heads of the queue that such a worker may take: every prioritized build, the oldest,
+those past the WaitTime cap in id order (selectors.queued_build_refs). Without the book every batch read
+them again; with it a process reads them once and keeps them until they no longer hold:
+
+- a build claimed by this process, or whose claim lost (taken elsewhere, no longer Queued, no longer
+  wanted), leaves the book at once (`gone`);
+- a change that can put a build ahead of the book's (a build becomes Queued, a Queued build is
+  prioritized or comes out of backoff, a Queued build becomes wanted by another evaluation, an
+  evaluation becomes active again) is announced by PostgreSQL: statement-level triggers send
+  NOTIFY gradient_queue (migration 0012), a thread of this process LISTENs and marks every entry old;
+- an entry is read again once it is MAX_AGE_SECS old (what the clock alone changes: backoffs that
+  end, builds that pass the WaitTime cap; and a lost notification), or when fewer than half of its rows
+  are left (the rows behind them were never read).
+
+Memory may make a claim lose, never win: the claim statement (claims.claim_builds_statement) checks
+every condition again on the locked row (Queued, out of backoff, no live cluster member's, wanted by an
+active evaluation of one of the claiming worker's projects), and the open-assignment index arbitrates.
+
+Only a `serve` on PostgreSQL keeps a book (`enable`, from the serve command): everywhere else (the
+embedded SQLite mode, Celery, tests calling the services) each batch reads the queue, as before.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable, Hashable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+log = logging.getLogger("gradient.scheduling")
+
+CHANNEL = "gradient_queue"
+MAX_AGE_SECS = 1.0
+RECONNECT_SECS = 1.0
+RECENT_SECS = 5.0
+RECENT_MAX = 20_000
+
+Row = tuple[Any, ...]  # (id, queued_at, created_at, prioritized, system, required_features)
+
+
+@dataclass
+class _Entry:
+    rows: list[Row]
+    generation: int
+    loaded_at: float
+    preselect: int
+    gone: set[uuid.UUID] = field(default_factory=set)
+
+    def left(self) -> list[Row]:
+        return [r for r in self.rows if r[0] not in self.gone]
+
+
+class QueueBook:
+    """The heads per shape, thread-safe (the claims lane applies several batches at once)."""
+
+    def __init__(self, max_age: float = MAX_AGE_SECS) -> None:
+        self._lock = threading.Lock()
+        self._entries: dict[Hashable, _Entry] = {}
+        self._generation = 0
+        self._max_age = max_age
+        # Builds gone lately, with when: a read that began before their claim committed still sees them
+        # Queued, so a fresh entry starts with them gone (kept for RECENT_SECS).
+        self._recent: dict[uuid.UUID, float] = {}
+        self.loads = 0  # how many times the queue was read (the benchmark and the tests look)
+
+    def changed(self) -> None:
+        """Something may have put a build ahead of what the book holds: every entry is read again."""
+        with self._lock:
+            self._generation += 1
+
+    def heads(self, shape: Hashable, preselect: int, load: Callable[[int], list[Row]]) -> list[Row]:
+        """The rows of `shape` still in the book, read with `load(preselect)` when the entry is missing,
+        old, announced changed, read with fewer, or half gone."""
+        now = time.monotonic()
+        with self._lock:
+            entry = self._entries.get(shape)
+            generation = self._generation
+            if (
+                entry is not None
+                and entry.generation == generation
+                and now - entry.loaded_at < self._max_age
+                and entry.preselect >= preselect
+            ):
+                left = entry.left()
+                if 2 * len(left) >= len(entry.rows):
+                    return left
+        rows = load(preselect)  # outside the lock: the other batches go on meanwhile
+        with self._lock:
+            self.loads += 1
+            # Read before a change announced meanwhile? Then it is stored as old already.
+            entry = self._entries[shape] = _Entry(rows, generation, now, preselect, set(self._recent))
+            return entry.left()
+
+    def gone(self, build_ids: Iterable[uuid.UUID]) -> None:
+        """Builds claimed, or whose claim lost: out of every entry."""
+        ids = set(build_ids)
+        if not ids:
+            return
+        now = time.monotonic()
+        with self._lock:
+            for entry in self._entries.values():
+                entry.gone |= ids
+            for build_id in ids:
+                self._recent[build_id] = now
+            if len(self._recent) > RECENT_MAX:
+                self._recent = {b: t for b, t in self._recent.items() if now - t < RECENT_SECS}
+
+    def forget(self, shape: Hashable) -> None:
+        """Read the queue again for this shape next time (its claims lost: the entry is behind)."""
+        with self._lock:
+            self._entries.pop(shape, None)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+            self._generation += 1
+
+
+_book: QueueBook | None = None
+_listener: threading.Thread | None = None
+_stop = threading.Event()
+
+
+def book() -> QueueBook | None:
+    """This process's book, or None where none is kept (each batch reads the queue)."""
+    return _book
+
+
+def enable(connection_params: dict[str, Any] | None = None) -> QueueBook:
+    """Keep a book in this process (a serve on PostgreSQL): start the thread that LISTENs for changes."""
+    global _book, _listener
+    if _book is None:
+        _book = QueueBook()
+    if connection_params is not None and (_listener is None or not _listener.is_alive()):
+        _stop.clear()
+        _listener = threading.Thread(
+            target=_listen, args=(_book, connection_params), name="gradient-queue-listener", daemon=True
+        )
+        _listener.start()
+    return _book
+
+
+# What the listener's own connection takes of Django's (not its cursor factory or adapters).
+_CONNECTION_PARAMS = frozenset(
+    {
+        "dbname",
+        "user",
+        "password",
+        "host",
+        "port",
+        "application_name",
+        "sslmode",
+        "sslrootcert",
+        "sslcert",
+        "sslkey",
+        "passfile",
+        "options",
+        "service",
+        "connect_timeout",
+    }
+)
+
+
+def enable_here() -> QueueBook | None:
+    """Keep a book in this process if its database is PostgreSQL (the serve command calls it)."""
+    from django.db import connection
+
+    if connection.vendor != "postgresql":
+        return None
+    params = {k: v for k, v in connection.get_connection_params().items() if k in _CONNECTION_PARAMS}
+    return enable(params)
+
+
+def disable() -> None:
+    global _book
+    _stop.set()
+    _book = None
+
+
+def _listen(book: QueueBook, params: dict[str, Any]) -> None:
+    """LISTEN on its own connection; every notification (and every reconnection, which may have missed
+    some) marks the book old."""
+    import psycopg
+
+    while not _stop.is_set():
+        try:
+            with psycopg.connect(**params, autocommit=True) as conn:
+                conn.execute(f"LISTEN {CHANNEL}")
+                book.changed()  # whatever happened while no one listened
+                while not _stop.is_set():
+                    for _ in conn.notifies(timeout=1.0, stop_after=1):
+                        book.changed()
+        except Exception as exc:  # the database away: the entries age out meanwhile (MAX_AGE_SECS)
+            book.changed()
+            log.warning("listening for queue changes failed (%s); again in %.0f s", exc, RECONNECT_SECS)
+            _stop.wait(RECONNECT_SECS)

@@ -1,0 +1,193 @@
+"""The book of a serve process (gradient.scheduling.book): the queue's heads kept in memory, the change
+feed that marks them old, and the claim that checks again what the book may have got wrong."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+from django.db import connection
+from django.utils import timezone
+
+from gradient.core.vocab import BuildStatus, EvaluationStatus
+from gradient.scheduling import book as queue_book
+from gradient.scheduling.models import DerivationBuild, DispatchedJob, Evaluation
+from gradient.scheduling.services import graph, lifecycle
+from gradient.scheduling.services.assignment import request_builds
+from gradient.scheduling.services.lifecycle import ClaimTerms
+from tests.factories import EvaluationFactory, ProjectFactory, connected_worker
+from tests.scheduling_helpers import drv
+
+# --- The book alone ------------------------------------------------------------------------------------
+
+
+def _rows(n: int, start: int = 0) -> list[tuple[object, ...]]:
+    return [(uuid.UUID(int=k + 1), None, None, False, "x86_64-linux", []) for k in range(start, start + n)]
+
+
+def test_the_book_reads_a_shape_once_and_again_when_half_is_gone_when_old_or_when_told() -> None:
+    book = queue_book.QueueBook(max_age=60.0)
+    reads: list[int] = []
+    rows = _rows(8)
+
+    def load(n: int) -> list[tuple[object, ...]]:
+        reads.append(n)
+        return list(rows)
+
+    assert book.heads("x", 4, load) == rows
+    assert book.heads("x", 4, load) == rows and reads == [4]  # kept
+    book.gone([rows[0][0], rows[1][0], rows[2][0]])
+    assert [r[0] for r in book.heads("x", 4, load)] == [r[0] for r in rows[3:]] and reads == [4]
+    assert book.heads("x", 8, load) and reads == [4, 8]  # asked for more than it read: read again
+    # Read again with the claimed ones still gone: a read that began before their claim committed saw
+    # them Queued.
+    assert [r[0] for r in book.heads("x", 8, load)] == [r[0] for r in rows[3:]]
+    book.gone([r[0] for r in rows[3:6]])  # 6 of 8 gone: read again
+    book.heads("x", 8, load)
+    assert reads == [4, 8, 8]
+    book.changed()  # a build became Queued somewhere
+    book.heads("x", 8, load)
+    assert reads == [4, 8, 8, 8]
+    book.heads("y", 8, load)  # another kind of worker: its own entry
+    assert reads == [4, 8, 8, 8, 8]
+
+    old = queue_book.QueueBook(max_age=0.0)
+    old.heads("x", 4, load)
+    old.heads("x", 4, load)
+    assert reads[-2:] == [4, 4]  # too old at once: every batch reads
+
+
+# --- The change feed (PostgreSQL) ------------------------------------------------------------------------
+
+
+@pytest.fixture
+def listening() -> Iterator[psycopg.Connection]:
+    params = dict(connection.get_connection_params())
+    keep = {"dbname", "user", "password", "host", "port"}
+    with psycopg.connect(**{k: v for k, v in params.items() if k in keep}, autocommit=True) as conn:
+        conn.execute(f"LISTEN {queue_book.CHANNEL}")
+        yield conn
+
+
+def _notified(conn: psycopg.Connection, timeout: float = 2.0) -> bool:
+    return any(True for _ in conn.notifies(timeout=timeout, stop_after=1))
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_statement_that_queues_a_build_announces_it_and_a_claim_does_not(
+    listening: psycopg.Connection,
+) -> None:
+    if connection.vendor != "postgresql":
+        pytest.skip("the change feed is PostgreSQL's")
+    project = ProjectFactory()
+    evaluation = EvaluationFactory(project=project, status=EvaluationStatus.BUILDING)
+    graph.ingest_eval_result(evaluation=evaluation, derivations=[drv("a"), drv("b")], now=timezone.now())
+    assert _notified(listening), "the ingest queued builds"
+
+    worker = connected_worker([project], max_concurrent_builds=2)
+    answers = request_builds(worker_ids=[worker.id], now=timezone.now(), tried=[])
+    assert answers[0] is not None
+    assert not _notified(listening, timeout=0.5), "a claim takes a build out of the queue: nothing ahead"
+
+    queued = DerivationBuild.objects.get(status=BuildStatus.QUEUED)
+    DerivationBuild.objects.filter(id=queued.id).update(prioritized=True)
+    assert _notified(listening), "a Queued build prioritized"
+
+    other = EvaluationFactory(project=ProjectFactory(), status=EvaluationStatus.BUILDING)
+    graph.ingest_eval_result(evaluation=other, derivations=[drv("b")], now=timezone.now())
+    assert _notified(listening), "a Queued build now wanted by another project's evaluation"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_listener_of_a_serve_process_marks_the_book_old_on_each_change() -> None:
+    if connection.vendor != "postgresql":
+        pytest.skip("the change feed is PostgreSQL's")
+    book = queue_book.enable_here()
+    assert book is not None
+    try:
+        loaded = threading.Event()
+
+        def load(n: int) -> list[tuple[object, ...]]:
+            loaded.set()
+            return _rows(4)
+
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:  # the listener's first LISTEN marks it old once
+            before = book.loads
+            book.heads("x", 4, load)
+            book.heads("x", 4, load)
+            if book.loads == before + 1:
+                break
+            time.sleep(0.1)
+        before = book.loads
+        project = ProjectFactory()
+        evaluation = EvaluationFactory(project=project, status=EvaluationStatus.BUILDING)
+        graph.ingest_eval_result(evaluation=evaluation, derivations=[drv("a")], now=timezone.now())
+        while time.monotonic() < deadline and book.loads == before:
+            book.heads("x", 4, load)
+            time.sleep(0.05)
+        assert book.loads == before + 1, "the notification reached the book"
+    finally:
+        queue_book.disable()
+
+
+# --- A book behind: the claim decides ---------------------------------------------------------------------
+
+
+def _building(project, names):  # type: ignore[no-untyped-def]
+    evaluation = EvaluationFactory(project=project, status=EvaluationStatus.BUILDING)
+    graph.ingest_eval_result(evaluation=evaluation, derivations=[drv(n) for n in names], now=timezone.now())
+    return evaluation
+
+
+def _claim(build: DerivationBuild, worker_id: uuid.UUID) -> bool:
+    claim = lifecycle.build_claim(
+        build=build, worker_id=worker_id, job={"stale": True}, terms=ClaimTerms(), assignment_id=uuid.uuid4()
+    )
+    return bool(lifecycle.claim_builds(claims=[claim], now=timezone.now()))
+
+
+@pytest.mark.django_db
+def test_a_claim_from_a_book_behind_loses_when_no_evaluation_of_the_workers_projects_wants_it() -> None:
+    if connection.vendor != "postgresql":
+        pytest.skip("the batch claim statement is PostgreSQL's")
+    mine, theirs = ProjectFactory(), ProjectFactory()
+    evaluation = _building(mine, ["a", "b"])
+    _building(theirs, ["c"])
+    worker = connected_worker([mine], max_concurrent_builds=4)
+    a, b = (DerivationBuild.objects.get(drv_path__contains=f"-{n}.drv") for n in ("a", "b"))
+    c = DerivationBuild.objects.get(drv_path__contains="-c.drv")
+
+    assert not _claim(c, worker.id), "another project's build"
+    Evaluation.objects.filter(id=evaluation.id).update(status=EvaluationStatus.ABORTED)
+    assert not _claim(a, worker.id), "its only evaluation was aborted"
+    Evaluation.objects.filter(id=evaluation.id).update(status=EvaluationStatus.BUILDING)
+    assert _claim(a, worker.id)
+    assert not _claim(a, worker.id), "claimed already"
+    assert DispatchedJob.objects.filter(derivation_build=b).count() == 0
+    assert DerivationBuild.objects.get(id=c.id).status == BuildStatus.QUEUED
+
+
+@pytest.mark.django_db
+def test_requests_answered_from_a_book_behind_still_get_the_builds_that_are_left() -> None:
+    project = ProjectFactory()
+    _building(project, [f"b{k}" for k in range(6)])
+    workers = [connected_worker([project]) for _ in range(3)]
+    book = queue_book.enable()
+    try:
+        first = request_builds(worker_ids=[workers[0].id], now=timezone.now(), tried=[])
+        assert first[0] is not None
+        # Taken behind the book's back (another process's claims): the book still holds them.
+        for b in DerivationBuild.objects.filter(status=BuildStatus.QUEUED).order_by("queued_at", "id")[:3]:
+            DerivationBuild.objects.filter(id=b.id).update(status=BuildStatus.BUILDING)
+        answers = request_builds(worker_ids=[w.id for w in workers[1:]], now=timezone.now(), tried=[])
+        assert all(a is not None for a in answers), "the two builds left went out"
+        assert len({a.job_key for a in answers if a is not None}) == 2
+        assert not DerivationBuild.objects.filter(status=BuildStatus.QUEUED).exists()
+        assert book.loads >= 1
+    finally:
+        queue_book.disable()
