@@ -310,9 +310,9 @@ def test_a_scored_or_never_offered_build_is_not_held_back() -> None:
     assert ask(silent.id) is not None, "a worker that never scores is not held back"
 
 
-def test_a_claimed_job_drops_out_of_every_workers_sent_set_and_a_finished_one_out_of_the_scores() -> None:
+def test_a_claimed_job_leaves_each_sent_set_with_the_next_offer_and_a_finished_one_the_scores() -> None:
     from gradient.scheduling.models import SentCandidate
-    from gradient.scheduling.services.offers import job_list
+    from gradient.scheduling.services.offers import job_list, job_offers
 
     project = ProjectFactory()
     _building_evaluation(project, [drv("claimed"), drv("other")])
@@ -326,6 +326,10 @@ def test_a_claimed_job_drops_out_of_every_workers_sent_set_and_a_finished_one_ou
             )
     a = ask(first.id)
     assert a is not None
+    # The claim deletes no sent rows (one per worker offered the build, on every claim); each worker's
+    # next delta drops the builds no longer visible.
+    for worker in (first, second):
+        assert job_offers(worker_id=worker.id, now=timezone.now()) == []
     assert not SentCandidate.objects.filter(job_id=a.job_key).exists()
     assert CandidateScore.objects.filter(job_id=a.job_key).count() == 2, "scores stay while it runs"
     build(first.id, a)

@@ -70,7 +70,7 @@ from gradient.scheduling.services.claims import (
     claim_assignment,
     claim_builds_statement,
 )
-from gradient.scheduling.services.offers import forget_scores, forget_scores_of, forget_sent, forget_sent_of
+from gradient.scheduling.services.offers import forget_scores, forget_scores_of, forget_sent
 
 EVAL_PHASES: dict[type[JobUpdateKind], EvaluationStatus] = {
     Fetching: EvaluationStatus.FETCHING,
@@ -194,7 +194,10 @@ def claim_builds(*, claims: Sequence[BuildClaim], now: datetime, skip_locked: bo
         won = set(claim_builds_statement(claims=claims, now=now))
     else:
         won = {c.assignment_id for c in claims if _claim_build_alone(c, now)}
-    forget_sent_of([build_key(c.build_id) for c in claims if c.assignment_id in won])
+    # The claimed builds stay in the workers' sent sets as rows until each worker's next delta deletes
+    # the rows of builds no longer visible (offers._fresh_candidates): a delete of one row per worker
+    # offered the build, on every claim, was most of a hand-out's writes. Back in the pool (requeue_job,
+    # fail_build, abandon_assignment) a build's rows go at once, so it is offered again.
     if lost := len(claims) - len(won):
         metrics.count(metrics.CLAIMS_LOST, amount=float(lost))
     return won

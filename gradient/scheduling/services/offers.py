@@ -36,12 +36,6 @@ def forget_sent(job_key: str) -> None:
     SentCandidate.objects.filter(job_id=job_key).delete()
 
 
-def forget_sent_of(job_keys: Sequence[str]) -> None:
-    """forget_sent for many jobs at once (a batch of claims)."""
-    if job_keys:
-        SentCandidate.objects.filter(job_id__in=list(job_keys)).delete()
-
-
 def forget_scores(job_key: str) -> None:
     """A finished job is nobody's candidate again: the workers' scores of it go, so that a RequestJob
     reads only scores of jobs that can still be handed out."""

@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import os
 import weakref
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -32,13 +33,13 @@ from gradient.runtime import lanes
 
 log = logging.getLogger("gradient.workers")
 
-WINDOW_SECS = 0.003
+WINDOW_SECS = float(os.environ.get("GRADIENT_BATCH_WINDOW_SECS", "0.003"))
 MAX_BATCH = 256
 # Batches applied at once: while one waits for its COMMIT (the disk's flush, tens of milliseconds on a
 # busy machine), the next ones are applied beside it and PostgreSQL flushes their commits together. A
 # session's messages are in one batch at a time (what it queued meanwhile waits for the next), so they
 # still apply in the order it sent them.
-IN_FLIGHT = 4
+IN_FLIGHT = int(os.environ.get("GRADIENT_BATCH_IN_FLIGHT", "4"))
 
 Apply = Callable[[Sequence[tuple[Any, Any]]], list[Any]]
 
