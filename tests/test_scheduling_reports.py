@@ -307,3 +307,65 @@ def test_two_dependencies_finishing_at_once_queue_their_dependent_without_the_re
     }
     evaluation.refresh_from_db()
     assert evaluation.status == EvaluationStatus.BUILDING
+
+
+def test_a_batch_with_a_jobs_whole_cycle_writes_its_assignment_once_and_drops_what_follows_the_close() -> (
+    None
+):
+    from gradient.scheduling.services.reports import worker_reports
+
+    project = ProjectFactory()
+    evaluation = EvaluationFactory(project=project, status=EvaluationStatus.BUILDING)
+    graph.ingest_eval_result(evaluation=evaluation, derivations=[drv("x"), drv("y")], now=timezone.now())
+    fast, slow = connected_worker([project]), connected_worker([project])
+    a, b = ask(fast.id), ask(slow.id)
+    assert a is not None and b is not None
+
+    def message(x: object, type_: str, **fields: object) -> object:
+        return wire({"type": type_, "job_id": x.job_key, "assignment_id": str(x.assignment_id), **fields})  # type: ignore[attr-defined]
+
+    spec = job_json(a)["builds"][0]
+    outputs = [{"name": o["name"], "path": o["path"], "nar_size": 1} for o in spec["outputs"]]
+    now = timezone.now()
+    results = worker_reports(
+        batch=[
+            (fast.id, message(a, "AssignJobResponse", accepted=True)),
+            (slow.id, message(b, "AssignJobResponse", accepted=True)),
+            (fast.id, message(a, "JobUpdate", update={"kind": "building", "build_id": spec["build_id"]})),
+            (
+                fast.id,
+                message(
+                    a,
+                    "JobUpdate",
+                    update={
+                        "kind": "build_output",
+                        "build_id": spec["build_id"],
+                        "outputs": outputs,
+                        "substituted": False,
+                    },
+                ),
+            ),
+            (fast.id, message(a, "JobCompleted", elapsed_ms=3)),
+            (fast.id, message(a, "JobUpdate", update={"kind": "building", "build_id": spec["build_id"]})),
+        ],
+        now=now,
+    )
+    assert [getattr(r, "accepted", None) for r in results] == [True, True, True, True, True, False]
+    done = DispatchedJob.objects.get(id=a.assignment_id)
+    assert (done.accepted_at, done.phase, done.last_report_at, done.finished_at) == (
+        now,
+        "build_output",
+        now,
+        now,
+    )
+    assert done.outcome == "Completed" and done.reason == "completed"
+    running = DispatchedJob.objects.get(id=b.assignment_id)
+    assert (running.accepted_at, running.phase, running.last_report_at, running.finished_at) == (
+        now,
+        "",
+        now,
+        None,
+    )
+    assert DerivationBuild.objects.get(id=build_id_of(a)).status == BuildStatus.COMPLETED
+    assert BuildAttempt.objects.get(dispatched_job_id=a.assignment_id).outcome == "Built"
+    assert DerivationBuild.objects.get(id=build_id_of(b)).status == BuildStatus.BUILDING

@@ -144,10 +144,87 @@ def assignments_close(
         {"finished_at": now, "outcome": outcome, "reason": reason[:2000]},
         where={"finished_at": None},
     )
-    for row in rows:
-        if row.id in closed:
-            history.closed(row=row, outcome=outcome, reason=reason, now=now)
+    _closed_history([row for row in rows if row.id in closed], outcome, reason, now)
     return closed
+
+
+@dataclass(frozen=True, slots=True)
+class AssignmentReports:
+    """What one batch's usual reports of a job say about its assignment row, folded: accepted, the
+    last phase reported (or None), completed."""
+
+    row: DispatchedJob
+    accepted: bool = False
+    phase: str | None = None
+    completed: bool = False
+
+
+def assignments_reported(*, reports: Sequence[AssignmentReports], now: datetime) -> set[uuid.UUID]:
+    """The assignment rows of a batch's usual reports, each written once: accepted (the first time
+    only), its phase, reported now, and closed as Completed where it completed; only rows still open
+    change. Returns the ids of the rows closed. On PostgreSQL one statement for the whole batch (a job
+    whose accept, phases and completion came in one batch is one row version, not five); elsewhere the
+    same writes one kind after the other."""
+    if not reports:
+        return set()
+    if connection.vendor != "postgresql":
+        return _assignments_reported_apart(reports, now)
+    params = {
+        "ids": [r.row.id for r in reports],
+        "accepted": [r.accepted for r in reports],
+        "phase": [r.phase for r in reports],
+        "completed": [r.completed for r in reports],
+        "now": now,
+        "outcome": DispatchOutcome.COMPLETED.value,
+        "reason": "completed",
+    }
+    with connection.cursor() as cursor:
+        cursor.execute(_ASSIGNMENTS_REPORTED, params)
+        closed = {row[0] for row in cursor.fetchall() if row[1]}
+    _closed_history(
+        [r.row for r in reports if r.row.id in closed], DispatchOutcome.COMPLETED, "completed", now
+    )
+    return closed
+
+
+_ASSIGNMENTS_REPORTED = """
+UPDATE dispatched_job d SET
+    accepted_at = CASE WHEN v.accepted AND d.accepted_at IS NULL THEN %(now)s ELSE d.accepted_at END,
+    phase = COALESCE(v.phase, d.phase),
+    last_report_at = %(now)s,
+    finished_at = CASE WHEN v.completed THEN %(now)s ELSE d.finished_at END,
+    outcome = CASE WHEN v.completed THEN %(outcome)s ELSE d.outcome END,
+    reason = CASE WHEN v.completed THEN %(reason)s ELSE d.reason END
+FROM unnest(%(ids)s::uuid[], %(accepted)s::bool[], %(phase)s::text[], %(completed)s::bool[])
+    AS v(id, accepted, phase, completed)
+WHERE d.id = v.id AND d.finished_at IS NULL
+RETURNING d.id, v.completed
+"""
+
+
+def _assignments_reported_apart(reports: Sequence[AssignmentReports], now: datetime) -> set[uuid.UUID]:
+    open_ids = [r.row.id for r in reports]
+    DispatchedJob.objects.filter(
+        id__in=[r.row.id for r in reports if r.accepted], accepted_at__isnull=True, finished_at__isnull=True
+    ).update(accepted_at=now)
+    for phase in {r.phase for r in reports if r.phase is not None}:
+        DispatchedJob.objects.filter(
+            id__in=[r.row.id for r in reports if r.phase == phase], finished_at__isnull=True
+        ).update(phase=phase)
+    DispatchedJob.objects.filter(id__in=open_ids, finished_at__isnull=True).update(last_report_at=now)
+    return assignments_close(
+        rows=[r.row for r in reports if r.completed],
+        outcome=DispatchOutcome.COMPLETED,
+        reason="completed",
+        now=now,
+    )
+
+
+def _closed_history(
+    rows: Sequence[DispatchedJob], outcome: DispatchOutcome, reason: str, now: datetime
+) -> None:
+    for row in rows:
+        history.closed(row=row, outcome=outcome, reason=reason, now=now)
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,7 +23,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TypeAlias
+from typing import Any, TypeAlias
 
 from django.db import DataError, IntegrityError, InterfaceError, OperationalError, transaction
 
@@ -49,7 +49,7 @@ from gradient.records.schemas import ReportKind
 from gradient.runtime import savepoints
 from gradient.scheduling.models import DispatchedJob
 from gradient.scheduling.services import graph, lifecycle, logs
-from gradient.scheduling.services.claims import assignment_close, assignments_close
+from gradient.scheduling.services.claims import AssignmentReports, assignment_close, assignments_reported
 from gradient.scheduling.services.fence import DROPPED, fenced_assignment, fenced_assignments
 from gradient.scheduling.services.lifecycle import BatchEffects, ReportOutcome
 
@@ -177,7 +177,8 @@ def _apply_batch(
             closed.add(row.id)
     if common is not None:
         common.apply()
-    lifecycle.note_reports(noted, now=now)
+    stamped = common.stamped if common is not None else set()
+    lifecycle.note_reports([n for n in noted if n not in stamped], now=now)
     effects.settle(now)
     return [r if r is not None else DROPPED for r in results]
 
@@ -196,6 +197,7 @@ class _Common:
 
     def __init__(self, now: datetime, effects: BatchEffects, results: list[Result | None]) -> None:
         self.now, self.effects, self.results = now, effects, results
+        self.stamped: set[uuid.UUID] = set()  # rows whose last_report_at apply() wrote
         self._clear()
 
     def _clear(self) -> None:
@@ -240,16 +242,28 @@ class _Common:
 
     def apply(self) -> None:
         now = self.now
-        lifecycle.note_accepted_all([row.id for _, row in self.accepted], now=now)
-        lifecycle.note_phase_all([row.id for _, row in self.building], tag_of(Building))
-        lifecycle.note_phase_all([row.id for _, row, _ in self.outputs], tag_of(BuildOutput))
+        # Each job's row written once for all its reports collected (accepted, phase, reported, closed).
+        folded: dict[uuid.UUID, dict[str, Any]] = {}
+
+        def fold(row: DispatchedJob, **what: Any) -> None:
+            folded.setdefault(row.id, {"row": row}).update(what)
+
+        for _, row in self.accepted:
+            fold(row, accepted=True)
+        for _, row in self.building:
+            fold(row, phase=tag_of(Building))
+        for _, row, _ in self.outputs:
+            fold(row, phase=tag_of(BuildOutput))
+        for _, row in self.completed:
+            fold(row, completed=True)
+        assignments_reported(reports=[AssignmentReports(**f) for f in folded.values()], now=now)
+        self.stamped.update(folded)
         outputs = [(o.path, o.nar_size) for _, _, update in self.outputs for o in update.outputs]
         graph.cache_paths(paths=outputs)
         lifecycle.complete_builds(
             [(row, update.substituted) for _, row, update in self.outputs], now=now, effects=self.effects
         )
         rows = [row for _, row in self.completed]
-        assignments_close(rows=rows, outcome=DispatchOutcome.COMPLETED, reason="completed", now=now)
         lifecycle.complete_builds([(row, False) for row in rows], now=now, effects=self.effects)
         for index, _ in self.accepted:
             self.results[index] = ReportOutcome(True, "accepted")
