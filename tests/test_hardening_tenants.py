@@ -171,6 +171,18 @@ def test_another_projects_cached_claim_does_not_finish_a_build_for_this_project(
     assert _status(p) == "Completed"  # built, not Substituted
 
 
+def test_a_known_derivation_substituted_on_another_projects_word_is_built_for_this_one() -> None:
+    """The same when B names P in known_drvs (protocol.md, "Known derivations") instead of sending it."""
+    p, r = drv("kp"), drv("kr", "kp")
+    _, a_worker, a_job = _evaluating("known-a")
+    assert _report(a_worker, a_job, [_claimed(p)]).accepted
+    assert _status(p) == "Substituted"
+    b_eval, b_worker, b_job = _evaluating("known-b")
+    assert _report(b_worker, b_job, [r], known_drvs=[p["drv_path"]]).accepted
+    assert _status(p) == "Queued" and _status(r) == "Created"
+    assert set(b_eval.build_links.values_list("build__drv_path", flat=True)) == {p["drv_path"], r["drv_path"]}
+
+
 def test_a_build_substituted_on_another_projects_word_after_it_was_linked_is_built_before_completing() -> (
     None
 ):

@@ -108,7 +108,9 @@ def eval_result_part(
     known_drvs = update.get("known_drvs") or []
     if known_drvs:
         # First, so that a derivation of this part naming a known one finds it linked.
-        linked, unknown = known.link_known(evaluation_id=evaluation.id, drv_paths=known_drvs, now=now)
+        linked, unknown = known.link_known(
+            evaluation_id=evaluation.id, project_id=evaluation.project_id, drv_paths=known_drvs, now=now
+        )
         if unknown:
             shown = ", ".join(unknown[:5]) + (f" and {len(unknown) - 5} more" if len(unknown) > 5 else "")
             error = (
@@ -131,7 +133,14 @@ def eval_result_part(
     touched.update(stored.touched)
     # A build of this part that another project's worker alone called cached is built for this one.
     part_builds = {*stored.ids.values(), *touched}
-    touched.update(graph.reopen_unconfirmed(build_ids=part_builds, project_id=evaluation.project_id, now=now))
+    reopened = graph.reopen_unconfirmed(build_ids=part_builds, project_id=evaluation.project_id, now=now)
+    if reopened:
+        log.info(
+            "evaluation %s needs %d build(s) only another project's worker said were cached: built for it",
+            evaluation.id,
+            len(reopened),
+        )
+    touched.update(reopened)
     if final:
         touched.update(_forget_pending_inputs(ingest, evaluation))
     # What this part brought is decided now: builds start while the rest is still arriving.

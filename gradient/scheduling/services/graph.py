@@ -275,7 +275,9 @@ _ALL_CACHED = (
     "jsonb_array_length(b.outputs) > 0 AND NOT EXISTS (SELECT 1 FROM jsonb_array_elements(b.outputs) o "  # noqa: S608 (constants)
     f"WHERE NOT {_CACHED_FOR} OFFSET 0)"
 )
-_SOME_UNCACHED = (
+# A build `b` with an output not cached for the project (one parameter, its id): what reopen_unconfirmed
+# reopens of the Substituted builds (services.known too, as it links a known closure).
+SOME_OUTPUT_UNCACHED = (
     "EXISTS (SELECT 1 FROM jsonb_array_elements(b.outputs) o "  # noqa: S608 (constants)
     f"WHERE NOT {_CACHED_FOR} OFFSET 0)"
 )
@@ -411,7 +413,7 @@ def reopen_unconfirmed(*, build_ids: Iterable[Any], project_id: uuid.UUID, now: 
 def _reopen(r: Scope, project_id: uuid.UUID, now: datetime) -> list[str]:
     if connection.vendor == "postgresql":
         doubtful = _pick(
-            r, f"b.status = %s AND {_SOME_UNCACHED}", [BuildStatus.SUBSTITUTED.value, project_id]
+            r, f"b.status = %s AND {SOME_OUTPUT_UNCACHED}", [BuildStatus.SUBSTITUTED.value, project_id]
         )
     else:
         rows = list(
