@@ -289,6 +289,10 @@ GRADIENT_PROTO_HANDSHAKE_CONCURRENCY = _env_int("GRADIENT_PROTO_HANDSHAKE_CONCUR
 # Derivations of one eval_result, of all its parts together (0: no cap): past it the evaluation fails and
 # nothing of the result is built (scheduling.services.eval_parts).
 GRADIENT_EVAL_MAX_DERIVATIONS = _env_int("GRADIENT_EVAL_MAX_DERIVATIONS", 250_000)
+# Whether an eval_result's cached_outputs count for every project (protocol.md, "Tenants"): only for a
+# fleet whose workers all read one cache that the operator trusts. Off: a claim counts only for the
+# projects the reporting worker serves (scheduling.models.CachedPathClaim).
+GRADIENT_TRUSTED_CACHE = _env_bool("GRADIENT_TRUSTED_CACHE", False)
 GRADIENT_BUILD_LOG_MAX_BYTES = _env_int("GRADIENT_BUILD_LOG_MAX_BYTES", 64 * 1024 * 1024)
 # ... of all tries of one build together, and of one worker's logs per hour (0: no such cap; docs/logs.md).
 GRADIENT_BUILD_LOG_MAX_BYTES_PER_BUILD = _env_int("GRADIENT_BUILD_LOG_MAX_BYTES_PER_BUILD", 128 * 1024 * 1024)

@@ -39,6 +39,7 @@ def test_a_member_creates_a_cluster_of_its_jobs_and_reads_it_back(setup) -> None
     project, member, _, _ = setup
     build, evaluation = queued_build(project), queued_evaluation(project)
     pinned = WorkerFactory(name="w-pinned")
+    pinned.projects.set([project])  # a member pins only to a worker that serves its projects
     body = {
         "members": [
             {"build": str(build.id), "role": "server", "primary": True},
@@ -158,7 +159,7 @@ def test_a_stranger_may_neither_group_nor_read_another_projects_jobs(setup) -> N
     response = client(stranger).post(
         "/api/v1/clusters", {"members": [{"role": "a", "build": str(build.id)}]}, format="json"
     )
-    assert response.status_code == 403
+    assert response.status_code == 400 and "Unknown build" in response.content.decode()  # as if none
     cluster = make_cluster([("a", build)])
     assert client(stranger).get(f"/api/v1/clusters/{cluster.id}").status_code == 404
 
@@ -200,3 +201,31 @@ def test_the_schema_documents_the_cluster_routes(setup) -> None:  # type: ignore
         "/api/v1/clusters/{cluster_id}",
         "/api/v1/clusters/{cluster_id}/abort",
     } <= set(schema["paths"])
+
+
+def test_a_pin_says_nothing_of_a_worker_the_caller_may_not_see(setup) -> None:  # type: ignore[no-untyped-def]
+    """Issue 36, finding 8: a pin to another project's worker answers as a pin to no worker at all; the
+    caller's own project's worker, and any worker for staff, is taken."""
+    project, member, _, staff = setup
+    other = ProjectFactory(name="other-ci")
+    other_member = User.objects.create_user("other-member", password="pw-other-1")
+    other.members.add(other_member)
+    mine, theirs = WorkerFactory(name="w-mine"), WorkerFactory(name="w-theirs")
+    mine.projects.set([project])
+    theirs.projects.set([other])
+
+    def pin(user: User, worker: str, job_project=project):  # type: ignore[no-untyped-def]
+        body = {"members": [{"role": "a", "build": str(queued_build(job_project).id), "pin": worker}]}
+        return client(user).post("/api/v1/clusters", body, format="json")
+
+    unknown, foreign = pin(member, "w-nobody"), pin(member, "w-theirs")
+    assert unknown.status_code == foreign.status_code == 400
+    assert unknown.json() == {"members": ["member 0: Unknown worker 'w-nobody' to pin to."]}
+    assert foreign.json() == {"members": ["member 0: Unknown worker 'w-theirs' to pin to."]}
+    assert pin(other_member, "w-mine", other).json() == {
+        "members": ["member 0: Unknown worker 'w-mine' to pin to."]
+    }
+    assert not ClusterJob.objects.exists()
+    assert pin(member, "w-mine").status_code == 201
+    assert pin(other_member, "w-theirs", other).status_code == 201
+    assert pin(staff, "w-theirs").status_code == 201

@@ -129,3 +129,124 @@ def test_an_eval_result_past_the_derivation_cap_fails_its_evaluation_and_nothing
     statuses = set(DerivationBuild.objects.values_list("status", flat=True))
     assert statuses == {BuildStatus.ABORTED}, statuses
     assert DerivationBuild.objects.count() == 40
+
+
+# --- A cached claim is the reporting worker's projects' (issue 36, finding 2, second half) ------------------
+
+
+def _status(d: dict[str, Any]) -> str:
+    return DerivationBuild.objects.get(drv_path=d["drv_path"]).status
+
+
+def _build_all(worker: Any) -> list[str]:
+    """Every build the worker is handed, built (its outputs reported): their drv paths."""
+    from tests.scheduling_helpers import ask, build, build_id_of
+
+    built = []
+    while (a := ask(worker.id)) is not None:
+        built.append(DerivationBuild.objects.get(id=build_id_of(a)).drv_path)
+        build(worker.id, a)
+    return built
+
+
+def test_another_projects_cached_claim_does_not_finish_a_build_for_this_project() -> None:
+    from tests.scheduling_helpers import report
+
+    p, r = drv("tp"), drv("tr", "tp")
+    # Project A's worker says P's output is in its cache: P is Substituted for A.
+    a_eval, a_worker, a_job = _evaluating("claims-a")
+    assert _report(a_worker, a_job, [_claimed(p), r]).accepted
+    assert _status(p) == "Substituted" and _status(r) == "Queued"
+
+    # Project B needs P and R and says nothing of a cache: P is not done for B on A's word; it is built.
+    b_eval, b_worker, b_job = _evaluating("claims-b")
+    assert _report(b_worker, b_job, [p, r]).accepted
+    assert _status(p) == "Queued"
+    report(b_worker.id, b_job, "JobCompleted", elapsed_ms=5)
+    b_eval.refresh_from_db()
+    assert b_eval.status == EvaluationStatus.BUILDING
+    assert set(_build_all(b_worker)) == {p["drv_path"], r["drv_path"]}
+    b_eval.refresh_from_db()
+    assert b_eval.status == EvaluationStatus.COMPLETED
+    assert _status(p) == "Completed"  # built, not Substituted
+
+
+def test_a_known_derivation_substituted_on_another_projects_word_is_built_for_this_one() -> None:
+    """The same when B names P in known_drvs (protocol.md, "Known derivations") instead of sending it."""
+    p, r = drv("kp"), drv("kr", "kp")
+    _, a_worker, a_job = _evaluating("known-a")
+    assert _report(a_worker, a_job, [_claimed(p)]).accepted
+    assert _status(p) == "Substituted"
+    b_eval, b_worker, b_job = _evaluating("known-b")
+    assert _report(b_worker, b_job, [r], known_drvs=[p["drv_path"]]).accepted
+    assert _status(p) == "Queued" and _status(r) == "Created"
+    assert set(b_eval.build_links.values_list("build__drv_path", flat=True)) == {p["drv_path"], r["drv_path"]}
+
+
+def test_a_build_substituted_on_another_projects_word_after_it_was_linked_is_built_before_completing() -> (
+    None
+):
+    """The other order: B links P while it is pending; then A's claim substitutes it (here the heal of A's
+    graph). B does not complete on it: P is built first."""
+    from django.utils import timezone
+
+    from gradient.scheduling.services.passes import build_resync_pass
+    from gradient.scheduling.services.waiting import repair_build_graph
+    from tests.scheduling_helpers import report
+
+    p, r = drv("up"), drv("ur", "up")
+    b_eval, b_worker, b_job = _evaluating("late-b")
+    assert _report(b_worker, b_job, [p, r]).accepted
+    report(b_worker.id, b_job, "JobCompleted", elapsed_ms=5)
+    assert _status(p) == "Queued"
+
+    a_eval, a_worker, a_job = _evaluating("late-a")
+    assert _report(a_worker, a_job, [_claimed(p)]).accepted
+    assert repair_build_graph(evaluation_id=a_eval.id, now=timezone.now())["substituted"] == 1
+    build_resync_pass(now=timezone.now())  # R's dependency succeeded: queued by the resync
+    assert _status(p) == "Substituted" and _status(r) == "Queued"
+
+    # B's R builds; B would be done, but P was only A's word: P is built for B first.
+    assert _build_all(b_worker) == [r["drv_path"], p["drv_path"]]
+    b_eval.refresh_from_db()
+    assert b_eval.status == EvaluationStatus.COMPLETED
+    assert _status(p) == "Completed"
+
+
+def _claimed(d: dict[str, Any]) -> dict[str, Any]:
+    """`d` with its output said to be in the reporting worker's cache."""
+    return {**d, "cached_outputs": [{"path": d["outputs"][0]["path"], "nar_size": 1}]}
+
+
+def test_a_cached_claim_counts_for_every_project_its_worker_serves_and_with_a_trusted_cache_for_all() -> None:
+    from django.test import override_settings
+
+    from tests.factories import EvaluationFactory, connected_worker
+    from tests.scheduling_helpers import ask, update
+
+    # A worker of A and C says P is cached in an evaluation of A: C's evaluation takes its word, and so
+    # does A's next one; E's does not (P is built for E).
+    p = drv("vp")
+    a, c = ProjectFactory(name="serves-a"), ProjectFactory(name="serves-c")
+    a_eval = EvaluationFactory(project=a)
+    both = connected_worker([a, c])
+    job = ask(both.id, "flake")
+    assert job is not None and job.job_key == a_eval.job_key
+    update(both.id, job, kind="evaluating_derivations")
+    assert _report(both, job, [_claimed(p)]).accepted
+    assert _status(p) == "Substituted"
+    for project in (c, a):
+        _, worker, job = evaluating(project)
+        assert _report(worker, job, [p]).accepted
+        assert _status(p) == "Substituted"
+    _, e_worker, e_job = _evaluating("serves-e")
+    assert _report(e_worker, e_job, [p]).accepted
+    assert _status(p) == "Queued"
+    # With one cache the operator trusts for all (GRADIENT_TRUSTED_CACHE), a claim counts for everyone.
+    r = drv("vr")
+    with override_settings(GRADIENT_TRUSTED_CACHE=True):
+        _, f_worker, f_job = _evaluating("trusting-f")
+        assert _report(f_worker, f_job, [_claimed(r)]).accepted
+    _, g_worker, g_job = _evaluating("trusting-g")
+    assert _report(g_worker, g_job, [r]).accepted
+    assert _status(r) == "Substituted"

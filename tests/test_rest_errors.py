@@ -169,11 +169,19 @@ def test_another_projects_job_is_404_and_changes_nothing(
 
 
 def test_a_member_may_not_group_another_projects_job_or_prioritize(world: World) -> None:
+    # Another project's job is an unknown one: the same 400, not a 403 that says it exists (issue 36,
+    # finding 8).
     other = queued_build(ProjectFactory(name="other"))
     foreign = call(
         client(world.member), "POST", "/api/v1/clusters", {"members": [{"build": str(other.id), "role": "a"}]}
     )
-    assert_json_error(foreign, 403)
+    unknown = call(
+        client(world.member), "POST", "/api/v1/clusters", {"members": [{"build": UNKNOWN, "role": "a"}]}
+    )
+    assert_json_error(foreign, 400)
+    assert json.dumps(foreign.json()).replace(str(other.id), "ID") == json.dumps(unknown.json()).replace(
+        UNKNOWN, "ID"
+    )
     mine = queued_build(world.project)
     prioritized = {"members": [{"build": str(mine.id), "role": "a"}], "priority": True}
     assert_json_error(call(client(world.member), "POST", "/api/v1/clusters", prioritized), 403)

@@ -216,6 +216,13 @@ def test_the_build_list_says_nothing_of_another_projects_evaluations(setup) -> N
     assert client(member).get("/api/v1/builds?project=other-ci").json()["count"] == 0
     assert client(member).get(f"/api/v1/builds?evaluation={theirs.id}").json()["count"] == 0
     assert client(staff).get("/api/v1/builds?project=other-ci").json()["count"] == 3
+    # And the other way round, for a member of the other project.
+    other_member = User.objects.create_user("other-member", password="pw-other-1")
+    other.members.add(other_member)
+    assert client(other_member).get("/api/v1/builds?project=other-ci").json()["count"] == 3
+    assert client(other_member).get("/api/v1/builds?project=nixpkgs-ci").json()["count"] == 0
+    assert client(other_member).get(f"/api/v1/builds?evaluation={mine.id}").json()["count"] == 0
+    assert client(other_member).get("/api/v1/builds").json()["count"] == 3
 
 
 # --- REST answers that say what the docs say (issue 34, item 5) -------------------------------------------

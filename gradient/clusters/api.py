@@ -39,7 +39,7 @@ from gradient.rest import (
     paged,
     uuid_or_404,
 )
-from gradient.scheduling.models import DerivationBuild, Evaluation, EvaluationBuild, Project
+from gradient.scheduling.models import EvaluationBuild, Project
 
 # --- Serializers -----------------------------------------------------------------------------------------
 
@@ -159,24 +159,6 @@ def cluster_for(user: Any, cluster_id: str) -> ClusterJob:
     return cluster
 
 
-def _check_jobs_readable(user: Any, members: list[dict[str, Any]]) -> None:
-    """A submitter may group only jobs of its projects (unknown jobs are the service's 400)."""
-    if user.is_staff:
-        return
-    projects = _project_ids(user)
-    evals = {m["evaluation"] for m in members if m.get("evaluation")}
-    builds = {m["build"] for m in members if m.get("build")}
-    foreign = Evaluation.objects.filter(id__in=evals).exclude(project_id__in=projects)
-    readable = set(
-        EvaluationBuild.objects.filter(build_id__in=builds, evaluation__project_id__in=projects).values_list(
-            "build_id", flat=True
-        )
-    )
-    existing = set(DerivationBuild.objects.filter(id__in=builds).values_list("id", flat=True))
-    if foreign.exists() or existing - readable:
-        raise PermissionDenied("A member's job belongs to a project you are not a member of.")
-
-
 # --- Views -----------------------------------------------------------------------------------------------
 
 
@@ -241,8 +223,11 @@ class ClustersView(APIView):
         request=ClusterCreateSerializer,
         responses={
             201: ClusterSerializer,
-            400: OpenApiResponse(description="Bad members: unknown job, job already in a cluster, ..."),
-            403: OpenApiResponse(description="A job of another project, or priority without staff"),
+            400: OpenApiResponse(
+                description="Bad members: unknown job (another project's too), unknown worker to pin to "
+                "(one serving none of your projects too), job already in a cluster, ..."
+            ),
+            403: OpenApiResponse(description="Priority without staff"),
         },
         parameters=[LOCATION],
         summary="Create a cluster job: existing jobs started together on distinct workers, all or nothing",
@@ -254,7 +239,9 @@ class ClustersView(APIView):
         user = request.user
         if data["priority"] and not user.is_staff:
             raise PermissionDenied("Only staff may create prioritized clusters.")
-        _check_jobs_readable(user, data["members"])
+        # Another project's job, and a pin to a worker that serves none of the caller's projects, are
+        # unknown to a caller who is not staff: the same 400 as an id or a name that does not exist
+        # (cluster_create; issue 36, finding 8).
         members = [
             MemberSpec(
                 role=m["role"],

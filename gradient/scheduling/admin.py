@@ -612,7 +612,8 @@ class BuildAttemptAdmin(ReadOnlyAdmin):
 
 @admin.register(CachedPath)
 class CachedPathAdmin(ReadOnlyAdmin):
-    list_display = ["path", "nar_size", "created_at"]
+    list_display = ["path", "nar_size", "confirmed", "created_at"]
+    list_filter = ["confirmed"]
     search_fields = ["path"]
 
 

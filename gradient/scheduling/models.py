@@ -330,10 +330,17 @@ class EvaluationBuild(models.Model):
 
 
 class CachedPath(models.Model):
-    """A store path known to be in the cache, with its NAR size (offered as `required_paths[].nar_size`)."""
+    """A store path some worker saw in its cache, with its NAR size (offered as `required_paths[].nar_size`).
+    For whom it counts as cached (protocol.md, "Tenants"): every project when `confirmed`, otherwise only
+    the projects that have a CachedPathClaim of it."""
 
     path = models.CharField(max_length=1024, unique=True)
     nar_size = models.BigIntegerField()
+    confirmed = models.BooleanField(
+        default=False,
+        help_text="Cached for every project: an output a build job reported (built, or substituted by the "
+        "worker the build was handed to), or any claim with GRADIENT_TRUSTED_CACHE.",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -348,6 +355,30 @@ class CachedPath(models.Model):
 
     def __str__(self) -> str:
         return self.path
+
+
+class CachedPathClaim(models.Model):
+    """A project's word that a store path is in the cache: an eval_result's `cached_outputs`, for every
+    project the reporting worker serves (and the evaluation's). It makes a build Substituted for those
+    projects' evaluations only (graph.decide_builds)."""
+
+    path = models.CharField(max_length=1024)
+    # No index of its own: cached_path_claim-unique leads with the path, which every lookup names.
+    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="+", db_index=False)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        db_table = "cached_path_claim"
+        constraints = [
+            models.UniqueConstraint(
+                fields=["path", "project"],
+                name="cached_path_claim-unique",
+                violation_error_message="The project claimed this path already.",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.path} (claimed)"
 
 
 class DispatchedJob(models.Model):

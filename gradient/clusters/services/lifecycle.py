@@ -45,7 +45,7 @@ from gradient.records.errors import UnknownRecord
 from gradient.records.schemas import Cancel, parse_job_key
 from gradient.records.services import Receipt, commit_control
 from gradient.scheduling.decisions.waiting import evaluation_job_done
-from gradient.scheduling.models import DerivationBuild, Evaluation
+from gradient.scheduling.models import DerivationBuild, Evaluation, EvaluationBuild, Project
 from gradient.workers.models import Worker
 
 log = logging.getLogger("gradient.clusters")
@@ -72,14 +72,26 @@ class ClusterInputError(ValueError):
         self.errors = errors
 
 
-def _member_problems(members: Sequence[MemberSpec]) -> list[str]:
-    """Per member, what is wrong with it ("" when nothing)."""
+def _member_problems(members: Sequence[MemberSpec], caller: User | None) -> list[str]:
+    """Per member, what is wrong with it ("" when nothing). A caller who is not staff sees only the jobs
+    of its projects and the workers that serve them: another project's job, or a worker it may not see,
+    is unknown, in the same words as one that does not exist (issue 36, finding 8)."""
     problems = ["" for _ in members]
     eval_ids = [m.evaluation_id for m in members if m.evaluation_id is not None]
     build_ids = [m.build_id for m in members if m.build_id is not None]
-    evaluations = dict(Evaluation.objects.filter(id__in=eval_ids).values_list("id", "status"))
-    reasons = dict(Evaluation.objects.filter(id__in=eval_ids).values_list("id", "waiting_reason"))
-    builds = dict(DerivationBuild.objects.filter(id__in=build_ids).values_list("id", "status"))
+    evaluation_rows = Evaluation.objects.filter(id__in=eval_ids)
+    build_rows = DerivationBuild.objects.filter(id__in=build_ids)
+    workers = Worker.objects.all()
+    if caller is not None and not caller.is_staff:
+        projects = Project.objects.filter(members=caller).values("id")
+        evaluation_rows = evaluation_rows.filter(project_id__in=projects)
+        build_rows = build_rows.filter(
+            id__in=EvaluationBuild.objects.filter(evaluation__project_id__in=projects).values("build_id")
+        )
+        workers = workers.filter(projects__in=projects)
+    evaluations = dict(evaluation_rows.values_list("id", "status"))
+    reasons = dict(evaluation_rows.values_list("id", "waiting_reason"))
+    builds = dict(build_rows.values_list("id", "status"))
     taken = set(
         ClusterMember.objects.filter(evaluation_id__in=eval_ids).values_list("evaluation_id", flat=True)
     )
@@ -89,7 +101,7 @@ def _member_problems(members: Sequence[MemberSpec]) -> list[str]:
         )
     )
     pins = {m.pin for m in members if m.pin}
-    known_pins = set(Worker.objects.filter(name__in=pins).values_list("name", flat=True))
+    known_pins = set(workers.filter(name__in=pins).values_list("name", flat=True))
     seen = Counter(m.evaluation_id or m.build_id for m in members)
     for i, m in enumerate(members):
         job = m.evaluation_id or m.build_id
@@ -154,14 +166,15 @@ def cluster_create(
     """A Queued cluster of existing jobs and its record, in one transaction. Members get their index in
     order of appearance within their role. Raises ClusterInputError (nothing written) for bad input: no
     member or too many, a member naming no job or two, an unknown job, a job named twice, a job already
-    in a cluster, a job that can never start again, an unknown worker to pin to."""
+    in a cluster, a job that can never start again, an unknown worker to pin to. What `created_by` may
+    not see (not staff: another project's job, a worker that serves none of its projects) is unknown."""
     if not members:
         raise ClusterInputError({"members": ["A cluster needs at least one member."]})
     if len(members) > MAX_MEMBERS:
         raise ClusterInputError({"members": [f"At most {MAX_MEMBERS} members."]})
     if retry_budget < 0:
         raise ClusterInputError({"retry_budget": ["Must be 0 or more."]})
-    problems = _member_problems(members)
+    problems = _member_problems(members, created_by)
     if any(problems):
         raise ClusterInputError({"members": [f"member {i}: {p}" for i, p in enumerate(problems) if p]})
     counters: Counter[str] = Counter()

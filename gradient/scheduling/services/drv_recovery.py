@@ -33,7 +33,7 @@ from gradient.core.vocab import (
 )
 from gradient.scheduling import history
 from gradient.scheduling.decisions import waiting as w
-from gradient.scheduling.models import CachedPath, DerivationBuild, DerivationBuildDependency, Evaluation
+from gradient.scheduling.models import DerivationBuild, DerivationBuildDependency, Evaluation
 from gradient.scheduling.services import graph
 
 log = logging.getLogger("gradient.drv_recovery")
@@ -65,7 +65,7 @@ def build_mark_drv_lost(*, build: DerivationBuild, error: str, now: datetime) ->
     build.save()
 
 
-def _closure_builds(closure: Sequence[uuid.UUID]) -> list[w.ClosureBuild]:
+def _closure_builds(closure: Sequence[uuid.UUID], project_id: uuid.UUID) -> list[w.ClosureBuild]:
     unfinished_dep = DerivationBuildDependency.objects.filter(build_id=OuterRef("pk")).exclude(
         dependency__status__in=BUILD_SUCCESS
     )
@@ -75,7 +75,7 @@ def _closure_builds(closure: Sequence[uuid.UUID]) -> list[w.ClosureBuild]:
         .values_list("id", "status", "outputs", "blocked")
     )
     paths = [o["path"] for _, _, outputs, _ in rows for o in outputs or []]
-    cached = set(CachedPath.objects.filter(path__in=paths).values_list("path", flat=True))
+    cached = graph.cached_for(paths=paths, project_id=project_id)
     return [
         w.ClosureBuild(
             build_id=str(build_id),
@@ -108,7 +108,7 @@ def recover_drv_stuck_evals(
             reason=evaluation.waiting_reason, waiting_since=evaluation.waiting_since, now=now
         ):
             continue
-        targets = w.lost_drv_targets(_closure_builds(list(closure_of(evaluation.id))))
+        targets = w.lost_drv_targets(_closure_builds(list(closure_of(evaluation.id)), evaluation.project_id))
         for build_id in targets:
             recoveries = Evaluation.objects.filter(
                 kind=EvaluationKind.DRV_RECOVERY, recovery_of_id=uuid.UUID(build_id)

@@ -34,6 +34,7 @@ from gradient.scheduling.models import DispatchedJob, EvalIngest, EvalIngestInpu
 from gradient.scheduling.services import drv_recovery, graph, known
 from gradient.scheduling.services.evaluations import abort_orphaned_builds
 from gradient.scheduling.services.ingest import held_derivations, store_part
+from gradient.workers.models import Worker
 
 log = logging.getLogger("gradient.reports")
 
@@ -107,7 +108,9 @@ def eval_result_part(
     known_drvs = update.get("known_drvs") or []
     if known_drvs:
         # First, so that a derivation of this part naming a known one finds it linked.
-        linked, unknown = known.link_known(evaluation_id=evaluation.id, drv_paths=known_drvs, now=now)
+        linked, unknown = known.link_known(
+            evaluation_id=evaluation.id, project_id=evaluation.project_id, drv_paths=known_drvs, now=now
+        )
         if unknown:
             shown = ", ".join(unknown[:5]) + (f" and {len(unknown) - 5} more" if len(unknown) > 5 else "")
             error = (
@@ -119,13 +122,29 @@ def eval_result_part(
         touched.update(linked)
         touched.update(known.resolve_pending_inputs(ingest_id=ingest.pk, evaluation_id=evaluation.id))
     stored = store_part(
-        evaluation=evaluation, derivations=derivations, ingest_id=ingest.pk, hold=False, final=final, now=now
+        evaluation=evaluation,
+        derivations=derivations,
+        ingest_id=ingest.pk,
+        hold=False,
+        final=final,
+        now=now,
+        claimants=_served_projects(row),
     )
     touched.update(stored.touched)
+    # A build of this part that another project's worker alone called cached is built for this one.
+    part_builds = {*stored.ids.values(), *touched}
+    reopened = graph.reopen_unconfirmed(build_ids=part_builds, project_id=evaluation.project_id, now=now)
+    if reopened:
+        log.info(
+            "evaluation %s needs %d build(s) only another project's worker said were cached: built for it",
+            evaluation.id,
+            len(reopened),
+        )
+    touched.update(reopened)
     if final:
         touched.update(_forget_pending_inputs(ingest, evaluation))
     # What this part brought is decided now: builds start while the rest is still arriving.
-    decided = graph.decide_builds(build_ids=touched, now=now)
+    decided = graph.decide_builds(build_ids=touched, project_id=evaluation.project_id, now=now)
     what = f"eval_result part {part}" if not final else f"eval_result, final part {part}"
     return _outcome(
         True,
@@ -133,6 +152,13 @@ def eval_result_part(
         f"{stored.pending} inputs pending; {decided.queued} queued, {decided.substituted} substituted, "
         f"{decided.dependency_failed} failed",
     )
+
+
+def _served_projects(row: DispatchedJob) -> list[Any]:
+    """The projects the reporting worker serves: its cached_outputs count for them (protocol.md,
+    "Tenants")."""
+    through = Worker.projects.through
+    return list(through.objects.filter(worker_id=row.worker_id).values_list("project_id", flat=True))
 
 
 def _fail(evaluation: Evaluation, error: str, now: datetime) -> None:

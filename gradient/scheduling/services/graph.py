@@ -15,6 +15,7 @@ from typing import Any
 
 from django.db import connection, transaction
 from django.db.models import Exists, OuterRef, Q, QuerySet
+from django.utils import timezone
 
 from gradient.core.vocab import (
     BUILD_LASTING_FAILURE,
@@ -28,6 +29,7 @@ from gradient.core.vocab import (
 from gradient.scheduling import history
 from gradient.scheduling.models import (
     CachedPath,
+    CachedPathClaim,
     DerivationBuild,
     DerivationBuildDependency,
     EvalIngest,
@@ -48,9 +50,45 @@ class IngestResult:
 
 
 def cache_paths(*, paths: Iterable[tuple[str, int]]) -> None:
-    rows = [CachedPath(path=p, nar_size=max(0, int(n))) for p, n in paths]
-    if rows:
-        CachedPath.objects.bulk_create(rows, ignore_conflicts=True)
+    """Outputs a build job reported (built, or substituted by the worker the build was handed to): cached
+    for every project (`confirmed`), with the NAR size the builder saw. An eval_result's cached_outputs
+    are a project's claim instead (services.ingest, cached_for)."""
+    # One row per path (ON CONFLICT DO UPDATE may touch a row once a statement), in one order for
+    # every writer (two batches never wait on each other in a cycle).
+    sizes = {p: max(0, int(n)) for p, n in paths}
+    if not sizes:
+        return
+    ordered = sorted(sizes)
+    if connection.vendor == "postgresql":
+        # A path confirmed already is left as it is (no new row version on every repeated output).
+        with connection.cursor() as cur:
+            cur.execute(
+                "INSERT INTO cached_path (path, nar_size, confirmed, created_at) "
+                "SELECT p, n, true, %s FROM unnest(%s::text[], %s::bigint[]) AS t(p, n) "
+                "ON CONFLICT (path) DO UPDATE SET confirmed = true, nar_size = EXCLUDED.nar_size "
+                "WHERE NOT cached_path.confirmed",
+                [timezone.now(), ordered, [sizes[p] for p in ordered]],
+            )
+        return
+    CachedPath.objects.bulk_create(
+        [CachedPath(path=p, nar_size=sizes[p], confirmed=True) for p in ordered],
+        update_conflicts=True,
+        unique_fields=["path"],
+        update_fields=["nar_size", "confirmed"],
+    )
+
+
+def cached_for(*, paths: Iterable[str], project_id: uuid.UUID) -> set[str]:
+    """Those of `paths` that count as cached for the project's evaluations (protocol.md, "Tenants"):
+    confirmed for every project, or claimed by a worker that serves this one."""
+    wanted = set(paths)
+    if not wanted:
+        return set()
+    confirmed = CachedPath.objects.filter(path__in=wanted, confirmed=True).values_list("path", flat=True)
+    claimed = CachedPathClaim.objects.filter(path__in=wanted, project_id=project_id).values_list(
+        "path", flat=True
+    )
+    return {*confirmed, *claimed}
 
 
 def ingest_eval_result(
@@ -71,7 +109,8 @@ def ingest_eval_result(
     )
     if not stored.ids:
         return result
-    decided = decide_evaluation_graph(evaluation_id=evaluation.id, now=now)
+    reopen_unconfirmed(build_ids=stored.ids.values(), project_id=evaluation.project_id, now=now)
+    decided = decide_evaluation_graph(evaluation_id=evaluation.id, project_id=evaluation.project_id, now=now)
     result.substituted = decided.substituted
     result.dependency_failed = decided.dependency_failed
     result.queued = decided.queued
@@ -158,19 +197,20 @@ class CreatedBuilds:
 Scope = BuildRange | BuildSet | CreatedBuilds
 
 
-def decide_builds(*, build_ids: Iterable[Any], now: datetime) -> GraphDecision:
+def decide_builds(*, build_ids: Iterable[Any], project_id: uuid.UUID, now: datetime) -> GraphDecision:
     """decide_evaluation_graph for the builds a part brought (created, wanted again, or whose inputs it
     completed) and the dependents of those it substitutes: a part decides only what it changed, as soon
     as it is stored, so builds start while the result is still arriving (protocol.md, "Large
     evaluations"). A build waits while an input of it has not arrived (eval_ingest_input) or has not
-    succeeded. Runs in the caller's transaction."""
+    succeeded. What is cached is what is cached for `project_id` (the evaluation's project: cached_for).
+    Runs in the caller's transaction."""
     ids = tuple(sorted({str(i) for i in build_ids}))
     decision = GraphDecision()
     if not ids:
         return decision
     scope = BuildSet(ids)
     _no_jit()
-    substituted = _substitute_cached(scope, now)
+    substituted = _substitute_cached(scope, project_id, now)
     decision.substituted = len(substituted)
     decision.dependency_failed = _fail_needing_failed(scope, now)
     if substituted:
@@ -179,15 +219,17 @@ def decide_builds(*, build_ids: Iterable[Any], now: datetime) -> GraphDecision:
     return decision
 
 
-def decide_evaluation_graph(*, evaluation_id: uuid.UUID, now: datetime) -> GraphDecision:
-    """The evaluation's whole result is in: what is cached is Substituted, what needs a lasting failure
-    fails, what can start is Queued. Set-based over the evaluation's links and their edges: a few
-    statements whatever the size, writing only builds whose status changes. Runs in the caller's
-    transaction."""
+def decide_evaluation_graph(
+    *, evaluation_id: uuid.UUID, project_id: uuid.UUID, now: datetime
+) -> GraphDecision:
+    """The evaluation's whole result is in: what is cached for its project is Substituted, what needs a
+    lasting failure fails, what can start is Queued. Set-based over the evaluation's links and their
+    edges: a few statements whatever the size, writing only builds whose status changes. Runs in the
+    caller's transaction."""
     scope = BuildRange(evaluation_id)
     decision = GraphDecision()
     _no_jit()
-    decision.substituted = len(_substitute_cached(scope, now))
+    decision.substituted = len(_substitute_cached(scope, project_id, now))
     decision.dependency_failed = _fail_needing_failed(scope, now)
     decision.queued = _queue_ready(scope, now)
     return decision
@@ -223,9 +265,21 @@ _HELD = (
     "EXISTS (SELECT 1 FROM eval_ingest i WHERE i.assignment_id = b.ingest_id AND i.decided_at IS NULL "
     "AND (SELECT d.finished_at FROM dispatched_job d WHERE d.id = i.assignment_id) IS NULL OFFSET 0)"
 )
+# An output `o` cached for the project (one parameter, its id): cached_for's condition.
+_CACHED_FOR = (
+    "(EXISTS (SELECT 1 FROM cached_path c WHERE c.path = o->>'path' AND c.confirmed OFFSET 0) "
+    "OR EXISTS (SELECT 1 FROM cached_path_claim k WHERE k.path = o->>'path' AND k.project_id = %s "
+    "OFFSET 0))"
+)
 _ALL_CACHED = (
-    "jsonb_array_length(b.outputs) > 0 AND NOT EXISTS (SELECT 1 FROM jsonb_array_elements(b.outputs) o "
-    "WHERE NOT EXISTS (SELECT 1 FROM cached_path c WHERE c.path = o->>'path' OFFSET 0) OFFSET 0)"
+    "jsonb_array_length(b.outputs) > 0 AND NOT EXISTS (SELECT 1 FROM jsonb_array_elements(b.outputs) o "  # noqa: S608 (constants)
+    f"WHERE NOT {_CACHED_FOR} OFFSET 0)"
+)
+# A build `b` with an output not cached for the project (one parameter, its id): what reopen_unconfirmed
+# reopens of the Substituted builds (services.known too, as it links a known closure).
+SOME_OUTPUT_UNCACHED = (
+    "EXISTS (SELECT 1 FROM jsonb_array_elements(b.outputs) o "  # noqa: S608 (constants)
+    f"WHERE NOT {_CACHED_FOR} OFFSET 0)"
 )
 
 
@@ -314,26 +368,28 @@ def _write_status(
         return [row[0] for row in cur.fetchall()]
 
 
-def _substitute_cached(r: Scope, now: datetime) -> list[Any]:
-    """The pending builds of `r` whose every output is cached become Substituted; returns their ids."""
+def _substitute_cached(r: Scope, project_id: uuid.UUID, now: datetime) -> list[Any]:
+    """The pending builds of `r` whose every output is cached for the project become Substituted;
+    returns their ids."""
     if connection.vendor != "postgresql":
         ids = list(
             DerivationBuild.objects.filter(id__in=r.ids(), status__in=BUILD_PENDING).values_list(
                 "id", flat=True
             )
         )
-        return substitute_cached_builds(build_ids=ids, now=now)
-    cached = _pick(r, f"b.status = ANY(%s) AND {_ALL_CACHED}", [[s.value for s in BUILD_PENDING]])
+        return substitute_cached_builds(build_ids=ids, project_id=project_id, now=now)
+    cached = _pick(r, f"b.status = ANY(%s) AND {_ALL_CACHED}", [[s.value for s in BUILD_PENDING], project_id])
     return _write_status(cached, expect=BUILD_PENDING, status=BuildStatus.SUBSTITUTED, now=now, finished=True)
 
 
-def substitute_cached_builds(*, build_ids: Sequence[uuid.UUID], now: datetime) -> list[Any]:
-    """A pending build whose every output is in the cache needs no build: it is Substituted (one
-    statement for all of them). Returns their ids."""
+def substitute_cached_builds(
+    *, build_ids: Sequence[uuid.UUID], project_id: uuid.UUID, now: datetime
+) -> list[Any]:
+    """A pending build whose every output is cached for the project (cached_for) needs no build: it is
+    Substituted (one statement for all of them). Returns their ids."""
     pending = DerivationBuild.objects.filter(id__in=build_ids, status__in=BUILD_PENDING).only("id", "outputs")
     candidates = [b for b in pending if b.outputs]
-    paths = {o["path"] for b in candidates for o in b.outputs}
-    cached = set(CachedPath.objects.filter(path__in=paths).values_list("path", flat=True))
+    cached = cached_for(paths=(o["path"] for b in candidates for o in b.outputs), project_id=project_id)
     done = [b.id for b in candidates if all(o["path"] in cached for o in b.outputs)]
     if not done:
         return []
@@ -341,6 +397,47 @@ def substitute_cached_builds(*, build_ids: Sequence[uuid.UUID], now: datetime) -
         status=BuildStatus.SUBSTITUTED, finished_at=now, updated_at=now
     )
     return done
+
+
+def reopen_unconfirmed(*, build_ids: Iterable[Any], project_id: uuid.UUID, now: datetime) -> list[str]:
+    """The Substituted builds among `build_ids` that are not cached for the project (cached_for: another
+    project's worker said their outputs were cached, and nobody of this one did) are not done for its
+    evaluation (protocol.md, "Tenants"): Created again, to be built (decide_builds then queues them once
+    their dependencies succeeded). Returns their ids (text). Runs in the caller's transaction."""
+    ids = tuple(sorted({str(i) for i in build_ids}))
+    if not ids:
+        return []
+    return _reopen(BuildSet(ids), project_id, now)
+
+
+def _reopen(r: Scope, project_id: uuid.UUID, now: datetime) -> list[str]:
+    if connection.vendor == "postgresql":
+        doubtful = _pick(
+            r, f"b.status = %s AND {SOME_OUTPUT_UNCACHED}", [BuildStatus.SUBSTITUTED.value, project_id]
+        )
+    else:
+        rows = list(
+            DerivationBuild.objects.filter(id__in=r.ids(), status=BuildStatus.SUBSTITUTED).values_list(
+                "id", "outputs"
+            )
+        )
+        cached = cached_for(paths=(o["path"] for _, outs in rows for o in outs or []), project_id=project_id)
+        doubtful = [str(i) for i, outs in rows if any(o["path"] not in cached for o in outs or [])]
+    if not doubtful:
+        return []
+    # Not _write_status: the build is no longer finished.
+    if connection.vendor != "postgresql":
+        DerivationBuild.objects.filter(id__in=doubtful, status=BuildStatus.SUBSTITUTED).update(
+            status=BuildStatus.CREATED, finished_at=None, queued_at=None, updated_at=now
+        )
+        return doubtful
+    with connection.cursor() as cur:
+        cur.execute(
+            "UPDATE derivation_build SET status = %s, finished_at = NULL, queued_at = NULL, updated_at = %s "
+            "WHERE id = ANY(%s::uuid[]) AND status = %s RETURNING id::text",
+            [BuildStatus.CREATED.value, now, list(doubtful), BuildStatus.SUBSTITUTED.value],
+        )
+        return [row[0] for row in cur.fetchall()]
 
 
 def _ready(qs: QuerySet[Any]) -> QuerySet[Any]:
@@ -480,6 +577,19 @@ class EvaluationFinish:
     errors: tuple[str, ...] = ()
 
 
+def _reopen_for(evaluation_id: uuid.UUID, now: datetime) -> bool:
+    """Before the evaluation completes: the builds it needs that were Substituted on another project's
+    word alone (reopen_unconfirmed) are built first. Catches every order of events, such as a build this
+    evaluation linked while pending and another project's evaluation then substituted. Whether any was."""
+    project_id = Evaluation.objects.filter(id=evaluation_id).values_list("project_id", flat=True).first()
+    if project_id is None:
+        return False
+    reopened = _reopen(BuildRange(evaluation_id), project_id, now)
+    if reopened:
+        queue_ready_builds(build_ids=[uuid.UUID(i) for i in reopened], now=now)
+    return bool(reopened)
+
+
 def finish_evaluations(
     *, evaluation_ids: Iterable[uuid.UUID], now: datetime, after_successes: bool = False
 ) -> list[EvaluationFinish]:
@@ -517,6 +627,8 @@ def finish_evaluations(
         )
         if not failed and links.exclude(build__status__in=BUILD_SUCCESS).exists():
             continue  # still building
+        if not failed and _reopen_for(evaluation_id, now):
+            continue  # builds only another project's worker said were cached: built for this one first
         verdict = EvaluationStatus.FAILED if failed else EvaluationStatus.COMPLETED
         errors = tuple(f"{path}: {status}" for path, status in failed)
         extra: dict[str, Any] = {}

@@ -5,7 +5,8 @@ copied (psycopg's COPY) into temporary tables and each table written with one `I
 `ON CONFLICT DO NOTHING` where another evaluation may write the same row; elsewhere (SQLite, the
 embedded mode, for small evaluations) the same steps through the ORM. Both do the same thing:
 
-1. the cached outputs (`cached_path`, with their NAR sizes);
+1. the cached outputs (`cached_path`, with their NAR sizes), each the claim of the projects that speak
+   through this report (`cached_path_claim`; confirmed for every project with GRADIENT_TRUSTED_CACHE);
 2. one shared build per derivation path: existing ones reused, missing ones created (held by the
    part's ingest while the result is still arriving: graph.queue_ready_builds never queues them);
 3. an Aborted build named again is wanted again (Created);
@@ -33,12 +34,14 @@ from datetime import datetime
 from typing import Any
 
 import msgspec
+from django.conf import settings
 from django.db import connection, transaction
 
 from gradient.core.vocab import BuildStatus
 from gradient.scheduling.decisions.derivations import HeldDerivation, inputs_digest, outputs_of
 from gradient.scheduling.models import (
     CachedPath,
+    CachedPathClaim,
     DerivationBuild,
     DerivationBuildDependency,
     EvalIngestInput,
@@ -144,15 +147,31 @@ def store_part(
     hold: bool,
     final: bool,
     now: datetime,
+    claimants: Iterable[uuid.UUID] = (),
 ) -> StoredPart:
     """Store one part (or a whole result: `final` and no earlier part). `ingest_id` names the
     eval_ingest row the pending inputs belong to (None: a whole result, nothing can be pending).
     With `hold`, the builds this part creates are held by that ingest: never queued while it is
-    undecided on an open assignment."""
+    undecided on an open assignment. The cached outputs it names count as cached for the evaluation's
+    project and `claimants` (the projects the reporting worker serves: protocol.md, "Tenants")."""
     by_path = _unique(derivations)
+    claims = _Claims(
+        paths=_cached(by_path),
+        projects=tuple(sorted({evaluation.project_id, *claimants})),
+        trusted=settings.GRADIENT_TRUSTED_CACHE,
+    )
     if connection.vendor == "postgresql":
-        return _store_postgres(evaluation.id, evaluation.priority, by_path, ingest_id, hold, final, now)
-    return _store_portable(evaluation.id, evaluation.priority, by_path, ingest_id, hold, final, now)
+        return _store_postgres(
+            evaluation.id, evaluation.priority, by_path, claims, ingest_id, hold, final, now
+        )
+    return _store_portable(evaluation.id, evaluation.priority, by_path, claims, ingest_id, hold, final, now)
+
+
+@dataclass(frozen=True)
+class _Claims:
+    paths: dict[str, int]  # path -> NAR size
+    projects: tuple[uuid.UUID, ...]  # for whom they count
+    trusted: bool  # for everyone (GRADIENT_TRUSTED_CACHE)
 
 
 # --- PostgreSQL --------------------------------------------------------------------------------------
@@ -210,6 +229,7 @@ def _store_postgres(
     evaluation_id: uuid.UUID,
     priority: bool,
     by_path: dict[str, dict[str, Any]],
+    claims: _Claims,
     ingest_id: uuid.UUID | None,
     hold: bool,
     final: bool,
@@ -221,14 +241,25 @@ def _store_postgres(
     paths = sorted(by_path)  # one order for every writer: concurrent ingests never deadlock on them
     with transaction.atomic(), connection.cursor() as cur:
         cur.execute(_TEMP_TABLES)
-        cached = _cached(by_path)
-        if cached:
-            _copy(cur, "gradient_ingest_cached", "p, n", sorted(cached.items()))
+        if claims.paths:
+            _copy(cur, "gradient_ingest_cached", "p, n", sorted(claims.paths.items()))
             cur.execute(
-                "INSERT INTO cached_path (path, nar_size, created_at) SELECT p, n, %s "
-                "FROM gradient_ingest_cached ORDER BY p ON CONFLICT (path) DO NOTHING",
-                [now],
+                "INSERT INTO cached_path (path, nar_size, confirmed, created_at) SELECT p, n, %s, %s "
+                "FROM gradient_ingest_cached ORDER BY p ON CONFLICT (path) DO "
+                + (
+                    "UPDATE SET confirmed = true WHERE NOT cached_path.confirmed"
+                    if claims.trusted
+                    else "NOTHING"
+                ),
+                [claims.trusted, now],
             )
+            if not claims.trusted:
+                cur.execute(
+                    "INSERT INTO cached_path_claim (path, project_id, created_at) "
+                    "SELECT c.p, j.id, %s FROM gradient_ingest_cached c CROSS JOIN unnest(%s::uuid[]) j(id) "
+                    "ORDER BY 1, 2 ON CONFLICT (path, project_id) DO NOTHING",
+                    [now, list(claims.projects)],
+                )
 
         def rows(ps: Iterable[str]) -> Iterable[tuple[Any, ...]]:
             return (
@@ -390,6 +421,7 @@ def _store_portable(
     evaluation_id: uuid.UUID,
     priority: bool,
     by_path: dict[str, dict[str, Any]],
+    claims: _Claims,
     ingest_id: uuid.UUID | None,
     hold: bool,
     final: bool,
@@ -397,11 +429,18 @@ def _store_portable(
 ) -> StoredPart:
     stored = StoredPart(ids={})
     paths = sorted(by_path)
-    cached = _cached(by_path)
-    if cached:
+    if claims.paths:
         CachedPath.objects.bulk_create(
-            [CachedPath(path=p, nar_size=n) for p, n in cached.items()], ignore_conflicts=True
+            [CachedPath(path=p, nar_size=n, confirmed=claims.trusted) for p, n in claims.paths.items()],
+            ignore_conflicts=True,
         )
+        if claims.trusted:
+            CachedPath.objects.filter(path__in=list(claims.paths), confirmed=False).update(confirmed=True)
+        else:
+            CachedPathClaim.objects.bulk_create(
+                [CachedPathClaim(path=p, project_id=j) for p in claims.paths for j in claims.projects],
+                ignore_conflicts=True,
+            )
     existing = {
         p: (i, s)
         for p, i, s in DerivationBuild.objects.filter(drv_path__in=paths).values_list(

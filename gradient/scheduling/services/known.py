@@ -31,6 +31,7 @@ from gradient.scheduling.models import (
     EvalIngestInput,
     EvaluationBuild,
 )
+from gradient.scheduling.services import graph
 
 # Every condition is an EXISTS that cannot become a join (OFFSET 0): per path an index lookup, whatever
 # the statistics say (see graph._PICK).
@@ -52,7 +53,7 @@ _ANSWER = (
 # the evaluation links already: its closure is linked, or arrives in this result (the worker sends a
 # result closed under inputs: every input of a derivation it sent is sent or named known).
 _LINK_CLOSURE = (
-    "WITH RECURSIVE c(id) AS ("
+    "WITH RECURSIVE c(id) AS ("  # noqa: S608 (constants)
     "SELECT id FROM derivation_build WHERE drv_path = ANY(%s) "
     "UNION "
     "SELECT x.dependency_id FROM c CROSS JOIN LATERAL (SELECT e.dependency_id FROM "
@@ -62,9 +63,16 @@ _LINK_CLOSURE = (
     ", linked AS (INSERT INTO evaluation_build (evaluation_id, build_id, attr, named, blocks_evaluation) "
     "SELECT %s, id, NULL, false, true FROM c ORDER BY id ON CONFLICT (evaluation_id, build_id) DO NOTHING "
     "RETURNING build_id) "
-    # An Aborted build of the closure (its evaluations were cancelled) is wanted again, as when sent.
-    "UPDATE derivation_build b SET status = %s, retry_at = NULL, updated_at = %s "
-    "WHERE b.id = ANY(ARRAY(SELECT build_id FROM linked)) AND b.status = %s RETURNING b.id::text"
+    # An Aborted build of the closure (its evaluations were cancelled) is wanted again, as when sent; a
+    # build Substituted on another project's word alone is built for this one (graph.reopen_unconfirmed).
+    # One UPDATE for both: one pass over the linked builds.
+    "UPDATE derivation_build b SET status = %s, updated_at = %s, "
+    "retry_at = CASE WHEN b.status = %s THEN NULL ELSE b.retry_at END, "
+    "finished_at = CASE WHEN b.status = %s THEN NULL ELSE b.finished_at END, "
+    "queued_at = CASE WHEN b.status = %s THEN NULL ELSE b.queued_at END "
+    "WHERE b.id = ANY(ARRAY(SELECT build_id FROM linked)) AND (b.status = %s OR (b.status = %s AND "
+    + graph.SOME_OUTPUT_UNCACHED
+    + ")) RETURNING b.id::text"
 )
 
 
@@ -107,11 +115,12 @@ def _known_portable(drv_paths: Sequence[str]) -> list[str]:
 
 
 def link_known(
-    *, evaluation_id: uuid.UUID, drv_paths: Sequence[str], now: datetime
+    *, evaluation_id: uuid.UUID, project_id: uuid.UUID, drv_paths: Sequence[str], now: datetime
 ) -> tuple[list[Any], list[str]]:
     """A part's `known_drvs`: each known build and its closure linked to the evaluation (as if sent).
-    Returns the builds of the closure that are wanted again (they were Aborted: Created now, to be
-    decided) and the paths that are not known (the caller fails the evaluation naming them; nothing is
+    Returns the builds of the closure that are to be decided again (Created now: they were Aborted, or
+    Substituted on the word of another project than `project_id`, the evaluation's: protocol.md,
+    "Tenants") and the paths that are not known (the caller fails the evaluation naming them; nothing is
     linked then). Call inside the part's transaction."""
     paths = sorted(set(drv_paths))
     if not paths:
@@ -136,17 +145,23 @@ def link_known(
                     BuildStatus.CREATED.value,
                     now,
                     BuildStatus.ABORTED.value,
+                    BuildStatus.SUBSTITUTED.value,
+                    BuildStatus.SUBSTITUTED.value,
+                    BuildStatus.ABORTED.value,
+                    BuildStatus.SUBSTITUTED.value,
+                    project_id,
                 ],
             )
             return [row[0] for row in cur.fetchall()], []
     linked = _link_portable(evaluation_id, paths)
-    revived = list(
+    revived: list[Any] = list(
         DerivationBuild.objects.filter(id__in=linked, status=BuildStatus.ABORTED).values_list("id", flat=True)
     )
     DerivationBuild.objects.filter(id__in=revived).update(
         status=BuildStatus.CREATED, retry_at=None, updated_at=now
     )
-    return revived, []
+    reopened = graph.reopen_unconfirmed(build_ids=linked, project_id=project_id, now=now)
+    return [*revived, *reopened], []
 
 
 def _link_portable(evaluation_id: uuid.UUID, paths: list[str]) -> list[uuid.UUID]:

@@ -304,7 +304,8 @@ def repair_build_graph(*, evaluation_id: uuid.UUID, now: datetime) -> dict[str, 
             status=BuildStatus.CREATED, retry_at=None, updated_at=now
         )
         # 2. repair_cached_shared_builds_for_eval: builds whose outputs are all cached are done.
-        substituted = len(graph.substitute_cached_builds(build_ids=closure, now=now))
+        project_id = Evaluation.objects.values_list("project_id", flat=True).get(id=evaluation_id)
+        substituted = len(graph.substitute_cached_builds(build_ids=closure, project_id=project_id, now=now))
         # 3. repair_dependency_failed: builds needing a lasting failure fail.
         failed = graph.fail_dependents(build_ids=closure, now=now)
         # 4. adopt_pending_closure: name orphaned pending builds of the closure for this evaluation.
