@@ -10,7 +10,7 @@ them again; with it a process reads them once and keeps them until they no longe
 - a change that can put a build ahead of the book's (a build becomes Queued, a Queued build is
   prioritized or comes out of backoff, a Queued build becomes wanted by another evaluation, an
   evaluation becomes active again) is announced by PostgreSQL: statement-level triggers send
-  NOTIFY gradient_queue (migration 0012), a thread of this process LISTENs and marks every entry old;
+  NOTIFY gradient_queue (migration 0013), a thread of this process LISTENs and marks every entry old;
 - an entry is read again once it is MAX_AGE_SECS old (what the clock alone changes: backoffs that
   end, builds that pass the WaitTime cap; and a lost notification), or when fewer than half of its rows
   are left (the rows behind them were never read).

@@ -74,7 +74,7 @@ def _drop(apps, schema_editor):
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("scheduling", "0011_derivation_inputs_digest"),
+        ("scheduling", "0012_cache_claims"),
     ]
 
     operations = [migrations.RunPython(_create, _drop, elidable=False)]
