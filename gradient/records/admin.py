@@ -8,7 +8,7 @@ from typing import Any
 from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
-from django.urls import reverse
+from django.urls import NoReverseMatch, reverse
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
@@ -29,9 +29,9 @@ from gradient.records.schemas import (
     Resubmit,
     decode_header,
 )
-from gradient.records.selectors import names_in, record_discovery, record_entries
+from gradient.records.selectors import Named, names_in, record_discovery, record_entries
 from gradient.records.services import commit_control
-from gradient.records.timeline import timeline
+from gradient.records.timeline import Line, Ref, timeline
 
 
 def _commit_each(
@@ -175,7 +175,7 @@ def render_timeline(record: JobRecord) -> SafeString | str:
         job = fold(decode_header(record.header, schema=record.header_schema), entries, timezone.now())
     except (DecodeError, InvalidHistory):
         job = None
-    names = names_in(e.body for e in entries)
+    named = names_in(e.body for e in entries)
     now = timezone.now()
     rows = [
         (
@@ -183,11 +183,11 @@ def render_timeline(record: JobRecord) -> SafeString | str:
             ago(row.at, now),
             row.actor or "-",
             row.kind,
-            row.what,
+            _linked(row.parts, named),
             row.effect,
             row.body,
         )
-        for row in timeline(entries, job, names)
+        for row in timeline(entries, job, {key: n.name for key, n in named.items()})
     ]
     return format_html(
         "<table><tr><th>#</th><th>when</th><th>who</th><th>kind</th><th>what</th><th>effect</th>"
@@ -199,6 +199,28 @@ def render_timeline(record: JobRecord) -> SafeString | str:
             rows,
         ),
     )
+
+
+def _page_of(named: Named | None, object_id: str) -> str:
+    """The console page of a named object, or "" where the console has none for its model."""
+    if named is None:
+        return ""
+    app_label, _, model_name = named.model.partition(".")
+    try:
+        return reverse(f"admin:{app_label}_{model_name}_change", args=[object_id])
+    except NoReverseMatch:
+        return ""
+
+
+def _linked(line: Line, named: dict[str, Named]) -> SafeString:
+    """A timeline line as HTML: each object it names is a link to its console page (issue 34, item 9)."""
+    shown: list[SafeString | str] = []
+    for piece in line:
+        if isinstance(piece, Ref) and (url := _page_of(named.get(piece.id), piece.id)):
+            shown.append(format_html('<a href="{}">{}</a>', url, piece.text))
+        else:
+            shown.append(piece.text if isinstance(piece, Ref) else piece)
+    return format_html_join("", "{}", ((p,) for p in shown))
 
 
 def render_job_timeline(job_key: str) -> SafeString | str:
