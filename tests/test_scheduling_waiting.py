@@ -9,10 +9,12 @@ import pytest
 from django.utils import timezone
 
 from gradient.recovery.models import ServerBoot
+from gradient.scheduling.admin_waiting import brief
 from gradient.scheduling.decisions import waiting as w
 from gradient.scheduling.decisions.access import may_take
 from gradient.scheduling.models import BuildStatus, DerivationBuild, EvaluationBuild, EvaluationStatus
 from gradient.scheduling.services import graph
+from gradient.scheduling.services.lifecycle import end_build
 from gradient.scheduling.services.waiting import refresh_waiting_state, repair_build_graph
 from gradient.workers.models import WorkerSession
 from tests.factories import EvaluationFactory, ProjectFactory, connected_worker
@@ -90,6 +92,45 @@ def test_every_blocking_build_fitting_but_none_handable_is_graph_stuck() -> None
         blocking=blocking,
     )
     assert v.reason == {"reason": "graph_stuck", "pending_shared_builds": 1}
+
+
+def test_a_needed_build_that_was_aborted_is_named_even_while_others_build() -> None:
+    """Issue 34, item 9: an aborted build the evaluation needs, whatever aborted it, is named in its
+    waiting reason; the counters alone send it to be assessed even while another build runs."""
+    assert w.phase_from_counters(w.Counters(3, 1, 1, aborted=1)) == w.Phase.ASSESS
+    assert w.phase_from_counters(w.Counters(3, 0, 0, aborted=1)) == w.Phase.ASSESS  # not finalized
+    blocking = [
+        w.BlockingBuild("1", "Aborted", "x86_64-linux", (), name="hello-2.12"),
+        w.BlockingBuild("2", "Building", "x86_64-linux", ()),
+        w.BlockingBuild("3", "Created", "x86_64-linux", ()),
+    ]
+    v = w.assess(
+        status="Building",
+        counters=w.Counters(3, 2, 1, aborted=1),
+        has_open_job=False,
+        pool=w.Pool((X86,)),
+        blocking=blocking,
+    )
+    assert v.reason == {
+        "reason": "graph_stuck",
+        "pending_shared_builds": 2,
+        "aborted_builds": [{"id": "1", "name": "hello-2.12"}],
+        "aborted_count": 1,
+    }
+    assert w.describe(v.reason) == (
+        "Stuck: it needs a shared build that was aborted: hello-2.12; the graph repair queues them again."
+    )
+    assert "queues the aborted builds again" in w.what_happens_next(
+        reason=v.reason, deadline=None, wait_for_workers=False
+    )
+
+
+def test_a_reason_names_the_first_ten_aborted_builds_and_counts_the_rest() -> None:
+    blocking = [w.BlockingBuild(str(i), "Aborted", "x86_64-linux", (), name=f"pkg-{i:02}") for i in range(12)]
+    v = w.building_verdict(blocking, w.Pool((X86,)))
+    assert v.reason is not None and len(v.reason["aborted_builds"]) == 10
+    assert "12 shared builds that were aborted: pkg-00, pkg-01" in w.describe(v.reason)
+    assert w.describe(v.reason).endswith("pkg-09 and 2 more; the graph repair queues them again.")
 
 
 def test_a_draining_worker_is_no_capacity() -> None:
@@ -269,6 +310,34 @@ def test_graph_stuck_runs_the_heal_which_frees_a_shared_build() -> None:
     top.refresh_from_db()
     assert top.status == BuildStatus.QUEUED
     assert EvaluationBuild.objects.filter(evaluation=evaluation, build=base).exists() is False
+
+
+@pytest.mark.django_db
+def test_a_build_aborted_by_a_path_other_than_a_cluster_abort_is_named_then_queued_again() -> None:
+    """Issue 34, item 9: a needed build ended Aborted (here as a worker's aborted verdict or a cluster's
+    settlement end it, lifecycle.end_build) left the evaluation Building for ever with no reason; it is
+    parked naming the build, the heal queues the build again, and the next pass unparks it."""
+    project = ProjectFactory()
+    evaluation = _building(project, [drv("base"), drv("hello", "base")])
+    connected_worker([project])
+    base = DerivationBuild.objects.get(drv_path__endswith="-base.drv")
+    hello = DerivationBuild.objects.get(drv_path__endswith="-hello.drv")
+    DerivationBuild.objects.filter(id=base.id).update(status=BuildStatus.COMPLETED)
+    DerivationBuild.objects.filter(id=hello.id).update(status=BuildStatus.QUEUED)
+    end_build(
+        build_id=hello.id, status=BuildStatus.ABORTED, kind="aborted", error="aborted", now=timezone.now()
+    )
+    r = refresh_waiting_state(now=timezone.now(), grace_secs=300, use_memo=False)
+    evaluation.refresh_from_db()
+    assert evaluation.status == "Waiting" and r.healed == 1
+    assert evaluation.waiting_reason["aborted_builds"] == [{"id": str(hello.id), "name": "hello"}]
+    assert "aborted: hello;" in w.describe(evaluation.waiting_reason)
+    assert brief(evaluation.waiting_reason) == "aborted builds to be queued again: hello"  # the list's column
+    hello.refresh_from_db()
+    assert hello.status == BuildStatus.QUEUED  # revived by the heal, its dependency done
+    refresh_waiting_state(now=timezone.now(), grace_secs=300, use_memo=False)
+    evaluation.refresh_from_db()
+    assert (evaluation.status, evaluation.waiting_reason) == ("Building", None)
 
 
 @pytest.mark.django_db

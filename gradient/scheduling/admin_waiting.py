@@ -50,6 +50,10 @@ def brief(reason: dict[str, Any] | None) -> str:
         return "workers: " + "; ".join(needs)
     if name == "eval_workers":
         return f"a worker that can {reason.get('capability', 'evaluate')}"
+    if name == "graph_stuck" and reason.get("aborted_builds"):
+        return "aborted builds to be queued again: " + ", ".join(
+            str(b.get("name") or b.get("id")) for b in reason["aborted_builds"]
+        )
     return LABELS.get(str(name), str(name))
 
 

@@ -50,17 +50,22 @@ class Phase(StrEnum):
 @dataclass(frozen=True, slots=True)
 class Counters:
     named: int  # shared builds linked to the evaluation
-    active: int  # of those, still wanted (not succeeded, no lasting failure)
+    active: int  # of those, still wanted (not succeeded, no lasting failure, not aborted)
     building: int  # of those, Building right now
+    aborted: int = 0  # of those, Aborted (by whatever path): the evaluation cannot finish on them
 
-    def key(self) -> tuple[int, int, int]:
-        return (self.named, self.active, self.building)
+    def key(self) -> tuple[int, int, int, int]:
+        return (self.named, self.active, self.building, self.aborted)
 
 
 def phase_from_counters(c: Counters) -> Phase:
-    """Counters first: decide without reading a shared build when they suffice."""
+    """Counters first: decide without reading a shared build when they suffice. A needed build that was
+    aborted is looked at at once, whatever else builds: the evaluation can never finish on it, and
+    nothing but the heal brings it back."""
     if c.named == 0:
         return Phase.PRE_BUILD
+    if c.aborted > 0:
+        return Phase.ASSESS
     if c.active == 0:
         return Phase.FINALIZE
     if c.building > 0:
@@ -138,6 +143,7 @@ class BlockingBuild:
     required_features: tuple[str, ...]
     # The projects of the active evaluations that need it; None: not checked.
     projects: tuple[str, ...] | None = None
+    name: str = ""  # the derivation's name (hello-2.12), for a reason that names the build
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,12 +202,29 @@ def pre_build_verdict(status: str, has_open_job: bool, pool: Pool, project: str 
     return NOT_WAITING
 
 
+MAX_NAMED_ABORTED = 10  # aborted builds a reason names; `aborted_count` says how many there are
+
+
 def building_verdict(blocking: Sequence[BlockingBuild], pool: Pool) -> Verdict:
-    """Building with no worker fitting a blocking build: `workers` with the unmet (architecture,
-    features) sets, and (`unserved`) the builds that fitting workers exist for but none of which may
-    take them for a project that needs them; every blocking build fits a worker yet none can be handed
-    out: `graph_stuck`."""
+    """A blocking build that was aborted (by a cancel's race, a cluster's settlement, anything):
+    `graph_stuck` naming it (`aborted_builds`), so the heal queues it again. Else building with no
+    worker fitting a blocking build: `workers` with the unmet (architecture, features) sets, and
+    (`unserved`) the builds that fitting workers exist for but none of which may take them for a
+    project that needs them; every blocking build fits a worker yet none can be handed out:
+    `graph_stuck`."""
     wanted = [b for b in blocking if b.status in STILL_WANTED]
+    aborted = sorted(
+        (b for b in blocking if b.status == BuildStatus.ABORTED), key=lambda b: (b.name, b.build_id)
+    )
+    if aborted:
+        return Verdict(
+            {
+                "reason": "graph_stuck",
+                "pending_shared_builds": len(wanted),
+                "aborted_builds": [{"id": b.build_id, "name": b.name} for b in aborted[:MAX_NAMED_ABORTED]],
+                "aborted_count": len(aborted),
+            }
+        )
     if not wanted:
         return Verdict(None, finalize=True)
     unmet: dict[tuple[str, tuple[str, ...]], int] = {}
@@ -403,6 +426,15 @@ def unserved_words(reason: dict[str, Any]) -> str:
     return f"no connected worker serves {noun} {', '.join(projects)}; {capable} connected serve: {serving}"
 
 
+def aborted_words(reason: dict[str, Any]) -> str:
+    """ "it needs 2 shared builds that were aborted: hello-2.12, openssl-3.0.13"."""
+    named = [str(b.get("name") or str(b.get("id", ""))[:8]) for b in reason.get("aborted_builds", [])]
+    count = int(reason.get("aborted_count", len(named)))
+    more = f" and {count - len(named)} more" if count > len(named) else ""
+    noun = "a shared build that was" if count == 1 else f"{count} shared builds that were"
+    return f"it needs {noun} aborted: {', '.join(named)}{more}"
+
+
 def describe(reason: dict[str, Any] | None) -> str:
     """The reason in words an operator understands."""
     if not reason:
@@ -432,6 +464,8 @@ def describe(reason: dict[str, Any] | None) -> str:
             f"{reason.get('connected_workers', 0)} workers connected; architectures available: {archs}."
             + also
         )
+    if name == "graph_stuck" and reason.get("aborted_builds"):
+        return f"Stuck: {aborted_words(reason)}; the graph repair queues them again."
     if name == "graph_stuck":
         return (
             f"Stuck: {reason.get('pending_shared_builds', 0)} shared builds are pending but none can start; "
@@ -513,6 +547,8 @@ def what_happens_next(
         return f"runs once a worker that can {reason.get('capability', 'evaluate')} connects"
     if name == "draining":
         return "resumes once a server that is not draining serves"
+    if name == "graph_stuck" and reason.get("aborted_builds"):
+        return "the graph repair queues the aborted builds again; it builds on once they are queued"
     if name == "graph_stuck":
         return "the waiting pass repairs its graph (a DrvRecovery evaluation if a .drv is lost)"
     return "runs once what it waits for is there"

@@ -89,11 +89,12 @@ def _counters(evaluation_ids: list[uuid.UUID]) -> dict[uuid.UUID, w.Counters]:
             named=Count("id"),
             active=Count("id", filter=still_wanted),
             building=Count("id", filter=Q(build__status=BuildStatus.BUILDING)),
+            aborted=Count("id", filter=Q(build__status=BuildStatus.ABORTED)),
         )
     )
     out = {e: w.Counters(0, 0, 0) for e in evaluation_ids}
     for r in rows:
-        out[r["evaluation_id"]] = w.Counters(r["named"], r["active"], r["building"])
+        out[r["evaluation_id"]] = w.Counters(r["named"], r["active"], r["building"], r["aborted"])
     return out
 
 
@@ -103,6 +104,9 @@ def _blocking(evaluation_id: uuid.UUID) -> list[w.BlockingBuild]:
             "build_id", "build__status", "build__system", "build__required_features"
         )
     )
+    # An aborted one is named in the reason (issue 34, item 9): its derivation's name, read only then.
+    aborted = [b for b, status, _, _ in rows if status == BuildStatus.ABORTED]
+    names = {b.id: b.name for b in DerivationBuild.objects.filter(id__in=aborted).only("id", "drv_path")}
     # A shared build can be handed to a worker of any project whose active evaluation needs it.
     wanted_by: dict[uuid.UUID, set[str]] = defaultdict(set)
     for build_id, project in EvaluationBuild.objects.filter(
@@ -110,7 +114,9 @@ def _blocking(evaluation_id: uuid.UUID) -> list[w.BlockingBuild]:
     ).values_list("build_id", "evaluation__project__name"):
         wanted_by[build_id].add(project)
     return [
-        w.BlockingBuild(str(b), status, system, tuple(features or ()), tuple(sorted(wanted_by[b])))
+        w.BlockingBuild(
+            str(b), status, system, tuple(features or ()), tuple(sorted(wanted_by[b])), names.get(b, "")
+        )
         for b, status, system, features in rows
     ]
 
@@ -303,6 +309,12 @@ def repair_build_graph(*, evaluation_id: uuid.UUID, now: datetime) -> dict[str, 
         thawed = DerivationBuild.objects.filter(id__in=closure, status=BuildStatus.FAILED_TRANSIENT).update(
             status=BuildStatus.CREATED, retry_at=None, updated_at=now
         )
+        # ... and revive what was aborted while this active evaluation still needs it (by a cancel that
+        # raced a new link, a cluster's settlement, whatever path): wanted again, as an ingest that
+        # links an aborted build wants it again.
+        revived = DerivationBuild.objects.filter(id__in=closure, status=BuildStatus.ABORTED).update(
+            status=BuildStatus.CREATED, retry_at=None, finished_at=None, updated_at=now
+        )
         # 2. repair_cached_shared_builds_for_eval: builds whose outputs are all cached are done.
         substituted = len(graph.substitute_cached_builds(build_ids=closure, now=now))
         # 3. repair_dependency_failed: builds needing a lasting failure fail.
@@ -322,6 +334,7 @@ def repair_build_graph(*, evaluation_id: uuid.UUID, now: datetime) -> dict[str, 
         queued = graph.queue_ready_builds(build_ids=closure, now=now)
     return {
         "thawed": thawed,
+        "revived": revived,
         "substituted": substituted,
         "failed": failed,
         "adopted": len(adopted),
