@@ -133,6 +133,48 @@ def test_a_reason_names_the_first_ten_aborted_builds_and_counts_the_rest() -> No
     assert w.describe(v.reason).endswith("pkg-09 and 2 more; the graph repair queues them again.")
 
 
+HOT = w.PoolWorker(True, True, True, ("x86_64-linux",), (), saturation=("CPU > 80 %",))
+
+
+def test_work_held_back_by_resource_saturation_says_so() -> None:
+    """Issue 34, item 9: a Queued build every capable worker is too loaded to take waited in silence."""
+    blocking = [w.BlockingBuild("1", "Queued", "x86_64-linux", ())]
+    v = w.assess(
+        status="Building",
+        counters=w.Counters(1, 1, 0),
+        has_open_job=False,
+        pool=w.Pool((HOT, HOT, HOT, EVAL_ONLY)),
+        blocking=blocking,
+    )
+    assert v.reason == {
+        "reason": "saturated",
+        "builds": 1,
+        "capable_workers": 3,
+        "signals": {"CPU > 80 %": 3},
+    }
+    assert w.describe(v.reason) == (
+        "Held back by ResourceSaturation: 3 workers can build it; all report CPU > 80 %."
+    )
+    assert "reports less load" in w.what_happens_next(reason=v.reason, deadline=None, wait_for_workers=False)
+    assert not w.abortable(v.reason) and w.evaluation_job_done("Waiting", v.reason)
+
+
+def test_one_capable_worker_under_the_thresholds_or_a_prioritized_build_is_not_held_back() -> None:
+    queued = [w.BlockingBuild("1", "Queued", "x86_64-linux", ())]
+    assert w.building_verdict(queued, w.Pool((HOT, X86))) == w.NOT_WAITING
+    prioritized = [w.BlockingBuild("1", "Queued", "x86_64-linux", (), prioritized=True)]
+    assert w.building_verdict(prioritized, w.Pool((HOT,))) == w.NOT_WAITING  # Qos outweighs one signal
+
+
+def test_mixed_saturation_signals_are_counted_each() -> None:
+    ram = w.PoolWorker(True, True, True, ("x86_64-linux",), (), saturation=("free RAM < 10 %",))
+    v = w.building_verdict([w.BlockingBuild("1", "Queued", "x86_64-linux", ())], w.Pool((HOT, ram, HOT)))
+    assert w.describe(v.reason) == (
+        "Held back by ResourceSaturation: 3 workers can build it; all are saturated: "
+        "2 report CPU > 80 %, 1 reports free RAM < 10 %."
+    )
+
+
 def test_a_draining_worker_is_no_capacity() -> None:
     draining = w.PoolWorker(True, True, True, ("x86_64-linux",), (), draining=True)
     blocking = [w.BlockingBuild("1", "Queued", "x86_64-linux", ())]
@@ -335,6 +377,44 @@ def test_a_build_aborted_by_a_path_other_than_a_cluster_abort_is_named_then_queu
     assert brief(evaluation.waiting_reason) == "aborted builds to be queued again: hello"  # the list's column
     hello.refresh_from_db()
     assert hello.status == BuildStatus.QUEUED  # revived by the heal, its dependency done
+    refresh_waiting_state(now=timezone.now(), grace_secs=300, use_memo=False)
+    evaluation.refresh_from_db()
+    assert (evaluation.status, evaluation.waiting_reason) == ("Building", None)
+
+
+def _hot(project, *, metrics_age: float = 0.0):  # type: ignore[no-untyped-def]
+    return connected_worker(
+        [project], cpu_usage_pct=95.0, metrics_at=timezone.now() - timedelta(seconds=metrics_age)
+    )
+
+
+@pytest.mark.django_db
+def test_the_pass_parks_work_held_back_by_saturation_and_stale_metrics_hold_nothing_back() -> None:
+    """Issue 34, item 9: "3 workers can build it; all report CPU > 80 %"; metrics older than 60 s are
+    unknown, so they park nothing (and unpark what they parked)."""
+    project = ProjectFactory()
+    evaluation = _building(project, [drv("hello")])
+    hot = [_hot(project) for _ in range(3)]
+    refresh_waiting_state(now=timezone.now(), grace_secs=300, use_memo=False)
+    evaluation.refresh_from_db()
+    assert evaluation.status == "Waiting" and evaluation.waiting_reason["reason"] == "saturated"
+    assert w.describe(evaluation.waiting_reason) == (
+        "Held back by ResourceSaturation: 3 workers can build it; all report CPU > 80 %."
+    )
+    assert brief(evaluation.waiting_reason) == "a less loaded worker (theirs: CPU > 80 %)"
+    later = timezone.now() + timedelta(seconds=61)
+    refresh_waiting_state(now=later, grace_secs=300, use_memo=False)
+    evaluation.refresh_from_db()
+    assert (evaluation.status, evaluation.waiting_reason) == ("Building", None)
+    assert len(hot) == 3
+
+
+@pytest.mark.django_db
+def test_the_simple_policy_holds_nothing_back_for_saturation(settings) -> None:  # type: ignore[no-untyped-def]
+    settings.GRADIENT_SCHEDULING_POLICY = "simple"
+    project = ProjectFactory()
+    evaluation = _building(project, [drv("hello")])
+    _hot(project)
     refresh_waiting_state(now=timezone.now(), grace_secs=300, use_memo=False)
     evaluation.refresh_from_db()
     assert (evaluation.status, evaluation.waiting_reason) == ("Building", None)
