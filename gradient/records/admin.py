@@ -3,7 +3,7 @@ when, what), and actions that commit control intents as the signed-in operator."
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 from django.contrib import admin, messages
 from django.db.models import QuerySet
@@ -13,7 +13,7 @@ from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
-from gradient.console import ago, when
+from gradient.console import ago, flag, when
 from gradient.records.decisions.fold import fold
 from gradient.records.decisions.project import project
 from gradient.records.errors import DecodeError, InvalidHistory, RecordError
@@ -56,12 +56,15 @@ def _action(name: str, intent: ControlIntent, description: str):  # type: ignore
     return admin.action(description=description, permissions=["operate"])(action)
 
 
+SETTLED = flag("settled", yes="settled", no="not yet")
+
+
 @admin.register(JobRecord)
 class JobRecordAdmin(admin.ModelAdmin):
     list_display = [
         "job_key",
         "revision",
-        "settled",
+        SETTLED,
         when("settled_at", "settled at"),
         when("created_at", "created"),
         when("tombstoned_at", "tombstoned"),
@@ -69,7 +72,7 @@ class JobRecordAdmin(admin.ModelAdmin):
     list_filter = ["settled", ("tombstoned_at", admin.EmptyFieldListFilter)]
     search_fields = ["job_key", "idempotency_key"]
     date_hierarchy = "created_at"
-    readonly_fields = [
+    readonly_fields: ClassVar[Any] = [
         "job_key",
         "revision",
         "status_summary",
@@ -77,7 +80,7 @@ class JobRecordAdmin(admin.ModelAdmin):
         "timeline_table",
         "idempotency_key",
         "digest",
-        "settled",
+        SETTLED,
         "settled_at",
         "tombstoned_at",
         "created_by",
