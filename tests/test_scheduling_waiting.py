@@ -118,7 +118,7 @@ def test_a_needed_build_that_was_aborted_is_named_even_while_others_build() -> N
         "aborted_count": 1,
     }
     assert w.describe(v.reason) == (
-        "Stuck: it needs a shared build that was aborted: hello-2.12; the graph repair queues them again."
+        "Stuck: it needs a shared build that was aborted: hello-2.12; the graph repair queues it again."
     )
     assert "queues the aborted builds again" in w.what_happens_next(
         reason=v.reason, deadline=None, wait_for_workers=False

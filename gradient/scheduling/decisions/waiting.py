@@ -525,7 +525,8 @@ def describe(reason: dict[str, Any] | None) -> str:
     if name == "saturated":
         return f"Held back by ResourceSaturation: {saturation_words(reason)}."
     if name == "graph_stuck" and reason.get("aborted_builds"):
-        return f"Stuck: {aborted_words(reason)}; the graph repair queues them again."
+        them = "it" if int(reason.get("aborted_count", 1)) == 1 else "them"
+        return f"Stuck: {aborted_words(reason)}; the graph repair queues {them} again."
     if name == "graph_stuck":
         return (
             f"Stuck: {reason.get('pending_shared_builds', 0)} shared builds are pending but none can start; "
