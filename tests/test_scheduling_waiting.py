@@ -8,6 +8,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
+from gradient.records.models import RecordEntry
 from gradient.recovery.models import ServerBoot
 from gradient.scheduling.admin_waiting import brief
 from gradient.scheduling.decisions import waiting as w
@@ -16,7 +17,7 @@ from gradient.scheduling.models import BuildStatus, DerivationBuild, EvaluationB
 from gradient.scheduling.services import graph
 from gradient.scheduling.services.lifecycle import end_build
 from gradient.scheduling.services.waiting import refresh_waiting_state, repair_build_graph
-from gradient.workers.models import WorkerSession
+from gradient.workers.models import Worker, WorkerSession
 from tests.factories import EvaluationFactory, ProjectFactory, connected_worker
 from tests.scheduling_helpers import drv
 
@@ -407,6 +408,22 @@ def test_the_pass_parks_work_held_back_by_saturation_and_stale_metrics_hold_noth
     evaluation.refresh_from_db()
     assert (evaluation.status, evaluation.waiting_reason) == ("Building", None)
     assert len(hot) == 3
+
+
+@pytest.mark.django_db
+def test_a_shift_in_the_workers_load_updates_the_words_but_adds_no_fact_to_the_record() -> None:
+    project = ProjectFactory()
+    evaluation = EvaluationFactory(project=project, status=EvaluationStatus.BUILDING)
+    graph.ingest_eval_result(evaluation=evaluation, derivations=[drv("hello")], now=timezone.now())
+    worker = _hot(project)
+    refresh_waiting_state(now=timezone.now(), grace_secs=300, use_memo=False)
+    facts = RecordEntry.objects.filter(record__job_key=evaluation.job_key).count()
+    Worker.objects.filter(id=worker.id).update(ram_free_mb=100, ram_total_mb=16000)
+    refresh_waiting_state(now=timezone.now(), grace_secs=300, use_memo=False)
+    evaluation.refresh_from_db()
+    assert evaluation.waiting_reason["signals"] == {"CPU > 80 %": 1, "free RAM < 10 %": 1}
+    assert "it reports CPU > 80 % and free RAM < 10 %" in w.describe(evaluation.waiting_reason)
+    assert RecordEntry.objects.filter(record__job_key=evaluation.job_key).count() == facts
 
 
 @pytest.mark.django_db

@@ -425,6 +425,11 @@ def same_park(old: dict[str, Any] | None, new: dict[str, Any]) -> bool:
     return old is not None and all(old.get(k) == new.get(k) for k in keys)
 
 
+def load_shift_only(old: dict[str, Any] | None, new: dict[str, Any]) -> bool:
+    """A `saturated` park that stays one, only its workers' load said differently: not a new park."""
+    return old is not None and old.get("reason") == new.get("reason") == "saturated"
+
+
 def unbuildable_due(
     *,
     reason: dict[str, Any] | None,

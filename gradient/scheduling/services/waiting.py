@@ -280,6 +280,13 @@ def _apply(
         return
     if old == verdict.reason and evaluation.status == EvaluationStatus.WAITING:
         return  # unchanged: nothing is written
+    if w.load_shift_only(old, verdict.reason) and evaluation.status == EvaluationStatus.WAITING:
+        # The workers' load moved (which signals, how many): the words follow it, but the record
+        # gets no fact per heartbeat's shift; the park itself is unchanged.
+        Evaluation.objects.filter(id=evaluation.id, status=EvaluationStatus.WAITING).update(
+            waiting_reason=verdict.reason
+        )
+        return
     kept = w.same_park(old, verdict.reason)
     since = evaluation.waiting_since if kept and evaluation.waiting_since else now
     expected = evaluation.status
