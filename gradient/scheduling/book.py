@@ -31,7 +31,7 @@ import time
 import uuid
 from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, Protocol, TypeVar
 
 log = logging.getLogger("gradient.scheduling")
 
@@ -41,11 +41,20 @@ RECONNECT_SECS = 1.0
 RECENT_SECS = 5.0
 RECENT_MAX = 20_000
 
-Row = tuple[Any, ...]  # (id, queued_at, created_at, prioritized, system, required_features)
+
+class Item(Protocol):
+    """What the book keeps: anything with the build's id (the hand-out path keeps its ranked
+    selectors.BuildRef)."""
+
+    @property
+    def id(self) -> uuid.UUID: ...
+
+
+Row = TypeVar("Row", bound=Item)
 
 
 @dataclass
-class _Entry:
+class _Entry(Generic[Row]):
     rows: list[Row]
     generation: int
     loaded_at: float
@@ -53,7 +62,7 @@ class _Entry:
     gone: set[uuid.UUID] = field(default_factory=set)
 
     def left(self) -> list[Row]:
-        return [r for r in self.rows if r[0] not in self.gone]
+        return [r for r in self.rows if r.id not in self.gone]
 
 
 class QueueBook:
@@ -61,7 +70,7 @@ class QueueBook:
 
     def __init__(self, max_age: float = MAX_AGE_SECS) -> None:
         self._lock = threading.Lock()
-        self._entries: dict[Hashable, _Entry] = {}
+        self._entries: dict[Hashable, _Entry[Any]] = {}
         self._generation = 0
         self._max_age = max_age
         # Builds gone lately, with when: a read that began before their claim committed still sees them

@@ -235,10 +235,11 @@ class BuildRef:
     queued_at: datetime | None
     created_at: datetime
     prioritized: bool
+    job_key: str = ""  # build_key(id), made once (a batch compares many)
 
-    @property
-    def job_key(self) -> str:
-        return build_key(self.id)
+    def __post_init__(self) -> None:
+        if not self.job_key:
+            object.__setattr__(self, "job_key", build_key(self.id))
 
 
 def _queued_builds_for(state: WorkerState, now: datetime) -> QuerySet[DerivationBuild]:

@@ -133,7 +133,8 @@ class _Asking:
     view: WorkerView
     scores: dict[str, tuple[int, int]]
     ranked: list[Score] = field(default_factory=list)  # best first; the worker's own scores applied
-    shared: list[Candidate] | None = None  # or: the group's order, scored for this worker lazily
+    shared: list[selectors.BuildRef] | None = None  # or: the group's order, scored for this worker lazily
+    now: datetime | None = None  # when the group's order is scored
     at: int = 0
 
     def next_choice(self, taken: set[str], pool: PoolView, policy: str) -> Score | None:
@@ -146,10 +147,12 @@ class _Asking:
                     return choice
             return None
         while self.at < len(self.shared):
-            candidate = self.shared[self.at]
+            ref = self.shared[self.at]
             self.at += 1
-            if candidate.job_id in taken:
+            if ref.job_key in taken:
                 continue
+            assert self.now is not None  # set with shared
+            candidate = _candidate(ref, self.now, {})
             # Unscored builds differ only in wait and priority, which no worker's view changes: the
             # group's order is this worker's too, and what the worker's view adds (saturation, the
             # fetch reserve) is the same for all of them, so the first free one is its best, if any.
@@ -298,14 +301,9 @@ def _rank_each(asking: list[_Asking], pool: PoolView, policy: str, now: datetime
     for members in groups.values():
         plain = [a for a in members if not a.scores]
         if plain:
-            refs = _shared_heads(plain[0].state, now, cap, max(PRESELECT, 2 * len(plain) + 8 + busy))
-            by_key = {r.job_key: r for r in refs}
-            order = [
-                by_key[s.job_id] for s in rank([_candidate(r, now, {}) for r in refs], WorkerView(), pool)
-            ]
-            shared = [_candidate(r, now, {}) for r in order]
+            shared = _shared_heads(plain[0].state, now, cap, pool, max(PRESELECT, 2 * len(plain) + 8 + busy))
             for a in plain:
-                a.shared = shared
+                a.shared, a.now = shared, now
         for a in members:
             if a.scores:
                 a.ranked = _ranked_with_scores(a, pool, policy, now, cap)
@@ -316,20 +314,24 @@ BOOK_PRESELECT = 4 * PRESELECT
 
 
 def _shared_heads(
-    state: selectors.WorkerState, now: datetime, cap: float, preselect: int
+    state: selectors.WorkerState, now: datetime, cap: float | None, pool: PoolView, preselect: int
 ) -> list[selectors.BuildRef]:
     """The heads of the queue for workers of this one's kind: from this process's book where it keeps one
     (gradient.scheduling.book), else read now."""
     kept = queue_book.book()
+
+    def ranked(n: int) -> list[selectors.BuildRef]:
+        """Read and put in the order every unscored worker of this kind ranks them: prioritized, then
+        the longest wait, then the id. Time changes every build's wait alike, so the order holds while
+        the book keeps it (the WaitTime cap, which makes waits past it tie, is one reason the book
+        reads again after a second)."""
+        refs = selectors.queued_build_refs(state, now, wait_cap_secs=cap, preselect=n)
+        by_key = {r.job_key: r for r in refs}
+        return [by_key[s.job_id] for s in rank([_candidate(r, now, {}) for r in refs], WorkerView(), pool)]
+
     if kept is None:
-        return selectors.queued_build_refs(state, now, wait_cap_secs=cap, preselect=preselect)
-    shape = (*_shape(state), cap is None)
-    rows = kept.heads(
-        shape,
-        max(preselect, BOOK_PRESELECT),
-        lambda n: selectors.queued_head_rows(state, now, wait_cap_secs=cap, preselect=n),
-    )
-    return selectors.build_refs(state, rows)
+        return ranked(preselect)
+    return kept.heads((*_shape(state), cap is None), max(preselect, BOOK_PRESELECT), ranked)
 
 
 def _ranked_with_scores(a: _Asking, pool: PoolView, policy: str, now: datetime, cap: float) -> list[Score]:

@@ -169,7 +169,7 @@ def assignments_reported(*, reports: Sequence[AssignmentReports], now: datetime)
         return set()
     if connection.vendor != "postgresql":
         return _assignments_reported_apart(reports, now)
-    params = {
+    params: dict[str, Any] = {
         "ids": [r.row.id for r in reports],
         "accepted": [r.accepted for r in reports],
         "phase": [r.phase for r in reports],
