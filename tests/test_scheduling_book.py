@@ -196,3 +196,23 @@ def test_requests_answered_from_a_book_behind_still_get_the_builds_that_are_left
         assert book.loads >= 1
     finally:
         queue_book.disable()
+
+
+@pytest.mark.django_db
+def test_a_request_whose_claims_all_lost_is_asked_again_and_one_with_no_work_left_is_not() -> None:
+    from gradient.core.protocol import AssignJob
+    from gradient.scheduling.services.assignment import ASK_AGAIN, hand_out_builds
+
+    project = ProjectFactory()
+    _building(project, ["p", "q", "r"])
+    first, second = connected_worker([project]), connected_worker([project])
+    queue_book.enable()
+    try:
+        [handed] = hand_out_builds(worker_ids=[first.id], now=timezone.now())
+        assert isinstance(handed, AssignJob)
+        # The two left are taken behind the book's back, as another process's batch takes them.
+        DerivationBuild.objects.filter(status=BuildStatus.QUEUED).update(status=BuildStatus.BUILDING)
+        assert hand_out_builds(worker_ids=[second.id], now=timezone.now()) == [ASK_AGAIN]
+        assert hand_out_builds(worker_ids=[second.id], now=timezone.now()) == [None], "nothing left"
+    finally:
+        queue_book.disable()

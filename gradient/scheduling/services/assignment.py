@@ -136,6 +136,7 @@ class _Asking:
     shared: list[selectors.BuildRef] | None = None  # or: the group's order, scored for this worker lazily
     now: datetime | None = None  # when the group's order is scored
     at: int = 0
+    lost: bool = False  # a claim of this request lost
 
     def next_choice(self, taken: set[str], pool: PoolView, policy: str) -> Score | None:
         """The best candidate not taken by an earlier request of the batch (or lost), or None."""
@@ -162,19 +163,24 @@ class _Asking:
 
 
 def request_builds(
-    *, worker_ids: Sequence[uuid.UUID], now: datetime, tried: list[uuid.UUID]
+    *,
+    worker_ids: Sequence[uuid.UUID],
+    now: datetime,
+    tried: list[uuid.UUID],
+    lost: set[int] | None = None,
 ) -> list[Assignment | None]:
     """Answer a batch of RequestJob{build}, one entry per request (a worker with several free slots asks
     once per slot), in one transaction that this entry owns: the workers read together, the pending
     builds read once per kind of worker, each request ranked by the pure scoring rules, and every
     choice claimed in one statement (lifecycle.claim_builds); a lost claim moves on to the request's
     next choice. None for a request left unanswered: an idle slot for cluster placement. `tried`
-    collects every claim's assignment id before it is made (hand_out_builds finds unheard ones)."""
+    collects every claim's assignment id before it is made (hand_out_builds finds unheard ones); `lost`
+    the index of every request left unanswered after its claims lost (work there was, taken by others)."""
     answers: list[Assignment | None] = [None] * len(worker_ids)
     chosen: set[str] = set()
     try:
         with transaction.atomic(durable=True):
-            _request_builds(worker_ids, answers, chosen, now, tried)
+            _request_builds(worker_ids, answers, chosen, now, tried, lost if lost is not None else set())
     finally:
         with _claiming_lock:
             _claiming.difference_update(chosen)
@@ -194,6 +200,7 @@ def _request_builds(
     chosen: set[str],
     now: datetime,
     tried: list[uuid.UUID],
+    lost: set[int],
 ) -> None:
     states = selectors.worker_states(worker_ids)
     open_builds = selectors.open_builds_of(list(states))
@@ -233,6 +240,7 @@ def _request_builds(
             a.shared, a.at = None, 0
         _rank_each(behind, pool, policy, now, len(busy))
         won += _claim_choices(behind, answers, pool, policy, now, tried, busy | chosen, chosen)
+    lost.update(a.index for a in asking if answers[a.index] is None and a.lost)
     idle.extend(a.state.id for a in asking if answers[a.index] is None)
     _clear_idle_slots(full + won, JobKind.BUILD)
     _record_idle_slots(idle, JobKind.BUILD, now)
@@ -410,6 +418,7 @@ def _claim_choices(
                 )
                 served.append(a.state.id)
             else:
+                a.lost = True
                 waiting.append(a)
     return served
 
@@ -513,18 +522,30 @@ def hand_out(*, worker_id: uuid.UUID, protocol_kind: JobKindName, now: datetime)
     return handed.message()
 
 
-def hand_out_builds(*, worker_ids: Sequence[uuid.UUID], now: datetime) -> list[AssignJob | None]:
+class AskAgain:
+    """The answer to a RequestJob whose claims all lost to other claimers: there was work; the request
+    goes into the next batch instead of waiting for the worker to ask again."""
+
+
+ASK_AGAIN = AskAgain()
+
+
+def hand_out_builds(*, worker_ids: Sequence[uuid.UUID], now: datetime) -> list[AssignJob | AskAgain | None]:
     """A batch of RequestJob{build} from any sessions of this process (the dispatcher's): the AssignJob
-    of each, or None for one left unanswered, once the batch's claims committed. A claim whose commit
-    went unheard is handed out as in hand_out."""
+    of each, ASK_AGAIN for one whose claims lost, or None for one left unanswered, once the batch's
+    claims committed. A claim whose commit went unheard is handed out as in hand_out."""
     tried: list[uuid.UUID] = []
+    lost: set[int] = set()
     try:
-        handed = request_builds(worker_ids=worker_ids, now=now, tried=tried)
+        handed = request_builds(worker_ids=worker_ids, now=now, tried=tried, lost=lost)
     except (OperationalError, InterfaceError):
-        return _unheard_or_raise(worker_ids, tried)
+        return list(_unheard_or_raise(worker_ids, tried))
     if any(h is None for h in handed):
         _idle_slots_appeared()
-    return [h.message() if h is not None else None for h in handed]
+    return [
+        h.message() if h is not None else ASK_AGAIN if index in lost else None
+        for index, h in enumerate(handed)
+    ]
 
 
 def _unheard_or_raise(worker_ids: Sequence[uuid.UUID], tried: list[uuid.UUID]) -> list[AssignJob | None]:
