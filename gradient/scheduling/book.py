@@ -40,6 +40,7 @@ MAX_AGE_SECS = 1.0
 RECONNECT_SECS = 1.0
 RECENT_SECS = 5.0
 RECENT_MAX = 20_000
+PAYLOADS_MAX = 50_000
 
 
 class Item(Protocol):
@@ -51,6 +52,7 @@ class Item(Protocol):
 
 
 Row = TypeVar("Row", bound=Item)
+P = TypeVar("P")
 
 
 @dataclass
@@ -77,6 +79,7 @@ class QueueBook:
         # Queued, so a fresh entry starts with them gone (kept for RECENT_SECS).
         self._recent: dict[uuid.UUID, float] = {}
         self.loads = 0  # how many times the queue was read (the benchmark and the tests look)
+        self._payloads: dict[uuid.UUID, Any] = {}  # insertion-ordered: the oldest first
 
     def changed(self) -> None:
         """Something may have put a build ahead of what the book holds: every entry is read again."""
@@ -105,6 +108,24 @@ class QueueBook:
             # Read before a change announced meanwhile? Then it is stored as old already.
             entry = self._entries[shape] = _Entry(rows, generation, now, preselect, set(self._recent))
             return entry.left()
+
+    def payloads(
+        self, build_ids: Iterable[uuid.UUID], load: Callable[[list[uuid.UUID]], dict[uuid.UUID, P]]
+    ) -> dict[uuid.UUID, P]:
+        """Each build's job payload, made once per process (a build's payload never changes): those not
+        kept yet loaded with `load(missing)`; the oldest forgotten past PAYLOADS_MAX."""
+        ids = list(build_ids)
+        with self._lock:
+            found = {b: self._payloads[b] for b in ids if b in self._payloads}
+        missing = [b for b in ids if b not in found]
+        if missing:
+            made = load(missing)
+            with self._lock:
+                self._payloads.update(made)
+                while len(self._payloads) > PAYLOADS_MAX:
+                    self._payloads.pop(next(iter(self._payloads)))
+            found.update(made)
+        return found
 
     def gone(self, build_ids: Iterable[uuid.UUID]) -> None:
         """Builds claimed, or whose claim lost: out of every entry."""

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+import msgspec
 from django.conf import settings
 from django.db import InterfaceError, OperationalError, transaction
 from django.utils import timezone
@@ -384,15 +385,16 @@ def _claim_choices(
         if not chosen_now:
             break
         chosen.update(c.job_id for _, c in chosen_now)
-        builds = DerivationBuild.objects.in_bulk([_build_id(c.job_id) for _, c in chosen_now])
+        builds = _payloads([_build_id(c.job_id) for _, c in chosen_now])
         # The claim's time is when the rows are locked, not when the requests arrived: a build queued by a
         # dependency that finished meanwhile is never shown dispatched before that dependency finished.
         claimed_at = max(now, timezone.now())
         claims: list[tuple[_Asking, Score, BuildClaim, Job]] = []
         for a, choice in chosen_now:
-            build = builds.get(_build_id(choice.job_id))
-            if build is None:
+            made = builds.get(_build_id(choice.job_id))
+            if made is None:
                 continue
+            build, job, job_builtins = made
             s = a.scores.get(choice.job_id)
             terms = ClaimTerms(
                 score=choice.total,
@@ -401,9 +403,13 @@ def _claim_choices(
                 missing_count=s[1] if s else None,
             )
             tried.append(assignment_id := uuid.uuid4())
-            job = jobs.build_job(build)
             claim = lifecycle.build_claim(
-                build=build, worker_id=a.state.id, job=job, terms=terms, assignment_id=assignment_id
+                build=build,
+                worker_id=a.state.id,
+                job=job,
+                terms=terms,
+                assignment_id=assignment_id,
+                job_builtins=job_builtins,
             )
             claims.append((a, choice, claim, job))
         won = lifecycle.claim_builds(claims=[c for _, _, c, _ in claims], now=claimed_at)
@@ -421,6 +427,25 @@ def _claim_choices(
                 a.lost = True
                 waiting.append(a)
     return served
+
+
+_Payload = tuple[DerivationBuild, Job, dict[str, Any] | None]
+
+
+def _payloads(build_ids: list[uuid.UUID]) -> dict[uuid.UUID, _Payload]:
+    """The chosen builds with their AssignJob payloads: from this process's book, which makes each
+    build's once (the claim statement takes the queued time from the locked row, not from the kept
+    one); read now where no book is kept."""
+
+    def made(ids: list[uuid.UUID]) -> dict[uuid.UUID, _Payload]:
+        out: dict[uuid.UUID, _Payload] = {}
+        for build in DerivationBuild.objects.filter(id__in=ids):
+            job = jobs.build_job(build)
+            out[build.id] = (build, job, msgspec.to_builtins(job) if kept is not None else None)
+        return out
+
+    kept = queue_book.book()
+    return made(build_ids) if kept is None else kept.payloads(build_ids, made)
 
 
 def _build_id(job_key: str) -> uuid.UUID:
