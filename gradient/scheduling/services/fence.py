@@ -11,6 +11,8 @@ from __future__ import annotations
 import uuid
 from collections.abc import Sequence
 
+from django.db import connection
+
 from gradient.core.ids import parse_uuid
 from gradient.scheduling.models import DispatchedJob
 from gradient.scheduling.services.lifecycle import ReportOutcome
@@ -46,19 +48,46 @@ def fenced_assignments(
     if not wanted:
         return {}, set()
     ids = list(wanted)
-    members = set(
-        DispatchedJob.objects.filter(
-            id__in=ids, finished_at__isnull=True, cluster_attempt__isnull=False
-        ).values_list("id", flat=True)
-    )
-    singles = [assignment_id for assignment_id in wanted if assignment_id not in members]
-    if not singles:
-        return {}, members
-    rows = (
-        DispatchedJob.objects.select_for_update(no_key=True)
-        .filter(id__in=singles, finished_at__isnull=True, cluster_attempt__isnull=True)
-        .order_by("id")
+    if connection.vendor == "postgresql":
+        rows = _open_singles_locked(ids)
+    else:
+        rows = list(
+            DispatchedJob.objects.select_for_update(no_key=True)
+            .filter(id__in=ids, finished_at__isnull=True, cluster_attempt__isnull=True)
+            .order_by("id")
+        )
+    found = {row.id for row in rows}
+    # Cluster members are looked for only among the ids that are no open single assignment (usually
+    # none: no second statement).
+    others = [assignment_id for assignment_id in ids if assignment_id not in found]
+    members = (
+        set(
+            DispatchedJob.objects.filter(
+                id__in=others, finished_at__isnull=True, cluster_attempt__isnull=False
+            ).values_list("id", flat=True)
+        )
+        if others
+        else set()
     )
     # The worker and the job must match too: checked here rather than as one OR term per report in the
     # statement (a batch of hundreds made the ORM build a statement far costlier than the read).
     return {row.id: row for row in rows if (row.worker_id, row.job_id) in wanted[row.id]}, members
+
+
+# The assignment rows a report batch needs, as fixed text (PostgreSQL): every batch asks, and building
+# the ORM's statement cost more than running it. The job payload and the score's breakdown are left
+# out (deferred: read from the database if anything asks, which a build's usual reports never do).
+_FENCE_FIELDS = [f for f in DispatchedJob._meta.concrete_fields if f.name not in ("job", "score_breakdown")]
+_FENCE_SQL = (
+    "SELECT "  # noqa: S608 (column names from the model, no input)
+    + ", ".join(f.column for f in _FENCE_FIELDS)
+    + " FROM dispatched_job WHERE id = ANY(%s) AND finished_at IS NULL AND cluster_attempt_id IS NULL"
+    " ORDER BY id FOR NO KEY UPDATE"
+)
+
+
+def _open_singles_locked(ids: list[uuid.UUID]) -> list[DispatchedJob]:
+    names = [f.attname for f in _FENCE_FIELDS]
+    with connection.cursor() as cursor:
+        cursor.execute(_FENCE_SQL, [ids])
+        return [DispatchedJob.from_db(connection.alias, names, row) for row in cursor.fetchall()]
