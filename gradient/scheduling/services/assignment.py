@@ -17,7 +17,7 @@ from typing import Any
 
 import msgspec
 from django.conf import settings
-from django.db import InterfaceError, OperationalError, transaction
+from django.db import InterfaceError, OperationalError, connection, transaction
 from django.utils import timezone
 
 from gradient.core.protocol import AssignJob, FlakeStep, Job
@@ -203,8 +203,7 @@ def _request_builds(
     tried: list[uuid.UUID],
     lost: set[int],
 ) -> None:
-    states = selectors.worker_states(worker_ids)
-    open_builds = selectors.open_builds_of(list(states))
+    states, open_builds = selectors.workers_of_batch(worker_ids)
     held = selectors.workers_held(list(states), JobKind.BUILD)
     full: list[uuid.UUID] = []
     idle: list[uuid.UUID] = []
@@ -268,12 +267,24 @@ def _worker_scores_of(worker_ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, dict[s
     out: dict[uuid.UUID, dict[str, tuple[int, int]]] = {}
     if not worker_ids:
         return out
-    rows = CandidateScore.objects.filter(worker_id__in=list(worker_ids)).values_list(
-        "worker_id", "job_id", "missing_nar_size", "missing_count"
-    )
+    rows: Any
+    if connection.vendor == "postgresql":  # every batch asks: fixed text, no query to build
+        with connection.cursor() as cursor:
+            cursor.execute(_SCORES_OF, [list(worker_ids)])
+            rows = cursor.fetchall()
+    else:
+        rows = CandidateScore.objects.filter(worker_id__in=list(worker_ids)).values_list(
+            "worker_id", "job_id", "missing_nar_size", "missing_count"
+        )
     for worker_id, job_id, size, count in rows:
         out.setdefault(worker_id, {})[job_id] = (size, count)
     return out
+
+
+_SCORES_OF = (
+    f"SELECT worker_id, job_id, missing_nar_size, missing_count FROM {CandidateScore._meta.db_table} "  # noqa: S608
+    "WHERE worker_id = ANY(%s)"
+)
 
 
 def _shape(state: selectors.WorkerState) -> tuple[object, ...]:
