@@ -17,7 +17,7 @@ def _reset(apps, schema_editor):
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("scheduling", "0013_queue_change_feed"),
+        ("scheduling", "0014_queue_build_wanted_lookup"),
     ]
 
     operations = [migrations.RunPython(_set, _reset, elidable=False)]
