@@ -346,13 +346,15 @@ def known_parts(paths: list[str]) -> list[Any]:
 
 def copy_limit(derivations: list[Any]) -> float:
     """The raw COPY of the same rows into the three tables, in one transaction, committed: one build
-    per derivation (the leaves queued), its edges, the evaluation's links; foreign keys deferred (as
-    Django declares them). What no ingest can beat on this machine; measured in the same run."""
+    per derivation (the leaves queued, the digest of its inputs that the ingest keeps), its edges, the
+    evaluation's links; foreign keys deferred (as Django declares them). What no ingest can beat on this
+    machine; measured in the same run."""
     import uuid
 
     import msgspec
     from django.db import connection, transaction
 
+    from gradient.scheduling.decisions.derivations import inputs_digest
     from gradient.scheduling.models import Evaluation, Project
 
     encode = msgspec.json.encode
@@ -365,7 +367,8 @@ def copy_limit(derivations: list[Any]) -> float:
     with transaction.atomic(), connection.cursor() as cur:
         raw = cur.cursor
         with raw.copy(
-            "COPY derivation_build (id, drv_path, system, required_features, outputs, status, prioritized, "
+            "COPY derivation_build (id, drv_path, system, required_features, outputs, inputs_digest, status, "
+            "prioritized, "
             "attempts, max_attempts, timeout_secs, max_silent_secs, last_error, created_at, updated_at) "
             "FROM STDIN"
         ) as copy:
@@ -378,6 +381,7 @@ def copy_limit(derivations: list[Any]) -> float:
                         d.system,
                         encode(sorted(d.required_features)).decode(),
                         encode([{"name": o.name, "path": o.path} for o in d.outputs]).decode(),
+                        inputs_digest(d.drv_path, d.input_drvs),
                         "Queued" if leaf else ("Substituted" if d.drv_path in cached else "Created"),
                         False,
                         0,
