@@ -485,6 +485,7 @@ def run(n: int, profile: bool, verbose: bool) -> str:
     print(
         f"  known {known['seconds']:.2f} s in {known['parts']} parts (every derivation named in known_drvs), "
         f"{known['statements']} statements, the longest transaction {known['longest']:.2f} s; "
+        f"{known['in_statements']:.1f} s in statements, {known['commits']:.1f} s in commits; "
         f"this process's CPU {known['cpu']:.2f} s",
         flush=True,
     )
