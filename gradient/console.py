@@ -17,8 +17,8 @@ from typing import Any
 
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
-from django.core.exceptions import PermissionDenied
-from django.db.models import Model, QuerySet
+from django.core.exceptions import FieldDoesNotExist, PermissionDenied
+from django.db.models import BooleanField, Model, QuerySet
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
@@ -32,7 +32,46 @@ def _staff(request: HttpRequest) -> bool:
     return bool(user.is_active and user.is_staff)
 
 
-class ReadOnlyAdmin(admin.ModelAdmin):
+def _worded(model: type[Model], name: Any) -> Any:
+    """A boolean field of `model` as a `flag` (words, not Django's ✓/✖ icons); anything else as is."""
+    if not isinstance(name, str):
+        return name
+    try:
+        field = model._meta.get_field(name)
+    except FieldDoesNotExist:
+        return name
+    if not isinstance(field, BooleanField):
+        return name
+    key = (model._meta.label_lower, name)
+    if key not in _FLAGS:
+        _FLAGS[key] = flag(name, str(field.verbose_name))
+    return _FLAGS[key]
+
+
+_FLAGS: dict[tuple[str, str], Callable[[Any], str]] = {}
+
+
+class WordedBooleans:
+    """For an admin or inline: a boolean field shown read-only (a list's column, a view's field) says
+    yes or no in words. A form's checkbox, where a boolean is edited, stays a checkbox."""
+
+    model: type[Model]
+
+    def get_list_display(self, request: HttpRequest) -> Any:
+        return [_worded(self.model, name) for name in super().get_list_display(request)]  # type: ignore[misc]
+
+    def get_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        fields = super().get_fields(request, obj)  # type: ignore[misc]
+        if self.has_change_permission(request, obj):  # type: ignore[attr-defined]
+            readonly = set(super().get_readonly_fields(request, obj))  # type: ignore[misc]
+            return [_worded(self.model, f) if f in readonly else f for f in fields]
+        return [_worded(self.model, f) for f in fields]
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        return [_worded(self.model, f) for f in super().get_readonly_fields(request, obj)]  # type: ignore[misc]
+
+
+class ReadOnlyAdmin(WordedBooleans, admin.ModelAdmin):
     """A scheduler-owned model: its pages are views; what an operator may change is an action."""
 
     def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
@@ -55,7 +94,7 @@ class ReadOnlyAdmin(admin.ModelAdmin):
         return _staff(request)
 
 
-class ReadOnlyInline(admin.TabularInline):
+class ReadOnlyInline(WordedBooleans, admin.TabularInline):
     """An inline of a scheduler-owned model: rows shown, none added, changed or deleted."""
 
     extra = 0
@@ -290,6 +329,22 @@ def when(name: str, description: str | None = None) -> Callable[[Any], SafeStrin
     show.short_description = description or name.removesuffix("_at").replace("_", " ")  # type: ignore[attr-defined]
     show.admin_order_field = name  # type: ignore[attr-defined]
     show.__name__ = f"{name}_when"
+    return show
+
+
+def flag(
+    name: str, description: str | None = None, *, yes: str = "yes", no: str = "no"
+) -> Callable[[Any], str]:
+    """A column or read-only field showing the boolean `name` in words, sortable by it. Django's own
+    red ✖ icon says "something is wrong" where "no" is only an answer (not settled yet, not the same
+    zone, not draining), so the console shows no boolean icons: each flag says what it means."""
+
+    def show(obj: Any) -> str:
+        return yes if getattr(obj, name) else no
+
+    show.short_description = description or name.replace("_", " ")  # type: ignore[attr-defined]
+    show.admin_order_field = name  # type: ignore[attr-defined]
+    show.__name__ = f"{name}_flag"
     return show
 
 

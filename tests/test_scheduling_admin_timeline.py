@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import uuid
 
 import pytest
 from django.contrib.auth.models import User
@@ -11,10 +12,22 @@ from django.urls import reverse
 from django.utils import timezone
 
 from gradient.core.vocab import JobKind
-from gradient.records.schemas import AssignmentClaimed, ReportKind, WorkerReport
-from gradient.records.services import record_append_facts
+from gradient.records.schemas import (
+    AssignmentClaimed,
+    AssignmentClosed,
+    AssignmentOutcome,
+    ClusterAttemptOpened,
+    Prioritize,
+    ReportKind,
+    Resubmitted,
+    Seat,
+    WorkerReport,
+)
+from gradient.records.services import commit_control, record_append_facts
 from gradient.scheduling.services.evaluations import evaluation_create, evaluation_request_cancel
+from tests.clusters_helpers import make_cluster, queued_build
 from tests.factories import (
+    ClusterAttemptFactory,
     DerivationBuildFactory,
     DispatchedJobFactory,
     EvaluationFactory,
@@ -86,8 +99,107 @@ def test_the_timeline_names_workers_and_tries_and_shows_relative_times(operator_
         reverse("admin:scheduling_evaluation_change", args=[evaluation.id])
     ).content.decode()
     timeline = page[page.index("Record (timeline)") :]
-    assert "claimed for builder-2, attempt 1" in timeline
-    assert "builder-2 reported accepted" in timeline
     visible = re.sub(r"<details>.*?</details>", "", timeline, flags=re.S)
-    assert str(worker.id) not in visible and str(row.id)[:8] not in visible
+    words = re.sub(r"<a [^>]*>|</a>", "", visible)  # the names are links (issue 34, item 9)
+    assert "claimed for builder-2, attempt 1" in words
+    assert "builder-2 reported accepted" in words
+    assert str(worker.id) not in words and str(row.id)[:8] not in words
     assert re.search(r'<time datetime="[^"]+" title="[^"]+ UTC">[^<]+ ago</time>', timeline)
+
+
+def _timeline_of(client: Client, url: str) -> str:
+    page = client.get(url).content.decode()
+    return page[page.index('id="record-timeline"') :]
+
+
+def test_the_timeline_links_the_workers_tries_builds_and_evaluations_it_names_to_their_pages(
+    operator_client: Client,
+) -> None:
+    """Issue 34, item 9: a name on the timeline is a link to the named object's console page."""
+    evaluation, _ = evaluation_create(
+        project=ProjectFactory(), repository="sim:diamond", commit="abc", now=timezone.now()
+    )
+    successor = EvaluationFactory(repository="sim:diamond", commit="def0123456789")
+    worker = WorkerFactory(name="builder-2")
+    build = DerivationBuildFactory(drv_path="/nix/store/" + "a" * 32 + "-hello-2.12.drv")
+    row = DispatchedJobFactory(kind=JobKind.EVAL, evaluation=evaluation, derivation_build=None, worker=worker)
+    record_append_facts(
+        job_key=evaluation.job_key,
+        facts=[
+            AssignmentClaimed(submission=1, assignment_id=row.id, worker=str(worker.id), attempt=1),
+            AssignmentClosed(assignment_id=row.id, outcome=AssignmentOutcome.COMPLETED),
+            Resubmitted(successor=successor.job_key),
+        ],
+        now=timezone.now(),
+    )
+    commit_control(
+        job_key=evaluation.job_key,
+        intent=Prioritize(target=f"build:{build.id}", reason="urgent"),
+        actor="admin:root",
+        now=timezone.now(),
+    )
+    timeline = _timeline_of(
+        operator_client, reverse("admin:scheduling_evaluation_change", args=[evaluation.id])
+    )
+
+    def link(admin_name: str, pk: object, text: str) -> str:
+        return f'<a href="{reverse(admin_name, args=[pk])}">{text}</a>'
+
+    assert "claimed for " + link("admin:workers_worker_change", worker.id, "builder-2") in timeline
+    assert (
+        link("admin:scheduling_dispatchedjob_change", row.id, "the try on builder-2") + " closed" in timeline
+    )
+    assert (
+        "restarted as " + link("admin:scheduling_evaluation_change", successor.id, "sim:diamond@def012345678")
+        in timeline
+    )
+    assert (
+        "prioritize requested for " + link("admin:scheduling_derivationbuild_change", build.id, "hello-2.12")
+        in timeline
+    )
+
+
+def test_a_clusters_timeline_links_its_attempts_and_the_workers_of_their_seats(
+    operator_client: Client,
+) -> None:
+    cluster = make_cluster([("server", queued_build(ProjectFactory()))])
+    worker = WorkerFactory(name="node-a")
+    attempt = ClusterAttemptFactory(cluster_job=cluster, number=1)
+    record_append_facts(
+        job_key=cluster.job_key,
+        facts=[
+            ClusterAttemptOpened(
+                submission=1,
+                cluster_attempt_id=attempt.id,
+                attempt=1,
+                seats=(Seat(role="server", index=0, worker=str(worker.id)),),
+            )
+        ],
+        now=timezone.now(),
+    )
+    timeline = _timeline_of(operator_client, reverse("admin:clusters_clusterjob_change", args=[cluster.id]))
+    attempt_url = reverse("admin:clusters_clusterattempt_change", args=[attempt.id])
+    worker_url = reverse("admin:workers_worker_change", args=[worker.id])
+    assert f'cluster attempt <a href="{attempt_url}">#1</a> (claim 1) opened' in timeline
+    assert f'server[0] on <a href="{worker_url}">node-a</a>' in timeline
+
+
+def test_a_name_on_the_timeline_is_escaped_and_an_unnamed_id_is_plain_text(operator_client: Client) -> None:
+    evaluation, _ = evaluation_create(
+        project=ProjectFactory(), repository="sim:diamond", commit="abc", now=timezone.now()
+    )
+    worker = WorkerFactory(name="<b>x</b>")
+    gone = uuid.uuid4()
+    record_append_facts(
+        job_key=evaluation.job_key,
+        facts=[
+            AssignmentClaimed(submission=1, assignment_id=gone, worker=str(worker.id), attempt=1),
+            AssignmentClosed(assignment_id=gone, outcome=AssignmentOutcome.ABANDONED),
+        ],
+        now=timezone.now(),
+    )
+    timeline = _timeline_of(
+        operator_client, reverse("admin:scheduling_evaluation_change", args=[evaluation.id])
+    )
+    assert "&lt;b&gt;x&lt;/b&gt;</a>" in timeline and "<b>x</b>" not in timeline
+    assert f"assignment {str(gone)[:8]} closed Abandoned" in timeline

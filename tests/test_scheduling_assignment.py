@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from datetime import timedelta
 
 import msgspec
 import pytest
@@ -368,3 +369,15 @@ def test_a_batch_of_requests_claims_distinct_builds_at_once_and_never_more_than_
     # A worker whose request went unanswered for want of work is an idle slot; a full one is not.
     assert IdleSlot.objects.filter(worker=stranger).exists()
     assert not IdleSlot.objects.filter(worker__in=[one, two, busy]).exists()
+
+
+def test_stale_metrics_do_not_hold_a_worker_back() -> None:
+    """Issue 34, item 9: CPU > 80 % reported a minute and more ago is unknown to scoring; the same
+    report fresh keeps the build off the worker (ResourceSaturation)."""
+    project = ProjectFactory()
+    _building_evaluation(project, [drv("solo")])
+    fresh = connected_worker([project], cpu_usage_pct=95.0, metrics_at=timezone.now())
+    assert ask(fresh.id) is None
+    stale = connected_worker([project], cpu_usage_pct=95.0, metrics_at=timezone.now() - timedelta(seconds=61))
+    a = ask(stale.id)
+    assert a is not None and job_json(a)["builds"][0]["drv_path"].endswith("-solo.drv")

@@ -16,6 +16,7 @@ from django.utils import timezone
 from gradient.core.vocab import BuildStatus, EvaluationStatus
 from gradient.scheduling import book as queue_book
 from gradient.scheduling.models import DerivationBuild, DispatchedJob, Evaluation
+from gradient.scheduling.selectors import BuildRef
 from gradient.scheduling.services import graph, lifecycle
 from gradient.scheduling.services.assignment import request_builds
 from gradient.scheduling.services.lifecycle import ClaimTerms
@@ -25,8 +26,11 @@ from tests.scheduling_helpers import drv
 # --- The book alone ------------------------------------------------------------------------------------
 
 
-def _rows(n: int, start: int = 0) -> list[tuple[object, ...]]:
-    return [(uuid.UUID(int=k + 1), None, None, False, "x86_64-linux", []) for k in range(start, start + n)]
+def _rows(n: int, start: int = 0) -> list[BuildRef]:
+    now = timezone.now()
+    return [
+        BuildRef(id=uuid.UUID(int=k + 1), queued_at=now, created_at=now, prioritized=False) for k in range(n)
+    ]
 
 
 def test_the_book_reads_a_shape_once_and_again_when_half_is_gone_when_old_or_when_told() -> None:
@@ -34,19 +38,19 @@ def test_the_book_reads_a_shape_once_and_again_when_half_is_gone_when_old_or_whe
     reads: list[int] = []
     rows = _rows(8)
 
-    def load(n: int) -> list[tuple[object, ...]]:
+    def load(n: int) -> list[BuildRef]:
         reads.append(n)
         return list(rows)
 
     assert book.heads("x", 4, load) == rows
     assert book.heads("x", 4, load) == rows and reads == [4]  # kept
-    book.gone([rows[0][0], rows[1][0], rows[2][0]])
-    assert [r[0] for r in book.heads("x", 4, load)] == [r[0] for r in rows[3:]] and reads == [4]
+    book.gone([rows[0].id, rows[1].id, rows[2].id])
+    assert [r.id for r in book.heads("x", 4, load)] == [r.id for r in rows[3:]] and reads == [4]
     assert book.heads("x", 8, load) and reads == [4, 8]  # asked for more than it read: read again
     # Read again with the claimed ones still gone: a read that began before their claim committed saw
     # them Queued.
-    assert [r[0] for r in book.heads("x", 8, load)] == [r[0] for r in rows[3:]]
-    book.gone([r[0] for r in rows[3:6]])  # 6 of 8 gone: read again
+    assert [r.id for r in book.heads("x", 8, load)] == [r.id for r in rows[3:]]
+    book.gone([r.id for r in rows[3:6]])  # 6 of 8 gone: read again
     book.heads("x", 8, load)
     assert reads == [4, 8, 8]
     book.changed()  # a build became Queued somewhere
@@ -98,7 +102,8 @@ def test_a_statement_that_queues_a_build_announces_it_and_a_claim_does_not(
     assert _notified(listening), "a Queued build prioritized"
 
     other = EvaluationFactory(project=ProjectFactory(), status=EvaluationStatus.BUILDING)
-    graph.ingest_eval_result(evaluation=other, derivations=[drv("b")], now=timezone.now())
+    still_queued = "a" if queued.drv_path.endswith("-a.drv") else "b"
+    graph.ingest_eval_result(evaluation=other, derivations=[drv(still_queued)], now=timezone.now())
     assert _notified(listening), "a Queued build now wanted by another project's evaluation"
 
 
@@ -111,7 +116,7 @@ def test_the_listener_of_a_serve_process_marks_the_book_old_on_each_change() -> 
     try:
         loaded = threading.Event()
 
-        def load(n: int) -> list[tuple[object, ...]]:
+        def load(n: int) -> list[BuildRef]:
             loaded.set()
             return _rows(4)
 
@@ -189,5 +194,25 @@ def test_requests_answered_from_a_book_behind_still_get_the_builds_that_are_left
         assert len({a.job_key for a in answers if a is not None}) == 2
         assert not DerivationBuild.objects.filter(status=BuildStatus.QUEUED).exists()
         assert book.loads >= 1
+    finally:
+        queue_book.disable()
+
+
+@pytest.mark.django_db
+def test_a_request_whose_claims_all_lost_is_asked_again_and_one_with_no_work_left_is_not() -> None:
+    from gradient.core.protocol import AssignJob
+    from gradient.scheduling.services.assignment import ASK_AGAIN, hand_out_builds
+
+    project = ProjectFactory()
+    _building(project, ["p", "q", "r"])
+    first, second = connected_worker([project]), connected_worker([project])
+    queue_book.enable()
+    try:
+        [handed] = hand_out_builds(worker_ids=[first.id], now=timezone.now())
+        assert isinstance(handed, AssignJob)
+        # The two left are taken behind the book's back, as another process's batch takes them.
+        DerivationBuild.objects.filter(status=BuildStatus.QUEUED).update(status=BuildStatus.BUILDING)
+        assert hand_out_builds(worker_ids=[second.id], now=timezone.now()) == [ASK_AGAIN]
+        assert hand_out_builds(worker_ids=[second.id], now=timezone.now()) == [None], "nothing left"
     finally:
         queue_book.disable()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -12,8 +14,11 @@ from gradient.scheduling.decisions.scoring import (
     Candidate,
     PoolView,
     WorkerView,
+    metrics_stale,
     policy_name,
     rank,
+    saturation_holds_back,
+    saturation_signals,
     score,
 )
 
@@ -98,6 +103,25 @@ def test_resource_saturation_costs_8600_per_signal_under_the_resource_aware_poli
     assert score(c(), hot, P, RESOURCE_AWARE).breakdown["ResourceSaturation"] == -3 * 8600
     cool = WorkerView(cpu_usage_pct=10, ram_free_mb=12000, ram_total_mb=16000, build_peak_ram_mb=4000)
     assert score(c(), cool, P, RESOURCE_AWARE).breakdown["ResourceSaturation"] == 0
+
+
+def test_the_saturation_signals_are_said_in_words_and_two_hold_back_even_a_prioritized_job() -> None:
+    hot = WorkerView(cpu_usage_pct=95, ram_free_mb=500, ram_total_mb=16000, build_peak_ram_mb=4000)
+    assert saturation_signals(hot) == ("CPU > 80 %", "free RAM < 10 %", "free RAM below their builds' peak")
+    assert saturation_signals(WorkerView(cpu_usage_pct=80)) == ()
+    assert not saturation_holds_back(0)
+    assert saturation_holds_back(1) and not saturation_holds_back(1, prioritized=True)
+    assert saturation_holds_back(2, prioritized=True)
+    # what holds back is what the floor refuses: the best possible score of an unprioritized job
+    best = c(waited_secs=1e9)
+    assert not score(best, WorkerView(cpu_usage_pct=95), P).eligible
+
+
+def test_metrics_older_than_sixty_seconds_are_stale() -> None:
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+    assert not metrics_stale(now - timedelta(seconds=60), now)
+    assert metrics_stale(now - timedelta(seconds=61), now)
+    assert not metrics_stale(None, now)  # nothing to judge: a session's metrics come with their time
 
 
 def test_workers_without_metrics_get_unknown_values_not_penalties() -> None:

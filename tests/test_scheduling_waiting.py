@@ -8,13 +8,16 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
+from gradient.records.models import RecordEntry
 from gradient.recovery.models import ServerBoot
+from gradient.scheduling.admin_waiting import brief
 from gradient.scheduling.decisions import waiting as w
 from gradient.scheduling.decisions.access import may_take
 from gradient.scheduling.models import BuildStatus, DerivationBuild, EvaluationBuild, EvaluationStatus
 from gradient.scheduling.services import graph
+from gradient.scheduling.services.lifecycle import end_build
 from gradient.scheduling.services.waiting import refresh_waiting_state, repair_build_graph
-from gradient.workers.models import WorkerSession
+from gradient.workers.models import Worker, WorkerSession
 from tests.factories import EvaluationFactory, ProjectFactory, connected_worker
 from tests.scheduling_helpers import drv
 
@@ -90,6 +93,87 @@ def test_every_blocking_build_fitting_but_none_handable_is_graph_stuck() -> None
         blocking=blocking,
     )
     assert v.reason == {"reason": "graph_stuck", "pending_shared_builds": 1}
+
+
+def test_a_needed_build_that_was_aborted_is_named_even_while_others_build() -> None:
+    """Issue 34, item 9: an aborted build the evaluation needs, whatever aborted it, is named in its
+    waiting reason; the counters alone send it to be assessed even while another build runs."""
+    assert w.phase_from_counters(w.Counters(3, 1, 1, aborted=1)) == w.Phase.ASSESS
+    assert w.phase_from_counters(w.Counters(3, 0, 0, aborted=1)) == w.Phase.ASSESS  # not finalized
+    blocking = [
+        w.BlockingBuild("1", "Aborted", "x86_64-linux", (), name="hello-2.12"),
+        w.BlockingBuild("2", "Building", "x86_64-linux", ()),
+        w.BlockingBuild("3", "Created", "x86_64-linux", ()),
+    ]
+    v = w.assess(
+        status="Building",
+        counters=w.Counters(3, 2, 1, aborted=1),
+        has_open_job=False,
+        pool=w.Pool((X86,)),
+        blocking=blocking,
+    )
+    assert v.reason == {
+        "reason": "graph_stuck",
+        "pending_shared_builds": 2,
+        "aborted_builds": [{"id": "1", "name": "hello-2.12"}],
+        "aborted_count": 1,
+    }
+    assert w.describe(v.reason) == (
+        "Stuck: it needs a shared build that was aborted: hello-2.12; the graph repair queues it again."
+    )
+    assert "queues the aborted builds again" in w.what_happens_next(
+        reason=v.reason, deadline=None, wait_for_workers=False
+    )
+
+
+def test_a_reason_names_the_first_ten_aborted_builds_and_counts_the_rest() -> None:
+    blocking = [w.BlockingBuild(str(i), "Aborted", "x86_64-linux", (), name=f"pkg-{i:02}") for i in range(12)]
+    v = w.building_verdict(blocking, w.Pool((X86,)))
+    assert v.reason is not None and len(v.reason["aborted_builds"]) == 10
+    assert "12 shared builds that were aborted: pkg-00, pkg-01" in w.describe(v.reason)
+    assert w.describe(v.reason).endswith("pkg-09 and 2 more; the graph repair queues them again.")
+
+
+HOT = w.PoolWorker(True, True, True, ("x86_64-linux",), (), saturation=("CPU > 80 %",))
+
+
+def test_work_held_back_by_resource_saturation_says_so() -> None:
+    """Issue 34, item 9: a Queued build every capable worker is too loaded to take waited in silence."""
+    blocking = [w.BlockingBuild("1", "Queued", "x86_64-linux", ())]
+    v = w.assess(
+        status="Building",
+        counters=w.Counters(1, 1, 0),
+        has_open_job=False,
+        pool=w.Pool((HOT, HOT, HOT, EVAL_ONLY)),
+        blocking=blocking,
+    )
+    assert v.reason == {
+        "reason": "saturated",
+        "builds": 1,
+        "capable_workers": 3,
+        "signals": {"CPU > 80 %": 3},
+    }
+    assert w.describe(v.reason) == (
+        "Held back by ResourceSaturation: 3 workers can build it; all report CPU > 80 %."
+    )
+    assert "reports less load" in w.what_happens_next(reason=v.reason, deadline=None, wait_for_workers=False)
+    assert not w.abortable(v.reason) and w.evaluation_job_done("Waiting", v.reason)
+
+
+def test_one_capable_worker_under_the_thresholds_or_a_prioritized_build_is_not_held_back() -> None:
+    queued = [w.BlockingBuild("1", "Queued", "x86_64-linux", ())]
+    assert w.building_verdict(queued, w.Pool((HOT, X86))) == w.NOT_WAITING
+    prioritized = [w.BlockingBuild("1", "Queued", "x86_64-linux", (), prioritized=True)]
+    assert w.building_verdict(prioritized, w.Pool((HOT,))) == w.NOT_WAITING  # Qos outweighs one signal
+
+
+def test_mixed_saturation_signals_are_counted_each() -> None:
+    ram = w.PoolWorker(True, True, True, ("x86_64-linux",), (), saturation=("free RAM < 10 %",))
+    v = w.building_verdict([w.BlockingBuild("1", "Queued", "x86_64-linux", ())], w.Pool((HOT, ram, HOT)))
+    assert w.describe(v.reason) == (
+        "Held back by ResourceSaturation: 3 workers can build it; all are saturated: "
+        "2 report CPU > 80 %, 1 reports free RAM < 10 %."
+    )
 
 
 def test_a_draining_worker_is_no_capacity() -> None:
@@ -269,6 +353,88 @@ def test_graph_stuck_runs_the_heal_which_frees_a_shared_build() -> None:
     top.refresh_from_db()
     assert top.status == BuildStatus.QUEUED
     assert EvaluationBuild.objects.filter(evaluation=evaluation, build=base).exists() is False
+
+
+@pytest.mark.django_db
+def test_a_build_aborted_by_a_path_other_than_a_cluster_abort_is_named_then_queued_again() -> None:
+    """Issue 34, item 9: a needed build ended Aborted (here as a worker's aborted verdict or a cluster's
+    settlement end it, lifecycle.end_build) left the evaluation Building for ever with no reason; it is
+    parked naming the build, the heal queues the build again, and the next pass unparks it."""
+    project = ProjectFactory()
+    evaluation = _building(project, [drv("base"), drv("hello", "base")])
+    connected_worker([project])
+    base = DerivationBuild.objects.get(drv_path__endswith="-base.drv")
+    hello = DerivationBuild.objects.get(drv_path__endswith="-hello.drv")
+    DerivationBuild.objects.filter(id=base.id).update(status=BuildStatus.COMPLETED)
+    DerivationBuild.objects.filter(id=hello.id).update(status=BuildStatus.QUEUED)
+    end_build(
+        build_id=hello.id, status=BuildStatus.ABORTED, kind="aborted", error="aborted", now=timezone.now()
+    )
+    r = refresh_waiting_state(now=timezone.now(), grace_secs=300, use_memo=False)
+    evaluation.refresh_from_db()
+    assert evaluation.status == "Waiting" and r.healed == 1
+    assert evaluation.waiting_reason["aborted_builds"] == [{"id": str(hello.id), "name": "hello"}]
+    assert "aborted: hello;" in w.describe(evaluation.waiting_reason)
+    assert brief(evaluation.waiting_reason) == "aborted builds to be queued again: hello"  # the list's column
+    hello.refresh_from_db()
+    assert hello.status == BuildStatus.QUEUED  # revived by the heal, its dependency done
+    refresh_waiting_state(now=timezone.now(), grace_secs=300, use_memo=False)
+    evaluation.refresh_from_db()
+    assert (evaluation.status, evaluation.waiting_reason) == ("Building", None)
+
+
+def _hot(project, *, metrics_age: float = 0.0):  # type: ignore[no-untyped-def]
+    return connected_worker(
+        [project], cpu_usage_pct=95.0, metrics_at=timezone.now() - timedelta(seconds=metrics_age)
+    )
+
+
+@pytest.mark.django_db
+def test_the_pass_parks_work_held_back_by_saturation_and_stale_metrics_hold_nothing_back() -> None:
+    """Issue 34, item 9: "3 workers can build it; all report CPU > 80 %"; metrics older than 60 s are
+    unknown, so they park nothing (and unpark what they parked)."""
+    project = ProjectFactory()
+    evaluation = _building(project, [drv("hello")])
+    hot = [_hot(project) for _ in range(3)]
+    refresh_waiting_state(now=timezone.now(), grace_secs=300, use_memo=False)
+    evaluation.refresh_from_db()
+    assert evaluation.status == "Waiting" and evaluation.waiting_reason["reason"] == "saturated"
+    assert w.describe(evaluation.waiting_reason) == (
+        "Held back by ResourceSaturation: 3 workers can build it; all report CPU > 80 %."
+    )
+    assert brief(evaluation.waiting_reason) == "a less loaded worker (theirs: CPU > 80 %)"
+    later = timezone.now() + timedelta(seconds=61)
+    refresh_waiting_state(now=later, grace_secs=300, use_memo=False)
+    evaluation.refresh_from_db()
+    assert (evaluation.status, evaluation.waiting_reason) == ("Building", None)
+    assert len(hot) == 3
+
+
+@pytest.mark.django_db
+def test_a_shift_in_the_workers_load_updates_the_words_but_adds_no_fact_to_the_record() -> None:
+    project = ProjectFactory()
+    evaluation = EvaluationFactory(project=project, status=EvaluationStatus.BUILDING)
+    graph.ingest_eval_result(evaluation=evaluation, derivations=[drv("hello")], now=timezone.now())
+    worker = _hot(project)
+    refresh_waiting_state(now=timezone.now(), grace_secs=300, use_memo=False)
+    facts = RecordEntry.objects.filter(record__job_key=evaluation.job_key).count()
+    Worker.objects.filter(id=worker.id).update(ram_free_mb=100, ram_total_mb=16000)
+    refresh_waiting_state(now=timezone.now(), grace_secs=300, use_memo=False)
+    evaluation.refresh_from_db()
+    assert evaluation.waiting_reason["signals"] == {"CPU > 80 %": 1, "free RAM < 10 %": 1}
+    assert "it reports CPU > 80 % and free RAM < 10 %" in w.describe(evaluation.waiting_reason)
+    assert RecordEntry.objects.filter(record__job_key=evaluation.job_key).count() == facts
+
+
+@pytest.mark.django_db
+def test_the_simple_policy_holds_nothing_back_for_saturation(settings) -> None:  # type: ignore[no-untyped-def]
+    settings.GRADIENT_SCHEDULING_POLICY = "simple"
+    project = ProjectFactory()
+    evaluation = _building(project, [drv("hello")])
+    _hot(project)
+    refresh_waiting_state(now=timezone.now(), grace_secs=300, use_memo=False)
+    evaluation.refresh_from_db()
+    assert (evaluation.status, evaluation.waiting_reason) == ("Building", None)
 
 
 @pytest.mark.django_db

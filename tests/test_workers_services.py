@@ -82,6 +82,23 @@ def _evaluating(worker: Worker, status: str = EvaluationStatus.EVALUATING_FLAKE)
     )
 
 
+def test_a_new_session_starts_with_no_metrics() -> None:
+    """Issue 34, item 9: metrics belong to the session that sent them; a reconnecting worker's old ones
+    (its last session's load) do not carry over into the new session."""
+    worker, token = worker_register(name="w", projects=[])
+    Worker.objects.filter(id=worker.id).update(
+        cpu_usage_pct=97.0, ram_free_mb=100, build_peak_ram_mb=9000, metrics_at=timezone.now()
+    )
+    assert isinstance(_open(worker, token), HandshakeAccepted)
+    worker.refresh_from_db()
+    assert (worker.cpu_usage_pct, worker.ram_free_mb, worker.build_peak_ram_mb, worker.metrics_at) == (
+        None,
+        None,
+        None,
+        None,
+    )
+
+
 def test_a_worker_token_is_stored_only_as_a_hash() -> None:
     worker, token = worker_register(name="w", projects=[])
     assert token not in worker.token_hash and len(token) >= 40

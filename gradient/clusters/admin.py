@@ -23,7 +23,7 @@ from gradient.clusters.models import (
 )
 from gradient.clusters.selectors import needed_outside_its_cluster
 from gradient.clusters.services.lifecycle import cluster_request_abort
-from gradient.console import OperatedAdmin, Operation, ReadOnlyAdmin, ReadOnlyInline, drv_name, when
+from gradient.console import OperatedAdmin, Operation, ReadOnlyAdmin, ReadOnlyInline, drv_name, flag, when
 from gradient.core.ids import parse_uuid
 from gradient.core.vocab import BUILD_ABORTABLE, CLUSTER_TERMINAL, EVALUATION_ACTIVE
 from gradient.records.admin import RecordTimelineMixin
@@ -40,6 +40,10 @@ def _duration(start, end) -> str:  # type: ignore[no-untyped-def]
     if start is None or end is None:
         return "-"
     return f"{(end - start).total_seconds():.1f} s"
+
+
+SAME_ZONE = flag("same_zone", "same zone", yes="same zone", no="any zone")
+PRIORITY = flag("priority", "priority", yes="prioritized", no="normal")
 
 
 class ClusterMemberInline(ReadOnlyInline):
@@ -149,8 +153,8 @@ class ClusterJobAdmin(RecordTimelineMixin, OperatedAdmin):
     list_display = [
         "title",
         "status",
-        "priority",
-        "same_zone",
+        PRIORITY,
+        SAME_ZONE,
         "attempts",
         "retry_budget",
         "prepare_failures",
@@ -162,8 +166,8 @@ class ClusterJobAdmin(RecordTimelineMixin, OperatedAdmin):
     date_hierarchy = "created_at"
     # read-only: the record's plan and the rows must agree, so a cluster changes through its services
     fields = readonly_fields = (  # type: ignore[assignment]
-        "same_zone",
-        "priority",
+        SAME_ZONE,
+        PRIORITY,
         "retry_budget",
         "status",
         "attempts",

@@ -10,6 +10,7 @@ from datetime import datetime
 from gradient.clusters.models import ClusterAttempt, ClusterJob
 from gradient.records.decisions.discovery import Discovery, ObservedObject
 from gradient.records.schemas import ObjectRef, ObjectTable, RowStatus
+from gradient.records.selectors import Named
 
 
 def cluster_discovery(
@@ -33,9 +34,10 @@ def cluster_discovery(
     )
 
 
-def names_of_ids(ids: set[uuid.UUID]) -> dict[str, str]:
+def names_of_ids(ids: set[uuid.UUID]) -> dict[str, Named]:
     """A cluster attempt, in a record's timeline, by its number: #2."""
+    model = ClusterAttempt._meta.label_lower
     return {
-        str(attempt_id): f"#{number}"
+        str(attempt_id): Named(f"#{number}", model)
         for attempt_id, number in ClusterAttempt.objects.filter(id__in=ids).values_list("id", "number")
     }

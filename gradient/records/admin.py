@@ -3,17 +3,17 @@ when, what), and actions that commit control intents as the signed-in operator."
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
-from django.urls import reverse
+from django.urls import NoReverseMatch, reverse
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
-from gradient.console import ago, when
+from gradient.console import ago, flag, when
 from gradient.records.decisions.fold import fold
 from gradient.records.decisions.project import project
 from gradient.records.errors import DecodeError, InvalidHistory, RecordError
@@ -29,9 +29,9 @@ from gradient.records.schemas import (
     Resubmit,
     decode_header,
 )
-from gradient.records.selectors import names_in, record_discovery, record_entries
+from gradient.records.selectors import Named, names_in, record_discovery, record_entries
 from gradient.records.services import commit_control
-from gradient.records.timeline import timeline
+from gradient.records.timeline import Line, Ref, timeline
 
 
 def _commit_each(
@@ -56,12 +56,15 @@ def _action(name: str, intent: ControlIntent, description: str):  # type: ignore
     return admin.action(description=description, permissions=["operate"])(action)
 
 
+SETTLED = flag("settled", yes="settled", no="not yet")
+
+
 @admin.register(JobRecord)
 class JobRecordAdmin(admin.ModelAdmin):
     list_display = [
         "job_key",
         "revision",
-        "settled",
+        SETTLED,
         when("settled_at", "settled at"),
         when("created_at", "created"),
         when("tombstoned_at", "tombstoned"),
@@ -69,7 +72,7 @@ class JobRecordAdmin(admin.ModelAdmin):
     list_filter = ["settled", ("tombstoned_at", admin.EmptyFieldListFilter)]
     search_fields = ["job_key", "idempotency_key"]
     date_hierarchy = "created_at"
-    readonly_fields = [
+    readonly_fields: ClassVar[Any] = [
         "job_key",
         "revision",
         "status_summary",
@@ -77,7 +80,7 @@ class JobRecordAdmin(admin.ModelAdmin):
         "timeline_table",
         "idempotency_key",
         "digest",
-        "settled",
+        SETTLED,
         "settled_at",
         "tombstoned_at",
         "created_by",
@@ -175,7 +178,7 @@ def render_timeline(record: JobRecord) -> SafeString | str:
         job = fold(decode_header(record.header, schema=record.header_schema), entries, timezone.now())
     except (DecodeError, InvalidHistory):
         job = None
-    names = names_in(e.body for e in entries)
+    named = names_in(e.body for e in entries)
     now = timezone.now()
     rows = [
         (
@@ -183,11 +186,11 @@ def render_timeline(record: JobRecord) -> SafeString | str:
             ago(row.at, now),
             row.actor or "-",
             row.kind,
-            row.what,
+            _linked(row.parts, named),
             row.effect,
             row.body,
         )
-        for row in timeline(entries, job, names)
+        for row in timeline(entries, job, {key: n.name for key, n in named.items()})
     ]
     return format_html(
         "<table><tr><th>#</th><th>when</th><th>who</th><th>kind</th><th>what</th><th>effect</th>"
@@ -199,6 +202,28 @@ def render_timeline(record: JobRecord) -> SafeString | str:
             rows,
         ),
     )
+
+
+def _page_of(named: Named | None, object_id: str) -> str:
+    """The console page of a named object, or "" where the console has none for its model."""
+    if named is None:
+        return ""
+    app_label, _, model_name = named.model.partition(".")
+    try:
+        return reverse(f"admin:{app_label}_{model_name}_change", args=[object_id])
+    except NoReverseMatch:
+        return ""
+
+
+def _linked(line: Line, named: dict[str, Named]) -> SafeString:
+    """A timeline line as HTML: each object it names is a link to its console page (issue 34, item 9)."""
+    shown: list[SafeString | str] = []
+    for piece in line:
+        if isinstance(piece, Ref) and (url := _page_of(named.get(piece.id), piece.id)):
+            shown.append(format_html('<a href="{}">{}</a>', url, piece.text))
+        else:
+            shown.append(piece.text if isinstance(piece, Ref) else piece)
+    return format_html_join("", "{}", ((p,) for p in shown))
 
 
 def render_job_timeline(job_key: str) -> SafeString | str:

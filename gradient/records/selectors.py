@@ -89,7 +89,15 @@ def register_read_access(*, kind: JobKind, provider: ReadAccessProvider) -> None
     _register(_read_access_providers, "read access", kind, provider)
 
 
-NameProvider = Callable[[set[uuid.UUID]], dict[str, str]]
+class Named(msgspec.Struct, frozen=True):
+    """What an id is called in a record's timeline, and which model's console page shows it
+    (`app_label.model_name`, as `Model._meta.label_lower`: "workers.worker")."""
+
+    name: str
+    model: str
+
+
+NameProvider = Callable[[set[uuid.UUID]], dict[str, Named]]
 _name_providers: list[NameProvider] = []
 _UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 
@@ -101,11 +109,11 @@ def register_name_provider(provider: NameProvider) -> None:
         _name_providers.append(provider)
 
 
-def names_in(texts: Iterable[str]) -> dict[str, str]:
+def names_in(texts: Iterable[str]) -> dict[str, Named]:
     """The names of the ids found in `texts` (the entries' stored JSON), from every registered provider:
-    id -> name. An id nobody names is absent."""
+    id -> its name and model. An id nobody names is absent."""
     ids = {uuid.UUID(m) for text in texts for m in _UUID.findall(text)}
-    names: dict[str, str] = {}
+    names: dict[str, Named] = {}
     if ids:
         for provider in _name_providers:
             names.update(provider(ids))

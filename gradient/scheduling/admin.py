@@ -515,9 +515,9 @@ class DerivationBuildAdmin(BuildLogMixin, RecordTimelineMixin, OperatedAdmin):
             for o in outputs
         )
 
-    @admin.display(boolean=True, description=".drv lost", ordering="drv_lost_at")
-    def drv_lost(self, obj: DerivationBuild) -> bool:
-        return obj.drv_lost_at is not None
+    @admin.display(description=".drv lost", ordering="drv_lost_at")
+    def drv_lost(self, obj: DerivationBuild) -> str:
+        return "lost" if obj.drv_lost_at is not None else "no"
 
     @admin.display(description="queued", ordering="queued_at")
     def queued(self, obj: DerivationBuild) -> SafeString | str:

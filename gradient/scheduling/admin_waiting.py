@@ -17,6 +17,7 @@ from gradient.scheduling.models import Evaluation
 LABELS = {
     "eval_workers": "a worker that can fetch or evaluate",
     "workers": "a worker that can build it (architecture, features)",
+    "saturated": "a worker that is not saturated (CPU, RAM)",
     "graph_stuck": "its graph to be repaired (stuck)",
     "draining": "the server to finish draining",
     "approval": "approval",
@@ -50,6 +51,13 @@ def brief(reason: dict[str, Any] | None) -> str:
         return "workers: " + "; ".join(needs)
     if name == "eval_workers":
         return f"a worker that can {reason.get('capability', 'evaluate')}"
+    if name == "saturated":
+        signals = ", ".join(reason.get("signals", {}))
+        return f"a less loaded worker (theirs: {signals})" if signals else LABELS[name]
+    if name == "graph_stuck" and reason.get("aborted_builds"):
+        return "aborted builds to be queued again: " + ", ".join(
+            str(b.get("name") or b.get("id")) for b in reason["aborted_builds"]
+        )
     return LABELS.get(str(name), str(name))
 
 

@@ -31,7 +31,7 @@ import time
 import uuid
 from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, Protocol, TypeVar
 
 log = logging.getLogger("gradient.scheduling")
 
@@ -40,12 +40,23 @@ MAX_AGE_SECS = 1.0
 RECONNECT_SECS = 1.0
 RECENT_SECS = 5.0
 RECENT_MAX = 20_000
+PAYLOADS_MAX = 50_000
 
-Row = tuple[Any, ...]  # (id, queued_at, created_at, prioritized, system, required_features)
+
+class Item(Protocol):
+    """What the book keeps: anything with the build's id (the hand-out path keeps its ranked
+    selectors.BuildRef)."""
+
+    @property
+    def id(self) -> uuid.UUID: ...
+
+
+Row = TypeVar("Row", bound=Item)
+P = TypeVar("P")
 
 
 @dataclass
-class _Entry:
+class _Entry(Generic[Row]):
     rows: list[Row]
     generation: int
     loaded_at: float
@@ -53,7 +64,7 @@ class _Entry:
     gone: set[uuid.UUID] = field(default_factory=set)
 
     def left(self) -> list[Row]:
-        return [r for r in self.rows if r[0] not in self.gone]
+        return [r for r in self.rows if r.id not in self.gone]
 
 
 class QueueBook:
@@ -61,13 +72,14 @@ class QueueBook:
 
     def __init__(self, max_age: float = MAX_AGE_SECS) -> None:
         self._lock = threading.Lock()
-        self._entries: dict[Hashable, _Entry] = {}
+        self._entries: dict[Hashable, _Entry[Any]] = {}
         self._generation = 0
         self._max_age = max_age
         # Builds gone lately, with when: a read that began before their claim committed still sees them
         # Queued, so a fresh entry starts with them gone (kept for RECENT_SECS).
         self._recent: dict[uuid.UUID, float] = {}
         self.loads = 0  # how many times the queue was read (the benchmark and the tests look)
+        self._payloads: dict[uuid.UUID, Any] = {}  # insertion-ordered: the oldest first
 
     def changed(self) -> None:
         """Something may have put a build ahead of what the book holds: every entry is read again."""
@@ -96,6 +108,24 @@ class QueueBook:
             # Read before a change announced meanwhile? Then it is stored as old already.
             entry = self._entries[shape] = _Entry(rows, generation, now, preselect, set(self._recent))
             return entry.left()
+
+    def payloads(
+        self, build_ids: Iterable[uuid.UUID], load: Callable[[list[uuid.UUID]], dict[uuid.UUID, P]]
+    ) -> dict[uuid.UUID, P]:
+        """Each build's job payload, made once per process (a build's payload never changes): those not
+        kept yet loaded with `load(missing)`; the oldest forgotten past PAYLOADS_MAX."""
+        ids = list(build_ids)
+        with self._lock:
+            found = {b: self._payloads[b] for b in ids if b in self._payloads}
+        missing = [b for b in ids if b not in found]
+        if missing:
+            made = load(missing)
+            with self._lock:
+                self._payloads.update(made)
+                while len(self._payloads) > PAYLOADS_MAX:
+                    self._payloads.pop(next(iter(self._payloads)))
+            found.update(made)
+        return found
 
     def gone(self, build_ids: Iterable[uuid.UUID]) -> None:
         """Builds claimed, or whose claim lost: out of every entry."""

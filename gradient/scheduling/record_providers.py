@@ -12,7 +12,7 @@ from django.db.models import Exists, OuterRef
 
 from gradient.records.decisions.discovery import Discovery, ObservedObject
 from gradient.records.schemas import ObjectRef, ObjectTable, RowStatus
-from gradient.records.selectors import ReadAccess
+from gradient.records.selectors import Named, ReadAccess
 from gradient.scheduling.models import DerivationBuild, DispatchedJob, Evaluation
 from gradient.workers.models import Worker, WorkerSession
 
@@ -61,18 +61,22 @@ def evaluation_read_access(*, job_id: uuid.UUID, user: User | AnonymousUser) -> 
     return ReadAccess.DENIED
 
 
-def names_of_ids(ids: set[uuid.UUID]) -> dict[str, str]:
-    """What a record's timeline calls the scheduling ids it mentions: a worker by its name, a build by its
-    derivation's name, an evaluation by repository@commit, an assignment by its worker's name."""
-    names: dict[str, str] = {}
+def names_of_ids(ids: set[uuid.UUID]) -> dict[str, Named]:
+    """What a record's timeline calls the scheduling ids it mentions (and whose console page shows each):
+    a worker by its name, a build by its derivation's name, an evaluation by repository@commit, an
+    assignment by its worker's name."""
+    names: dict[str, Named] = {}
+    worker, build, evaluation, assignment = (
+        m._meta.label_lower for m in (Worker, DerivationBuild, Evaluation, DispatchedJob)
+    )
     for worker_id, name in Worker.objects.filter(id__in=ids).values_list("id", "name"):
-        names[str(worker_id)] = name
-    for build in DerivationBuild.objects.filter(id__in=ids).only("id", "drv_path"):
-        names[str(build.id)] = build.name
+        names[str(worker_id)] = Named(name, worker)
+    for row in DerivationBuild.objects.filter(id__in=ids).only("id", "drv_path"):
+        names[str(row.id)] = Named(row.name, build)
     for evaluation_id, repository, commit in Evaluation.objects.filter(id__in=ids).values_list(
         "id", "repository", "commit"
     ):
-        names[str(evaluation_id)] = f"{repository}@{commit[:12]}"
+        names[str(evaluation_id)] = Named(f"{repository}@{commit[:12]}", evaluation)
     for row_id, worker_name in DispatchedJob.objects.filter(id__in=ids).values_list("id", "worker__name"):
-        names[str(row_id)] = worker_name
+        names[str(row_id)] = Named(worker_name, assignment)
     return names

@@ -33,7 +33,7 @@ from gradient.records.errors import DecodeError, InvalidHistory, UnknownRecord
 from gradient.records.selectors import record_job
 from gradient.recovery.models import ServerBoot
 from gradient.scheduling import jobs
-from gradient.scheduling.decisions.scoring import LARGE_TRANSFER_BYTES, PoolView
+from gradient.scheduling.decisions.scoring import LARGE_TRANSFER_BYTES, PoolView, metrics_stale
 from gradient.scheduling.decisions.waiting import unbuildable_deadline, what_happens_next
 from gradient.scheduling.models import (
     CachedPath,
@@ -43,7 +43,7 @@ from gradient.scheduling.models import (
     Evaluation,
     EvaluationBuild,
 )
-from gradient.workers.models import Worker, WorkerSession
+from gradient.workers.models import METRIC_FIELDS, Worker, WorkerSession
 
 MEAN_WAIT_WINDOW = timedelta(hours=1)
 MEAN_WAIT_SAMPLE = 1000
@@ -51,7 +51,7 @@ MEAN_WAIT_SAMPLE = 1000
 
 @dataclass(frozen=True)
 class WorkerState:
-    """A connected worker as assignment sees it."""
+    """A connected worker as assignment sees it: its metrics only while fresh (`scoring_metrics`)."""
 
     worker: Worker
     session_id: uuid.UUID
@@ -63,7 +63,16 @@ class WorkerState:
         return self.worker.id
 
 
-def worker_state(worker_id: uuid.UUID) -> WorkerState | None:
+def scoring_metrics(worker: Worker, now: datetime) -> Worker:
+    """The worker as scoring may read it: metrics older than scoring.METRICS_STALE_SECS are unknown
+    (None on this loaded row, which nothing saves), so a load reported long ago holds nothing back."""
+    if metrics_stale(worker.metrics_at, now):
+        for name in METRIC_FIELDS:
+            setattr(worker, name, None)
+    return worker
+
+
+def worker_state(worker_id: uuid.UUID, now: datetime | None = None) -> WorkerState | None:
     """The worker with its open session, or None when it is not connected or not active."""
     session = (
         WorkerSession.objects.select_related("worker")
@@ -74,13 +83,19 @@ def worker_state(worker_id: uuid.UUID) -> WorkerState | None:
         return None
     projects = frozenset(session.worker.projects.values_list("id", flat=True))
     return WorkerState(
-        worker=session.worker, session_id=session.id, draining=session.draining, project_ids=projects
+        worker=scoring_metrics(session.worker, now or timezone.now()),
+        session_id=session.id,
+        draining=session.draining,
+        project_ids=projects,
     )
 
 
-def worker_states(worker_ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, WorkerState]:
+def worker_states(
+    worker_ids: Sequence[uuid.UUID], now: datetime | None = None
+) -> dict[uuid.UUID, WorkerState]:
     """worker_state for many workers at once (a batch of RequestJobs): two queries in all."""
     ids = list(set(worker_ids))
+    now = now or timezone.now()
     sessions = WorkerSession.objects.select_related("worker").filter(
         worker_id__in=ids, closed_at__isnull=True, worker__active=True
     )
@@ -91,7 +106,7 @@ def worker_states(worker_ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, WorkerStat
         projects[worker_id].add(project_id)
     return {
         s.worker_id: WorkerState(
-            worker=s.worker,
+            worker=scoring_metrics(s.worker, now),
             session_id=s.id,
             draining=s.draining,
             project_ids=frozenset(projects[s.worker_id]),
@@ -220,10 +235,11 @@ class BuildRef:
     queued_at: datetime | None
     created_at: datetime
     prioritized: bool
+    job_key: str = ""  # build_key(id), made once (a batch compares many)
 
-    @property
-    def job_key(self) -> str:
-        return build_key(self.id)
+    def __post_init__(self) -> None:
+        if not self.job_key:
+            object.__setattr__(self, "job_key", build_key(self.id))
 
 
 def _queued_builds_for(state: WorkerState, now: datetime) -> QuerySet[DerivationBuild]:

@@ -5,7 +5,7 @@ are actions, behind a confirmation page, signed on the records of the jobs it ru
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, ClassVar
 
 from django.contrib import admin, messages
 from django.db.models import QuerySet
@@ -22,6 +22,7 @@ from gradient.console import (
     actor_of,
     ago,
     assignment_job_link,
+    flag,
     when,
 )
 from gradient.names import NameCheckedForm
@@ -41,9 +42,12 @@ def _show_token_once(request: HttpRequest, worker: Worker, token: str) -> None:
     )
 
 
+DRAINING = flag("draining", yes="draining", no="no")
+
+
 class WorkerSessionInline(ReadOnlyInline):
     model = WorkerSession
-    fields = readonly_fields = ("opened", "seen", "closed", "close_reason", "draining", "server")
+    fields = readonly_fields = ("opened", "seen", "closed", "close_reason", DRAINING, "server")  # type: ignore[assignment]
     show_change_link = True
     verbose_name = "session"
     verbose_name_plural = "sessions (latest first)"
@@ -141,9 +145,9 @@ class WorkerAdmin(OperatedAdmin):
     search_fields = ["name", "id"]
     filter_horizontal = ["projects"]
     fields = ["name", "projects"]
-    readonly_fields = [
+    readonly_fields: ClassVar[Any] = [
         "id",
-        "active",
+        flag("active", yes="yes", no="no: deactivated, refused when it connects"),
         "connection",
         "current_jobs",
         "recent_jobs",
@@ -170,15 +174,6 @@ class WorkerAdmin(OperatedAdmin):
 
     def get_inlines(self, request, obj):  # type: ignore[no-untyped-def]
         return [] if obj is None else self.inlines
-
-    @admin.display(boolean=True, description="connected")
-    def connected(self, obj: Worker) -> bool:
-        return _open_session(obj) is not None
-
-    @admin.display(boolean=True, description="draining")
-    def draining(self, obj: Worker) -> bool:
-        session = _open_session(obj)
-        return bool(session and session.draining)
 
     @admin.display(description="state")
     def state(self, obj: Worker) -> str:
@@ -314,7 +309,7 @@ class WorkerSessionAdmin(ReadOnlyAdmin):
         when("opened_at", "opened"),
         when("last_seen", "last seen"),
         when("closed_at", "closed"),
-        "draining",
+        DRAINING,
         "close_reason",
     ]
     list_filter = ["draining"]

@@ -9,6 +9,16 @@ from django.db.models import Q
 
 from gradient.core.vocab import JobKind, choices
 
+# WorkerMetrics' fields as the worker row keeps them (with `metrics_at`, when they came).
+METRIC_FIELDS = (
+    "cpu_usage_pct",
+    "ram_free_mb",
+    "disk_speed_mbps",
+    "upload_speed_mbps",
+    "download_speed_mbps",
+    "build_peak_ram_mb",
+)
+
 
 class Worker(models.Model):
     """A registered worker. The token is shown once at registration and only its hash is kept."""
@@ -37,7 +47,8 @@ class Worker(models.Model):
     endpoint = models.CharField(max_length=500, null=True, blank=True)
     capabilities_at = models.DateTimeField(null=True, blank=True)
 
-    # WorkerMetrics, the latest heartbeat; null is "unknown" to scoring.
+    # WorkerMetrics, the latest heartbeat of the open session (cleared when a session opens); null is
+    # "unknown" to scoring, and so are metrics older than scoring.METRICS_STALE_SECS.
     cpu_usage_pct = models.FloatField(null=True, blank=True)
     ram_free_mb = models.IntegerField(null=True, blank=True)
     disk_speed_mbps = models.FloatField(null=True, blank=True)

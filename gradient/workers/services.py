@@ -34,7 +34,7 @@ from gradient.runtime.outbox import (
     close_worker_session_on_commit,
 )
 from gradient.scheduling.models import DispatchedJob, Project
-from gradient.workers.models import IdleSlot, Worker, WorkerSession
+from gradient.workers.models import METRIC_FIELDS, IdleSlot, Worker, WorkerSession
 from gradient.workers.presence import Presence
 from gradient.workers.selectors import worker_project_names
 from gradient.workers.tokens import token_matches, token_new
@@ -214,11 +214,15 @@ def worker_session_open(
                     opened_at=now,
                     last_seen=now,
                 )
+                # Metrics belong to the session that sent them: a new one starts with none, so a
+                # reconnecting worker is not scored (or held back) by the load of its last session.
                 updated = Worker.objects.filter(id=worker.id, active=True).update(
                     can_fetch=capabilities.fetch,
                     can_eval=capabilities.eval,
                     can_build=capabilities.build,
                     last_seen=now,
+                    metrics_at=None,
+                    **dict.fromkeys(METRIC_FIELDS),
                 )
                 if not updated:
                     raise _Deactivated
@@ -276,15 +280,6 @@ def _session_close(*, session_id: uuid.UUID, reason: str, now: datetime) -> uuid
     return worker_id
 
 
-_METRIC_FIELDS = (
-    "cpu_usage_pct",
-    "ram_free_mb",
-    "disk_speed_mbps",
-    "upload_speed_mbps",
-    "download_speed_mbps",
-    "build_peak_ram_mb",
-)
-
 _PRESENCE_FLUSH = """
 WITH v AS (
     SELECT * FROM unnest(
@@ -323,7 +318,7 @@ def presence_flush(*, entries: Sequence[Presence]) -> int:
     for e in entries:
         m = e.metrics
         row = [e.session_id, e.worker_id, e.seen_at, m is not None]
-        row += [getattr(m, name) if m is not None else None for name in _METRIC_FIELDS]
+        row += [getattr(m, name) if m is not None else None for name in METRIC_FIELDS]
         row.append(e.metrics_at)
         for column, value in zip(columns, row, strict=True):
             column.append(value)
@@ -344,7 +339,7 @@ def _presence_flush_rows(entries: Sequence[Presence]) -> int:
             written += 1
             fields: dict[str, Any] = {"last_seen": e.seen_at}
             if e.metrics is not None:
-                fields.update({name: getattr(e.metrics, name) for name in _METRIC_FIELDS})
+                fields.update({name: getattr(e.metrics, name) for name in METRIC_FIELDS})
                 fields["metrics_at"] = e.metrics_at
             Worker.objects.filter(id=e.worker_id).update(**fields)
     return written

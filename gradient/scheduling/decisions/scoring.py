@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Literal
 
 RESOURCE_AWARE = "resource-aware"
@@ -30,6 +31,9 @@ SATURATION_PENALTY = 8600.0
 CPU_SATURATED_PCT = 80.0
 RAM_FREE_LOW_FRACTION = 0.10
 DEFAULT_DOWNLOAD_MBPS = 100.0
+# Metrics travel with the 10 s heartbeat; older than six of them they are unknown to scoring, so a
+# worker whose metrics stopped coming is not held back by a load it reported long ago.
+METRICS_STALE_SECS = 60.0
 REFERENCE_CPU_CORE_SCORE = 1000.0
 
 CandidateKind = Literal["eval", "build"]
@@ -150,19 +154,42 @@ def transfer_limit(c: Candidate, w: WorkerView) -> float:
     return -TRANSFER_PENALTY if large and w.large_transfers_running >= TRANSFER_SLOTS else 0.0
 
 
-def resource_saturation(w: WorkerView) -> float:
-    signals = 0
+def metrics_stale(metrics_at: datetime | None, now: datetime) -> bool:
+    """Whether metrics received at `metrics_at` are too old to be scored: they count as unknown. (A
+    session's metrics always come with their time; a row without one has no age to judge.)"""
+    return metrics_at is not None and (now - metrics_at).total_seconds() > METRICS_STALE_SECS
+
+
+CPU_SIGNAL = f"CPU > {CPU_SATURATED_PCT:.0f} %"
+RAM_SIGNAL = f"free RAM < {RAM_FREE_LOW_FRACTION * 100:.0f} %"
+PEAK_RAM_SIGNAL = "free RAM below their builds' peak"
+
+
+def saturation_signals(w: WorkerView) -> tuple[str, ...]:
+    """The ResourceSaturation signals the worker's metrics show, in words ("CPU > 80 %")."""
+    signals: list[str] = []
     if w.cpu_usage_pct is not None and w.cpu_usage_pct > CPU_SATURATED_PCT:
-        signals += 1
+        signals.append(CPU_SIGNAL)
     if (
         w.ram_free_mb is not None
         and w.ram_total_mb
         and w.ram_free_mb < RAM_FREE_LOW_FRACTION * w.ram_total_mb
     ):
-        signals += 1
+        signals.append(RAM_SIGNAL)
     if w.build_peak_ram_mb is not None and w.ram_free_mb is not None and w.build_peak_ram_mb > w.ram_free_mb:
-        signals += 1
-    return -SATURATION_PENALTY * signals
+        signals.append(PEAK_RAM_SIGNAL)
+    return tuple(signals)
+
+
+def resource_saturation(w: WorkerView) -> float:
+    return -SATURATION_PENALTY * len(saturation_signals(w))
+
+
+def saturation_holds_back(signals: int, prioritized: bool = False) -> bool:
+    """Whether `signals` ResourceSaturation signals keep every job off the worker: even the best
+    WaitTime and EstimatedTime (and the Qos of a prioritized job) stay below the floor after them."""
+    best = WAIT_CAP + ESTIMATE_CAP_SECS + (QOS_BONUS if prioritized else 0.0)
+    return signals > 0 and best - SATURATION_PENALTY * signals < ASSIGNMENT_FLOOR
 
 
 def score(c: Candidate, w: WorkerView, pool: PoolView, policy: str = RESOURCE_AWARE) -> Score:

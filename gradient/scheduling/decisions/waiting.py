@@ -14,16 +14,17 @@ from typing import Any
 
 from gradient.core.vocab import BUILTIN_SYSTEM, BuildStatus, EvaluationStatus
 from gradient.scheduling.decisions.access import may_take
+from gradient.scheduling.decisions.scoring import saturation_holds_back
 
 UNBUILDABLE_GRACE_SECS = 300
 MEMO_SECS = 60
 LOST_DRV_GRACE_SECS = 120
 
 # Reasons the waiting pass owns, and the ones it never touches (webhook and cache hooks own those).
-PASS_REASONS = frozenset({"eval_workers", "workers", "graph_stuck", "draining"})
+PASS_REASONS = frozenset({"eval_workers", "workers", "saturated", "graph_stuck", "draining"})
 FOREIGN_REASONS = frozenset({"approval", "no_cache", "cache_storage_full"})
 # The parks of an evaluation whose own job completed (it was building).
-BUILDING_PARKS = frozenset({"workers", "graph_stuck"})
+BUILDING_PARKS = frozenset({"workers", "saturated", "graph_stuck"})
 
 PRE_BUILD = frozenset(
     {
@@ -50,17 +51,22 @@ class Phase(StrEnum):
 @dataclass(frozen=True, slots=True)
 class Counters:
     named: int  # shared builds linked to the evaluation
-    active: int  # of those, still wanted (not succeeded, no lasting failure)
+    active: int  # of those, still wanted (not succeeded, no lasting failure, not aborted)
     building: int  # of those, Building right now
+    aborted: int = 0  # of those, Aborted (by whatever path): the evaluation cannot finish on them
 
-    def key(self) -> tuple[int, int, int]:
-        return (self.named, self.active, self.building)
+    def key(self) -> tuple[int, int, int, int]:
+        return (self.named, self.active, self.building, self.aborted)
 
 
 def phase_from_counters(c: Counters) -> Phase:
-    """Counters first: decide without reading a shared build when they suffice."""
+    """Counters first: decide without reading a shared build when they suffice. A needed build that was
+    aborted is looked at at once, whatever else builds: the evaluation can never finish on it, and
+    nothing but the heal brings it back."""
     if c.named == 0:
         return Phase.PRE_BUILD
+    if c.aborted > 0:
+        return Phase.ASSESS
     if c.active == 0:
         return Phase.FINALIZE
     if c.building > 0:
@@ -78,6 +84,8 @@ class PoolWorker:
     draining: bool = False
     # The projects whose jobs it may take (access.may_take); None: not known here, so not checked.
     projects: frozenset[str] | None = None
+    # The ResourceSaturation signals its fresh metrics show ("CPU > 80 %"); none under `simple`.
+    saturation: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +103,7 @@ class Pool:
                     w.system_features,
                     w.draining,
                     tuple(sorted(w.projects or ())),
+                    w.saturation,
                 )
                 for w in self.workers
             )
@@ -110,15 +119,23 @@ class Pool:
     def fits(self, system: str, features: Iterable[str], projects: Iterable[str] | None = None) -> bool:
         """Some available worker can build it; with `projects`, one that may also take it for one of
         them."""
+        return bool(self.capable(system, features, projects))
+
+    def capable(
+        self, system: str, features: Iterable[str], projects: Iterable[str] | None = None
+    ) -> list[int]:
+        """The available workers (their indexes in `available`) that can build it; with `projects`,
+        only those that may also take it for one of them."""
         needed = set(features)
         wanted_by = None if projects is None else frozenset(projects)
-        return any(
-            w.can_build
+        return [
+            i
+            for i, w in enumerate(self.available)
+            if w.can_build
             and (system == BUILTIN_SYSTEM or system in w.architectures)
             and needed <= set(w.system_features)
             and _serves(w, wanted_by)
-            for w in self.available
-        )
+        ]
 
     def serving_projects(self, capable: Iterable[PoolWorker]) -> list[str]:
         return sorted({p for w in capable for p in (w.projects or ())})
@@ -138,6 +155,8 @@ class BlockingBuild:
     required_features: tuple[str, ...]
     # The projects of the active evaluations that need it; None: not checked.
     projects: tuple[str, ...] | None = None
+    name: str = ""  # the derivation's name (hello-2.12), for a reason that names the build
+    prioritized: bool = False  # its Qos bonus may carry it past one saturation signal
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,12 +215,29 @@ def pre_build_verdict(status: str, has_open_job: bool, pool: Pool, project: str 
     return NOT_WAITING
 
 
+MAX_NAMED_ABORTED = 10  # aborted builds a reason names; `aborted_count` says how many there are
+
+
 def building_verdict(blocking: Sequence[BlockingBuild], pool: Pool) -> Verdict:
-    """Building with no worker fitting a blocking build: `workers` with the unmet (architecture,
-    features) sets, and (`unserved`) the builds that fitting workers exist for but none of which may
-    take them for a project that needs them; every blocking build fits a worker yet none can be handed
-    out: `graph_stuck`."""
+    """A blocking build that was aborted (by a cancel's race, a cluster's settlement, anything):
+    `graph_stuck` naming it (`aborted_builds`), so the heal queues it again. Else building with no
+    worker fitting a blocking build: `workers` with the unmet (architecture, features) sets, and
+    (`unserved`) the builds that fitting workers exist for but none of which may take them for a
+    project that needs them; every blocking build fits a worker yet none can be handed out:
+    `graph_stuck`."""
     wanted = [b for b in blocking if b.status in STILL_WANTED]
+    aborted = sorted(
+        (b for b in blocking if b.status == BuildStatus.ABORTED), key=lambda b: (b.name, b.build_id)
+    )
+    if aborted:
+        return Verdict(
+            {
+                "reason": "graph_stuck",
+                "pending_shared_builds": len(wanted),
+                "aborted_builds": [{"id": b.build_id, "name": b.name} for b in aborted[:MAX_NAMED_ABORTED]],
+                "aborted_count": len(aborted),
+            }
+        )
     if not wanted:
         return Verdict(None, finalize=True)
     unmet: dict[tuple[str, tuple[str, ...]], int] = {}
@@ -230,9 +266,41 @@ def building_verdict(blocking: Sequence[BlockingBuild], pool: Pool) -> Verdict:
             reason["unserved"] = [{"projects": list(p), "builds": n} for p, n in sorted(unserved.items())]
             reason["serving_projects"] = pool.serving_projects(builders)
         return Verdict(reason)
+    saturated = saturated_verdict(wanted, pool)
+    if saturated is not None:
+        return saturated
     if any(b.status in HANDABLE for b in wanted):
         return NOT_WAITING
     return Verdict({"reason": "graph_stuck", "pending_shared_builds": len(wanted)})
+
+
+def saturated_verdict(wanted: Sequence[BlockingBuild], pool: Pool) -> Verdict | None:
+    """`saturated` when every Queued build is held back by ResourceSaturation: each worker that can
+    build it reports enough load (scoring.saturation_holds_back) that no score reaches the floor. The
+    reason counts those workers and each signal among them, for "3 workers can build it; all report
+    CPU > 80 %". None when some Queued build can go (or none is Queued)."""
+    queued = [b for b in wanted if b.status == BuildStatus.QUEUED]
+    if not queued:
+        return None
+    held_on: set[int] = set()
+    for b in queued:
+        capable = pool.capable(b.system, b.required_features, b.projects)
+        workers = [pool.available[i] for i in capable]
+        if not workers or not all(saturation_holds_back(len(w.saturation), b.prioritized) for w in workers):
+            return None
+        held_on.update(capable)
+    signals: dict[str, int] = {}
+    for i in sorted(held_on):
+        for signal in pool.available[i].saturation:
+            signals[signal] = signals.get(signal, 0) + 1
+    return Verdict(
+        {
+            "reason": "saturated",
+            "builds": len(queued),
+            "capable_workers": len(held_on),
+            "signals": dict(sorted(signals.items())),
+        }
+    )
 
 
 def assess(
@@ -357,6 +425,11 @@ def same_park(old: dict[str, Any] | None, new: dict[str, Any]) -> bool:
     return old is not None and all(old.get(k) == new.get(k) for k in keys)
 
 
+def load_shift_only(old: dict[str, Any] | None, new: dict[str, Any]) -> bool:
+    """A `saturated` park that stays one, only its workers' load said differently: not a new park."""
+    return old is not None and old.get("reason") == new.get("reason") == "saturated"
+
+
 def unbuildable_due(
     *,
     reason: dict[str, Any] | None,
@@ -403,6 +476,28 @@ def unserved_words(reason: dict[str, Any]) -> str:
     return f"no connected worker serves {noun} {', '.join(projects)}; {capable} connected serve: {serving}"
 
 
+def aborted_words(reason: dict[str, Any]) -> str:
+    """ "it needs 2 shared builds that were aborted: hello-2.12, openssl-3.0.13"."""
+    named = [str(b.get("name") or str(b.get("id", ""))[:8]) for b in reason.get("aborted_builds", [])]
+    count = int(reason.get("aborted_count", len(named)))
+    more = f" and {count - len(named)} more" if count > len(named) else ""
+    noun = "a shared build that was" if count == 1 else f"{count} shared builds that were"
+    return f"it needs {noun} aborted: {', '.join(named)}{more}"
+
+
+def saturation_words(reason: dict[str, Any]) -> str:
+    """ "3 workers can build it; all report CPU > 80 %"."""
+    workers = int(reason.get("capable_workers", 0))
+    signals: dict[str, int] = reason.get("signals", {})
+    can = "1 worker can build it" if workers == 1 else f"{workers} workers can build it"
+    shared = [s for s, n in signals.items() if n == workers]
+    if shared:
+        who = "it reports" if workers == 1 else "all report"
+        return f"{can}; {who} {' and '.join(shared)}"
+    each = ", ".join(f"{n} {'reports' if n == 1 else 'report'} {s}" for s, n in signals.items())
+    return f"{can}; all are saturated: {each}"
+
+
 def describe(reason: dict[str, Any] | None) -> str:
     """The reason in words an operator understands."""
     if not reason:
@@ -432,6 +527,11 @@ def describe(reason: dict[str, Any] | None) -> str:
             f"{reason.get('connected_workers', 0)} workers connected; architectures available: {archs}."
             + also
         )
+    if name == "saturated":
+        return f"Held back by ResourceSaturation: {saturation_words(reason)}."
+    if name == "graph_stuck" and reason.get("aborted_builds"):
+        them = "it" if int(reason.get("aborted_count", 1)) == 1 else "them"
+        return f"Stuck: {aborted_words(reason)}; the graph repair queues {them} again."
     if name == "graph_stuck":
         return (
             f"Stuck: {reason.get('pending_shared_builds', 0)} shared builds are pending but none can start; "
@@ -511,8 +611,12 @@ def what_happens_next(
         return f"builds once a worker for {wanted or 'it'} connects"
     if name == "eval_workers":
         return f"runs once a worker that can {reason.get('capability', 'evaluate')} connects"
+    if name == "saturated":
+        return "builds once one of those workers reports less load (or another that can build it connects)"
     if name == "draining":
         return "resumes once a server that is not draining serves"
+    if name == "graph_stuck" and reason.get("aborted_builds"):
+        return "the graph repair queues the aborted builds again; it builds on once they are queued"
     if name == "graph_stuck":
         return "the waiting pass repairs its graph (a DrvRecovery evaluation if a .drv is lost)"
     return "runs once what it waits for is there"

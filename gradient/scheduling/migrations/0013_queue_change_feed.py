@@ -42,12 +42,12 @@ END $$;
 """
 
 _TRIGGERS = """
-CREATE TRIGGER gradient_queue_build_inserted AFTER INSERT ON derivation_build
+CREATE OR REPLACE TRIGGER gradient_queue_build_inserted AFTER INSERT ON derivation_build
     REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION gradient_queue_build_inserted();
-CREATE TRIGGER gradient_queue_build_updated AFTER UPDATE ON derivation_build
+CREATE OR REPLACE TRIGGER gradient_queue_build_updated AFTER UPDATE ON derivation_build
     REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
     FOR EACH STATEMENT EXECUTE FUNCTION gradient_queue_build_updated();
-CREATE TRIGGER gradient_queue_build_wanted AFTER INSERT ON evaluation_build
+CREATE OR REPLACE TRIGGER gradient_queue_build_wanted AFTER INSERT ON evaluation_build
     REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION gradient_queue_build_wanted();
 """
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+import msgspec
 from django.conf import settings
 from django.db import InterfaceError, OperationalError, transaction
 from django.utils import timezone
@@ -133,8 +134,10 @@ class _Asking:
     view: WorkerView
     scores: dict[str, tuple[int, int]]
     ranked: list[Score] = field(default_factory=list)  # best first; the worker's own scores applied
-    shared: list[Candidate] | None = None  # or: the group's order, scored for this worker lazily
+    shared: list[selectors.BuildRef] | None = None  # or: the group's order, scored for this worker lazily
+    now: datetime | None = None  # when the group's order is scored
     at: int = 0
+    lost: bool = False  # a claim of this request lost
 
     def next_choice(self, taken: set[str], pool: PoolView, policy: str) -> Score | None:
         """The best candidate not taken by an earlier request of the batch (or lost), or None."""
@@ -146,10 +149,12 @@ class _Asking:
                     return choice
             return None
         while self.at < len(self.shared):
-            candidate = self.shared[self.at]
+            ref = self.shared[self.at]
             self.at += 1
-            if candidate.job_id in taken:
+            if ref.job_key in taken:
                 continue
+            assert self.now is not None  # set with shared
+            candidate = _candidate(ref, self.now, {})
             # Unscored builds differ only in wait and priority, which no worker's view changes: the
             # group's order is this worker's too, and what the worker's view adds (saturation, the
             # fetch reserve) is the same for all of them, so the first free one is its best, if any.
@@ -159,19 +164,24 @@ class _Asking:
 
 
 def request_builds(
-    *, worker_ids: Sequence[uuid.UUID], now: datetime, tried: list[uuid.UUID]
+    *,
+    worker_ids: Sequence[uuid.UUID],
+    now: datetime,
+    tried: list[uuid.UUID],
+    lost: set[int] | None = None,
 ) -> list[Assignment | None]:
     """Answer a batch of RequestJob{build}, one entry per request (a worker with several free slots asks
     once per slot), in one transaction that this entry owns: the workers read together, the pending
     builds read once per kind of worker, each request ranked by the pure scoring rules, and every
     choice claimed in one statement (lifecycle.claim_builds); a lost claim moves on to the request's
     next choice. None for a request left unanswered: an idle slot for cluster placement. `tried`
-    collects every claim's assignment id before it is made (hand_out_builds finds unheard ones)."""
+    collects every claim's assignment id before it is made (hand_out_builds finds unheard ones); `lost`
+    the index of every request left unanswered after its claims lost (work there was, taken by others)."""
     answers: list[Assignment | None] = [None] * len(worker_ids)
     chosen: set[str] = set()
     try:
         with transaction.atomic(durable=True):
-            _request_builds(worker_ids, answers, chosen, now, tried)
+            _request_builds(worker_ids, answers, chosen, now, tried, lost if lost is not None else set())
     finally:
         with _claiming_lock:
             _claiming.difference_update(chosen)
@@ -191,6 +201,7 @@ def _request_builds(
     chosen: set[str],
     now: datetime,
     tried: list[uuid.UUID],
+    lost: set[int],
 ) -> None:
     states = selectors.worker_states(worker_ids)
     open_builds = selectors.open_builds_of(list(states))
@@ -230,6 +241,7 @@ def _request_builds(
             a.shared, a.at = None, 0
         _rank_each(behind, pool, policy, now, len(busy))
         won += _claim_choices(behind, answers, pool, policy, now, tried, busy | chosen, chosen)
+    lost.update(a.index for a in asking if answers[a.index] is None and a.lost)
     idle.extend(a.state.id for a in asking if answers[a.index] is None)
     _clear_idle_slots(full + won, JobKind.BUILD)
     _record_idle_slots(idle, JobKind.BUILD, now)
@@ -298,14 +310,9 @@ def _rank_each(asking: list[_Asking], pool: PoolView, policy: str, now: datetime
     for members in groups.values():
         plain = [a for a in members if not a.scores]
         if plain:
-            refs = _shared_heads(plain[0].state, now, cap, max(PRESELECT, 2 * len(plain) + 8 + busy))
-            by_key = {r.job_key: r for r in refs}
-            order = [
-                by_key[s.job_id] for s in rank([_candidate(r, now, {}) for r in refs], WorkerView(), pool)
-            ]
-            shared = [_candidate(r, now, {}) for r in order]
+            shared = _shared_heads(plain[0].state, now, cap, pool, max(PRESELECT, 2 * len(plain) + 8 + busy))
             for a in plain:
-                a.shared = shared
+                a.shared, a.now = shared, now
         for a in members:
             if a.scores:
                 a.ranked = _ranked_with_scores(a, pool, policy, now, cap)
@@ -316,20 +323,24 @@ BOOK_PRESELECT = 4 * PRESELECT
 
 
 def _shared_heads(
-    state: selectors.WorkerState, now: datetime, cap: float, preselect: int
+    state: selectors.WorkerState, now: datetime, cap: float | None, pool: PoolView, preselect: int
 ) -> list[selectors.BuildRef]:
     """The heads of the queue for workers of this one's kind: from this process's book where it keeps one
     (gradient.scheduling.book), else read now."""
     kept = queue_book.book()
+
+    def ranked(n: int) -> list[selectors.BuildRef]:
+        """Read and put in the order every unscored worker of this kind ranks them: prioritized, then
+        the longest wait, then the id. Time changes every build's wait alike, so the order holds while
+        the book keeps it (the WaitTime cap, which makes waits past it tie, is one reason the book
+        reads again after a second)."""
+        refs = selectors.queued_build_refs(state, now, wait_cap_secs=cap, preselect=n)
+        by_key = {r.job_key: r for r in refs}
+        return [by_key[s.job_id] for s in rank([_candidate(r, now, {}) for r in refs], WorkerView(), pool)]
+
     if kept is None:
-        return selectors.queued_build_refs(state, now, wait_cap_secs=cap, preselect=preselect)
-    shape = (*_shape(state), cap is None)
-    rows = kept.heads(
-        shape,
-        max(preselect, BOOK_PRESELECT),
-        lambda n: selectors.queued_head_rows(state, now, wait_cap_secs=cap, preselect=n),
-    )
-    return selectors.build_refs(state, rows)
+        return ranked(preselect)
+    return kept.heads((*_shape(state), cap is None), max(preselect, BOOK_PRESELECT), ranked)
 
 
 def _ranked_with_scores(a: _Asking, pool: PoolView, policy: str, now: datetime, cap: float) -> list[Score]:
@@ -374,15 +385,16 @@ def _claim_choices(
         if not chosen_now:
             break
         chosen.update(c.job_id for _, c in chosen_now)
-        builds = DerivationBuild.objects.in_bulk([_build_id(c.job_id) for _, c in chosen_now])
+        builds = _payloads([_build_id(c.job_id) for _, c in chosen_now])
         # The claim's time is when the rows are locked, not when the requests arrived: a build queued by a
         # dependency that finished meanwhile is never shown dispatched before that dependency finished.
         claimed_at = max(now, timezone.now())
         claims: list[tuple[_Asking, Score, BuildClaim, Job]] = []
         for a, choice in chosen_now:
-            build = builds.get(_build_id(choice.job_id))
-            if build is None:
+            made = builds.get(_build_id(choice.job_id))
+            if made is None:
                 continue
+            build, job, job_builtins = made
             s = a.scores.get(choice.job_id)
             terms = ClaimTerms(
                 score=choice.total,
@@ -391,9 +403,13 @@ def _claim_choices(
                 missing_count=s[1] if s else None,
             )
             tried.append(assignment_id := uuid.uuid4())
-            job = jobs.build_job(build)
             claim = lifecycle.build_claim(
-                build=build, worker_id=a.state.id, job=job, terms=terms, assignment_id=assignment_id
+                build=build,
+                worker_id=a.state.id,
+                job=job,
+                terms=terms,
+                assignment_id=assignment_id,
+                job_builtins=job_builtins,
             )
             claims.append((a, choice, claim, job))
         won = lifecycle.claim_builds(claims=[c for _, _, c, _ in claims], now=claimed_at)
@@ -408,8 +424,28 @@ def _claim_choices(
                 )
                 served.append(a.state.id)
             else:
+                a.lost = True
                 waiting.append(a)
     return served
+
+
+_Payload = tuple[DerivationBuild, Job, dict[str, Any] | None]
+
+
+def _payloads(build_ids: list[uuid.UUID]) -> dict[uuid.UUID, _Payload]:
+    """The chosen builds with their AssignJob payloads: from this process's book, which makes each
+    build's once (the claim statement takes the queued time from the locked row, not from the kept
+    one); read now where no book is kept."""
+
+    def made(ids: list[uuid.UUID]) -> dict[uuid.UUID, _Payload]:
+        out: dict[uuid.UUID, _Payload] = {}
+        for build in DerivationBuild.objects.filter(id__in=ids):
+            job = jobs.build_job(build)
+            out[build.id] = (build, job, msgspec.to_builtins(job) if kept is not None else None)
+        return out
+
+    kept = queue_book.book()
+    return made(build_ids) if kept is None else kept.payloads(build_ids, made)
 
 
 def _build_id(job_key: str) -> uuid.UUID:
@@ -511,18 +547,30 @@ def hand_out(*, worker_id: uuid.UUID, protocol_kind: JobKindName, now: datetime)
     return handed.message()
 
 
-def hand_out_builds(*, worker_ids: Sequence[uuid.UUID], now: datetime) -> list[AssignJob | None]:
+class AskAgain:
+    """The answer to a RequestJob whose claims all lost to other claimers: there was work; the request
+    goes into the next batch instead of waiting for the worker to ask again."""
+
+
+ASK_AGAIN = AskAgain()
+
+
+def hand_out_builds(*, worker_ids: Sequence[uuid.UUID], now: datetime) -> list[AssignJob | AskAgain | None]:
     """A batch of RequestJob{build} from any sessions of this process (the dispatcher's): the AssignJob
-    of each, or None for one left unanswered, once the batch's claims committed. A claim whose commit
-    went unheard is handed out as in hand_out."""
+    of each, ASK_AGAIN for one whose claims lost, or None for one left unanswered, once the batch's
+    claims committed. A claim whose commit went unheard is handed out as in hand_out."""
     tried: list[uuid.UUID] = []
+    lost: set[int] = set()
     try:
-        handed = request_builds(worker_ids=worker_ids, now=now, tried=tried)
+        handed = request_builds(worker_ids=worker_ids, now=now, tried=tried, lost=lost)
     except (OperationalError, InterfaceError):
-        return _unheard_or_raise(worker_ids, tried)
+        return list(_unheard_or_raise(worker_ids, tried))
     if any(h is None for h in handed):
         _idle_slots_appeared()
-    return [h.message() if h is not None else None for h in handed]
+    return [
+        h.message() if h is not None else ASK_AGAIN if index in lost else None
+        for index, h in enumerate(handed)
+    ]
 
 
 def _unheard_or_raise(worker_ids: Sequence[uuid.UUID], tried: list[uuid.UUID]) -> list[AssignJob | None]:

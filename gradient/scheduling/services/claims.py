@@ -169,7 +169,7 @@ def assignments_reported(*, reports: Sequence[AssignmentReports], now: datetime)
         return set()
     if connection.vendor != "postgresql":
         return _assignments_reported_apart(reports, now)
-    params = {
+    params: dict[str, Any] = {
         "ids": [r.row.id for r in reports],
         "accepted": [r.accepted for r in reports],
         "phase": [r.phase for r in reports],
@@ -256,7 +256,7 @@ WITH req AS (
         %(breakdown)s::text[], %(nar)s::bigint[], %(count)s::int[], %(job)s::text[], %(queued)s::timestamptz[]
     ) AS r(aid, build_id, worker_id, cluster_attempt_id, score, breakdown, nar, cnt, job, queued_at)
 ), locked AS (
-    SELECT b.id FROM derivation_build b
+    SELECT b.id, b.queued_at FROM derivation_build b
     WHERE b.id IN (SELECT build_id FROM req) AND b.status = %(queued_status)s
       AND (b.retry_at IS NULL OR b.retry_at <= %(now)s)
     FOR NO KEY UPDATE SKIP LOCKED
@@ -264,7 +264,7 @@ WITH req AS (
     -- A RequestJob's claim (no cluster attempt) holds only for a build no live cluster has as a member
     -- and that an active evaluation of one of the worker's projects needs: the choice came from the
     -- process's book, which may be behind (gradient.scheduling.book); checked on the locked row.
-    SELECT r.* FROM req r JOIN locked l ON l.id = r.build_id
+    SELECT r.*, l.queued_at AS row_queued_at FROM req r JOIN locked l ON l.id = r.build_id
     WHERE r.cluster_attempt_id IS NOT NULL OR (
         NOT EXISTS (
             SELECT 1 FROM cluster_member m JOIN cluster_job c ON c.id = m.cluster_job_id
@@ -278,7 +278,8 @@ WITH req AS (
         cluster_attempt_id, score, score_breakdown, missing_nar_size, missing_count, job, phase, queued_at,
         dispatched_at, reason)
     SELECT r.aid, %(kind)s, 'build:' || r.build_id::text, NULL, r.build_id, r.worker_id, r.cluster_attempt_id,
-        r.score, r.breakdown::jsonb, r.nar, r.cnt, r.job::jsonb, '', r.queued_at, %(now)s, ''
+        r.score, r.breakdown::jsonb, r.nar, r.cnt, r.job::jsonb, '', COALESCE(r.row_queued_at, r.queued_at),
+        %(now)s, ''
     FROM eligible r
     ON CONFLICT (job_id) WHERE finished_at IS NULL DO NOTHING
     RETURNING id, derivation_build_id, worker_id

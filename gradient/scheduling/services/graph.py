@@ -29,6 +29,7 @@ from gradient.core.vocab import (
     EvaluationStatus,
 )
 from gradient.scheduling import history
+from gradient.scheduling.decisions.waiting import BUILDING_PARKS
 from gradient.scheduling.models import (
     CachedPath,
     CachedPathClaim,
@@ -614,7 +615,7 @@ def finish_evaluations(
     finished: list[EvaluationFinish] = []
     # Only an evaluation whose evaluation job completed: Building, or parked while building. One requeued
     # mid-evaluation (builds from an eval_result, no JobCompleted) is evaluated again first.
-    parked_building = Q(waiting_reason__reason__in=["workers", "graph_stuck"]) | Q(
+    parked_building = Q(waiting_reason__reason__in=sorted(BUILDING_PARKS)) | Q(
         waiting_reason__reason="draining", waiting_reason__resume="Building"
     )
     # Locked, in id order, for the same reason as in queue_ready_builds: the last two builds of an

@@ -15,6 +15,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
 import msgspec
 from django.db import connection, transaction
@@ -159,14 +160,21 @@ def claim_build(
 
 
 def build_claim(
-    *, build: DerivationBuild, worker_id: uuid.UUID, job: Job, terms: ClaimTerms, assignment_id: uuid.UUID
+    *,
+    build: DerivationBuild,
+    worker_id: uuid.UUID,
+    job: Job,
+    terms: ClaimTerms,
+    assignment_id: uuid.UUID,
+    job_builtins: dict[str, Any] | None = None,
 ) -> BuildClaim:
-    """What claim_builds needs to claim `build` for a worker, with the AssignJob's `job` payload."""
+    """What claim_builds needs to claim `build` for a worker, with the AssignJob's `job` payload (and
+    its plain form, when the caller keeps it made already)."""
     return BuildClaim(
         assignment_id=assignment_id,
         build_id=build.id,
         worker_id=worker_id,
-        job=msgspec.to_builtins(job),
+        job=job_builtins if job_builtins is not None else msgspec.to_builtins(job),
         queued_at=build.queued_at,
         score=terms.score,
         breakdown=terms.breakdown,

@@ -14,8 +14,10 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+from django.conf import settings
 from django.db import transaction
 from django.db.models import Count, Exists, OuterRef, Q
+from django.utils import timezone
 
 from gradient.core.vocab import (
     BUILD_LASTING_FAILURE,
@@ -27,6 +29,7 @@ from gradient.core.vocab import (
 from gradient.recovery.models import ServerBoot
 from gradient.runtime.instances import service_draining
 from gradient.scheduling import history
+from gradient.scheduling.decisions import scoring
 from gradient.scheduling.decisions import waiting as w
 from gradient.scheduling.models import (
     DerivationBuild,
@@ -37,7 +40,7 @@ from gradient.scheduling.models import (
 )
 from gradient.scheduling.services import drv_recovery, graph
 from gradient.scheduling.services.evaluations import evaluation_cancel
-from gradient.workers.models import WorkerSession
+from gradient.workers.models import Worker, WorkerSession
 
 log = logging.getLogger("gradient.waiting")
 
@@ -58,12 +61,17 @@ class WaitingPassResult:
     reasons: dict[str, int] = field(default_factory=dict)
 
 
-def current_pool() -> w.Pool:
+def current_pool(now: datetime | None = None) -> w.Pool:
+    """The connected workers as the waiting pass sees them: under the resource-aware policy each with
+    the ResourceSaturation signals of its fresh metrics (stale ones hold nothing back)."""
+    now = now or timezone.now()
     sessions = (
         WorkerSession.objects.filter(closed_at__isnull=True, worker__active=True)
         .select_related("worker")
         .prefetch_related("worker__projects")
     )
+    policy = str(getattr(settings, "GRADIENT_SCHEDULING_POLICY", scoring.RESOURCE_AWARE))
+    resource_aware = scoring.policy_name(policy) == scoring.RESOURCE_AWARE
     return w.Pool(
         tuple(
             w.PoolWorker(
@@ -74,8 +82,22 @@ def current_pool() -> w.Pool:
                 system_features=tuple(s.worker.system_features or ()),
                 draining=s.draining,
                 projects=frozenset(p.name for p in s.worker.projects.all()),
+                saturation=_saturation(s.worker, now) if resource_aware else (),
             )
             for s in sessions
+        )
+    )
+
+
+def _saturation(worker: Worker, now: datetime) -> tuple[str, ...]:
+    if scoring.metrics_stale(worker.metrics_at, now):
+        return ()
+    return scoring.saturation_signals(
+        scoring.WorkerView(
+            cpu_usage_pct=worker.cpu_usage_pct,
+            ram_free_mb=worker.ram_free_mb,
+            ram_total_mb=worker.ram_total_mb,
+            build_peak_ram_mb=worker.build_peak_ram_mb,
         )
     )
 
@@ -89,20 +111,24 @@ def _counters(evaluation_ids: list[uuid.UUID]) -> dict[uuid.UUID, w.Counters]:
             named=Count("id"),
             active=Count("id", filter=still_wanted),
             building=Count("id", filter=Q(build__status=BuildStatus.BUILDING)),
+            aborted=Count("id", filter=Q(build__status=BuildStatus.ABORTED)),
         )
     )
     out = {e: w.Counters(0, 0, 0) for e in evaluation_ids}
     for r in rows:
-        out[r["evaluation_id"]] = w.Counters(r["named"], r["active"], r["building"])
+        out[r["evaluation_id"]] = w.Counters(r["named"], r["active"], r["building"], r["aborted"])
     return out
 
 
 def _blocking(evaluation_id: uuid.UUID) -> list[w.BlockingBuild]:
     rows = list(
         EvaluationBuild.objects.filter(evaluation_id=evaluation_id, blocks_evaluation=True).values_list(
-            "build_id", "build__status", "build__system", "build__required_features"
+            "build_id", "build__status", "build__system", "build__required_features", "build__prioritized"
         )
     )
+    # An aborted one is named in the reason (issue 34, item 9): its derivation's name, read only then.
+    aborted = [b for b, status, *_ in rows if status == BuildStatus.ABORTED]
+    names = {b.id: b.name for b in DerivationBuild.objects.filter(id__in=aborted).only("id", "drv_path")}
     # A shared build can be handed to a worker of any project whose active evaluation needs it.
     wanted_by: dict[uuid.UUID, set[str]] = defaultdict(set)
     for build_id, project in EvaluationBuild.objects.filter(
@@ -110,8 +136,16 @@ def _blocking(evaluation_id: uuid.UUID) -> list[w.BlockingBuild]:
     ).values_list("build_id", "evaluation__project__name"):
         wanted_by[build_id].add(project)
     return [
-        w.BlockingBuild(str(b), status, system, tuple(features or ()), tuple(sorted(wanted_by[b])))
-        for b, status, system, features in rows
+        w.BlockingBuild(
+            str(b),
+            status,
+            system,
+            tuple(features or ()),
+            tuple(sorted(wanted_by[b])),
+            names.get(b, ""),
+            prioritized,
+        )
+        for b, status, system, features, prioritized in rows
     ]
 
 
@@ -129,7 +163,7 @@ def refresh_waiting_state(
     assesses them again like any other."""
     result = WaitingPassResult()
     result.draining = service_draining(now=now) if draining is None else draining
-    pool = current_pool()
+    pool = current_pool(now)
     fingerprint = (result.draining, pool.fingerprint())
     stable_since = pool_stable_since() or now
     open_job = DispatchedJob.objects.filter(evaluation_id=OuterRef("pk"), finished_at__isnull=True)
@@ -246,6 +280,13 @@ def _apply(
         return
     if old == verdict.reason and evaluation.status == EvaluationStatus.WAITING:
         return  # unchanged: nothing is written
+    if w.load_shift_only(old, verdict.reason) and evaluation.status == EvaluationStatus.WAITING:
+        # The workers' load moved (which signals, how many): the words follow it, but the record
+        # gets no fact per heartbeat's shift; the park itself is unchanged.
+        Evaluation.objects.filter(id=evaluation.id, status=EvaluationStatus.WAITING).update(
+            waiting_reason=verdict.reason
+        )
+        return
     kept = w.same_park(old, verdict.reason)
     since = evaluation.waiting_since if kept and evaluation.waiting_since else now
     expected = evaluation.status
@@ -303,6 +344,12 @@ def repair_build_graph(*, evaluation_id: uuid.UUID, now: datetime) -> dict[str, 
         thawed = DerivationBuild.objects.filter(id__in=closure, status=BuildStatus.FAILED_TRANSIENT).update(
             status=BuildStatus.CREATED, retry_at=None, updated_at=now
         )
+        # ... and revive what was aborted while this active evaluation still needs it (by a cancel that
+        # raced a new link, a cluster's settlement, whatever path): wanted again, as an ingest that
+        # links an aborted build wants it again.
+        revived = DerivationBuild.objects.filter(id__in=closure, status=BuildStatus.ABORTED).update(
+            status=BuildStatus.CREATED, retry_at=None, finished_at=None, updated_at=now
+        )
         # 2. repair_cached_shared_builds_for_eval: builds whose outputs are all cached are done.
         project_id = Evaluation.objects.values_list("project_id", flat=True).get(id=evaluation_id)
         substituted = len(graph.substitute_cached_builds(build_ids=closure, project_id=project_id, now=now))
@@ -323,6 +370,7 @@ def repair_build_graph(*, evaluation_id: uuid.UUID, now: datetime) -> dict[str, 
         queued = graph.queue_ready_builds(build_ids=closure, now=now)
     return {
         "thawed": thawed,
+        "revived": revived,
         "substituted": substituted,
         "failed": failed,
         "adopted": len(adopted),

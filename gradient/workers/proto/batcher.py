@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import os
 import weakref
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -33,13 +32,13 @@ from gradient.runtime import lanes
 
 log = logging.getLogger("gradient.workers")
 
-WINDOW_SECS = float(os.environ.get("GRADIENT_BATCH_WINDOW_SECS", "0.003"))
+WINDOW_SECS = 0.003
 MAX_BATCH = 256
 # Batches applied at once: while one waits for its COMMIT (the disk's flush, tens of milliseconds on a
 # busy machine), the next ones are applied beside it and PostgreSQL flushes their commits together. A
 # session's messages are in one batch at a time (what it queued meanwhile waits for the next), so they
 # still apply in the order it sent them.
-IN_FLIGHT = int(os.environ.get("GRADIENT_BATCH_IN_FLIGHT", "4"))
+IN_FLIGHT = 4  # the default of GRADIENT_BATCH_IN_FLIGHT
 
 Apply = Callable[[Sequence[tuple[Any, Any]]], list[Any]]
 
@@ -62,9 +61,13 @@ class Batcher:
         self,
         apply: Apply,
         window: float = WINDOW_SECS,
-        in_flight: int = IN_FLIGHT,
+        in_flight: int | None = None,
         lane: lanes.Lane = lanes.HOT,
     ) -> None:
+        if in_flight is None:
+            from django.conf import settings
+
+            in_flight = max(1, int(getattr(settings, "GRADIENT_BATCH_IN_FLIGHT", IN_FLIGHT)))
         self._apply = apply
         self._window = window
         self._lane = lane

@@ -47,6 +47,7 @@ from gradient.core.lines import first_line
 from gradient.core.protocol import (
     CLOSE_PROTOCOL_ERROR,
     PROTOCOL_VERSION,
+    AssignJob,
     AssignJobResponse,
     BuildLog,
     BuildProgress,
@@ -118,6 +119,9 @@ INBOX_MAX_BYTES = 4 * 1024 * 1024
 INBOX_DRAIN_SECS = 10.0
 # RequestJob{build} of every session, collected this long and claimed together (one transaction).
 CLAIM_WINDOW_SECS = 0.002
+# A RequestJob whose claims all lost (another process took those builds in the same moment) goes into
+# up to this many next batches before it is left to the worker's own repeat.
+ASK_AGAIN_BATCHES = 3
 # Offers take long with a deep queue: their own lane, never in front of a claim or a report.
 OFFER_LANE: tuple[type[Message], ...] = (RequestJobList, RequestJobChunk)
 
@@ -612,7 +616,11 @@ class WorkerConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]  # channels 
             elif isinstance(message, RequestJob) and message.kind == "build":
                 claims = batcher_for(jobloop.request_builds_batch, CLAIM_WINDOW_SECS, lanes.CLAIMS)
                 handed = await claims.submit(session, message)
-                replies = [handed] if handed is not None else []
+                for _ in range(ASK_AGAIN_BATCHES):  # its claims lost to another process's: once more
+                    if handed is not jobloop.ASK_AGAIN:
+                        break
+                    handed = await claims.submit(session, message)
+                replies = [handed] if isinstance(handed, AssignJob) else []
             else:
                 lane = (
                     lanes.OFFERS

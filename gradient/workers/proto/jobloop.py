@@ -117,10 +117,16 @@ def request_job(*, session: SessionRef, message: RequestJob) -> list[ServerMessa
     return [handed] if handed is not None else []
 
 
-def request_builds_batch(batch: Sequence[tuple[SessionRef, RequestJob]]) -> list[AssignJob | None]:
+ASK_AGAIN = assignment.ASK_AGAIN
+
+
+def request_builds_batch(
+    batch: Sequence[tuple[SessionRef, RequestJob]],
+) -> list[AssignJob | assignment.AskAgain | None]:
     """RequestJob{build} from any sessions of this process, collected for a few milliseconds by the
     consumer's claim batcher: claimed together in one transaction (assignment.hand_out_builds); one
-    AssignJob per request, or None for one left unanswered. A single request is a batch of one."""
+    AssignJob per request, ASK_AGAIN for one whose claims all lost (the consumer puts it in a next
+    batch), or None for one left unanswered. A single request is a batch of one."""
     return assignment.hand_out_builds(
         worker_ids=[session.worker_id for session, _ in batch], now=timezone.now()
     )
