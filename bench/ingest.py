@@ -16,7 +16,8 @@ split and encoding are done before, and printed apart), the statements sent, the
 memory growth of this process during the ingest (RSS sampled every 10 ms, over its value before the
 first part, with the generated graph already in memory), the transactions and the longest one (from its
 first statement to the end of its commit: a part's report, or a slice of the decision), the parts, and
-the reuse time. The last line:
+the reuse time; and the CPU time of this process (the server's Python: steadier than the wall clock on a
+busy machine, and blind to PostgreSQL's own work). The last line:
 
     ingest: <N> derivations in <s> s, reuse <s> s, peak +<MB> MB, longest transaction <s> s
 
@@ -297,6 +298,7 @@ def send_parts(
     first_queued: float | None = None
     with RssSampler() as rss, Statements(connection) as counter:
         started = time.perf_counter()
+        cpu_started = time.process_time()
         final_arrived = started
         while frames:
             if len(frames) == 1:
@@ -307,8 +309,10 @@ def send_parts(
             if first_queued is None and any_queued():
                 first_queued = time.perf_counter() - started
         elapsed = time.perf_counter() - started
+        cpu = time.process_time() - cpu_started
     return {
         "seconds": elapsed,
+        "cpu": cpu,
         "after_final": started + elapsed - final_arrived,
         "first_queued": first_queued,
         "statements": counter.count,
@@ -346,13 +350,15 @@ def known_parts(paths: list[str]) -> list[Any]:
 
 def copy_limit(derivations: list[Any]) -> float:
     """The raw COPY of the same rows into the three tables, in one transaction, committed: one build
-    per derivation (the leaves queued), its edges, the evaluation's links; foreign keys deferred (as
-    Django declares them). What no ingest can beat on this machine; measured in the same run."""
+    per derivation (the leaves queued, the digest of its inputs that the ingest keeps), its edges, the
+    evaluation's links; foreign keys deferred (as Django declares them). What no ingest can beat on this
+    machine; measured in the same run."""
     import uuid
 
     import msgspec
     from django.db import connection, transaction
 
+    from gradient.scheduling.decisions.derivations import inputs_digest
     from gradient.scheduling.models import Evaluation, Project
 
     encode = msgspec.json.encode
@@ -365,7 +371,8 @@ def copy_limit(derivations: list[Any]) -> float:
     with transaction.atomic(), connection.cursor() as cur:
         raw = cur.cursor
         with raw.copy(
-            "COPY derivation_build (id, drv_path, system, required_features, outputs, status, prioritized, "
+            "COPY derivation_build (id, drv_path, system, required_features, outputs, inputs_digest, status, "
+            "prioritized, "
             "attempts, max_attempts, timeout_secs, max_silent_secs, last_error, created_at, updated_at) "
             "FROM STDIN"
         ) as copy:
@@ -378,6 +385,7 @@ def copy_limit(derivations: list[Any]) -> float:
                         d.system,
                         encode(sorted(d.required_features)).decode(),
                         encode([{"name": o.name, "path": o.path} for o in d.outputs]).decode(),
+                        inputs_digest(d.drv_path, d.input_drvs),
                         "Queued" if leaf else ("Substituted" if d.drv_path in cached else "Created"),
                         False,
                         0,
@@ -453,7 +461,8 @@ def run(n: int, profile: bool, verbose: bool) -> str:
         f"{first['worker_side']:.1f} s before), "
         f"{first['statements']} statements, peak +{first['peak_mb']:.0f} MB, "
         f"{first['transactions']} transactions, the longest {first['longest']:.2f} s; "
-        f"{first['in_statements']:.1f} s in statements, {first['commits']:.1f} s in commits",
+        f"{first['in_statements']:.1f} s in statements, {first['commits']:.1f} s in commits; "
+        f"this process's CPU {first['cpu']:.2f} s",
         flush=True,
     )
     print("\n".join(first["top"]) if verbose else "", end="\n" if verbose else "")
@@ -466,7 +475,8 @@ def run(n: int, profile: bool, verbose: bool) -> str:
         f"  reuse {reuse['seconds']:.2f} s in {reuse['parts']} parts, {reuse['statements']} statements, "
         f"peak +{reuse['peak_mb']:.0f} MB, {reuse['transactions']} transactions, "
         f"the longest {reuse['longest']:.2f} s; "
-        f"{reuse['in_statements']:.1f} s in statements, {reuse['commits']:.1f} s in commits",
+        f"{reuse['in_statements']:.1f} s in statements, {reuse['commits']:.1f} s in commits; "
+        f"this process's CPU {reuse['cpu']:.2f} s",
         flush=True,
     )
     print("\n".join(reuse["top"]) if verbose else "", end="\n" if verbose else "")
@@ -474,7 +484,9 @@ def run(n: int, profile: bool, verbose: bool) -> str:
     known = send_parts(session, named, known_parts([d.drv_path for d in derivations]))
     print(
         f"  known {known['seconds']:.2f} s in {known['parts']} parts (every derivation named in known_drvs), "
-        f"{known['statements']} statements, the longest transaction {known['longest']:.2f} s",
+        f"{known['statements']} statements, the longest transaction {known['longest']:.2f} s; "
+        f"{known['in_statements']:.1f} s in statements, {known['commits']:.1f} s in commits; "
+        f"this process's CPU {known['cpu']:.2f} s",
         flush=True,
     )
     print("\n".join(known["top"]) if verbose else "", end="\n" if verbose else "")

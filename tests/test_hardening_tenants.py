@@ -8,8 +8,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
 import pytest
 
+from gradient.core.protocol import DiscoveredDerivation
 from gradient.runtime import metrics
 from gradient.scheduling.decisions.derivations import HeldDerivation, conflict, inputs_digest, outputs_of
 from gradient.scheduling.models import DerivationBuild, Evaluation, EvaluationStatus
@@ -26,21 +28,24 @@ def _held(d: dict[str, Any]) -> HeldDerivation:
     )
 
 
+def _reported(d: dict[str, Any]) -> DiscoveredDerivation:
+    return msgspec.convert(d, DiscoveredDerivation)
+
+
 def test_a_report_that_agrees_with_the_held_derivation_is_no_conflict_and_one_that_differs_says_how() -> None:
     r = drv("r", "q")
-    assert conflict(r, _held(r)) is None
+    assert conflict(_reported(r), _held(r)) is None
     assert (
-        conflict({**r, "input_drvs": [*r["input_drvs"], r["drv_path"]]}, _held(r)) is None
+        conflict(_reported({**r, "input_drvs": [*r["input_drvs"], r["drv_path"]]}), _held(r)) is None
     )  # itself: ignored
-    text = conflict({**r, "system": "evil-none"}, _held(r))
+    text = conflict(_reported({**r, "system": "evil-none"}), _held(r))
     assert text is not None and r["drv_path"] in text and "system 'evil-none'" in text
-    assert "other input_drvs" in (conflict({**r, "input_drvs": []}, _held(r)) or "")
+    assert "other input_drvs" in (conflict(_reported({**r, "input_drvs": []}), _held(r)) or "")
     other = [{"name": "out", "path": "/nix/store/" + "9" * 32 + "-elsewhere"}]
-    assert "other outputs" in (conflict({**r, "outputs": other}, _held(r)) or "")
+    assert "other outputs" in (conflict(_reported({**r, "outputs": other}), _held(r)) or "")
     # A build stored before digests were kept: its inputs are not compared.
-    assert (
-        conflict({**r, "input_drvs": []}, HeldDerivation(r["system"], outputs_of(r["outputs"]), "")) is None
-    )
+    held = HeldDerivation(r["system"], outputs_of(r["outputs"]), "")
+    assert conflict(_reported({**r, "input_drvs": []}), held) is None
 
 
 def _evaluating(project_name: str) -> tuple[Evaluation, Any, Assignment]:

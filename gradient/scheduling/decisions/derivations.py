@@ -17,6 +17,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from gradient.core.protocol import DiscoveredDerivation
+
 
 def inputs_digest(drv_path: str, input_drvs: Iterable[str]) -> str:
     """What a build keeps of its derivation's inputs: a digest of the set of input derivation paths (the
@@ -39,27 +41,27 @@ class HeldDerivation:
     inputs_digest: str
 
 
-def conflict(reported: Mapping[str, Any], held: HeldDerivation) -> str | None:
-    """None when the reported derivation (a DiscoveredDerivation as builtins) agrees with the held one;
-    otherwise what differed, in words naming the path."""
-    path = reported["drv_path"]
+def conflict(reported: DiscoveredDerivation, held: HeldDerivation) -> str | None:
+    """None when the reported derivation agrees with the held one; otherwise what differed, in words
+    naming the path."""
+    path = reported.drv_path
     differed: list[str] = []
-    if reported["system"] != held.system:
-        differed.append(f"system {reported['system']!r} (held: {held.system!r})")
-    if outputs_of(reported.get("outputs") or []) != held.outputs:
+    if reported.system != held.system:
+        differed.append(f"system {reported.system!r} (held: {held.system!r})")
+    if sorted((o.name, o.path) for o in reported.outputs) != held.outputs:
         differed.append("other outputs")
-    if held.inputs_digest and inputs_digest(path, reported.get("input_drvs") or []) != held.inputs_digest:
+    if held.inputs_digest and inputs_digest(path, reported.input_drvs) != held.inputs_digest:
         differed.append("other input_drvs")
     if not differed:
         return None
     return f"{path} is held with another derivation: this report names it with {', '.join(differed)}"
 
 
-def conflicts(reported: Iterable[Mapping[str, Any]], held: Mapping[str, HeldDerivation]) -> list[str]:
+def conflicts(reported: Iterable[DiscoveredDerivation], held: Mapping[str, HeldDerivation]) -> list[str]:
     """Every conflict of a report's derivations with the held ones, in the report's order."""
     found: list[str] = []
     for d in reported:
-        h = held.get(d["drv_path"])
+        h = held.get(d.drv_path)
         if h is not None and (text := conflict(d, h)) is not None:
             found.append(text)
     return found

@@ -18,11 +18,11 @@ import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
 
 from django.db import transaction
 from django.db.models import Exists, OuterRef
 
+from gradient.core.protocol import DiscoveredDerivation
 from gradient.core.vocab import (
     BUILD_SUCCESS,
     EVALUATION_ACTIVE,
@@ -173,11 +173,11 @@ def build_fail_unrecoverable(*, build_id: uuid.UUID, error: str, now: datetime) 
 
 
 def drv_recovery_ingest(
-    *, evaluation: Evaluation, derivations: Sequence[dict[str, Any]], now: datetime
+    *, evaluation: Evaluation, derivations: Sequence[DiscoveredDerivation], now: datetime
 ) -> int:
     """A DrvRecovery evaluation's eval_result: every lost build it names has its `.drv` again. Returns how
     many marks were cleared; those builds queue if their dependencies are done."""
-    paths = {d["drv_path"] for d in derivations if isinstance(d, dict) and "drv_path" in d}
+    paths = {d.drv_path for d in derivations}
     found = list(
         DerivationBuild.objects.filter(drv_path__in=paths, drv_lost_at__isnull=False).values_list(
             "id", flat=True

@@ -25,6 +25,7 @@ from typing import Any
 from django.conf import settings
 from django.db.models import F
 
+from gradient.core.protocol import EvalResult
 from gradient.core.vocab import BUILD_PENDING, EvaluationKind, EvaluationStatus
 from gradient.runtime import metrics
 from gradient.scheduling import history
@@ -61,15 +62,16 @@ def _outcome(accepted: bool, detail: str) -> Outcome:
 
 
 def eval_result_part(
-    *, row: DispatchedJob, evaluation: Evaluation, update: dict[str, Any], now: datetime
+    *, row: DispatchedJob, evaluation: Evaluation, update: EvalResult, now: datetime
 ) -> Outcome:
-    """One eval_result update (a whole result, or one part of it) on the open assignment `row`."""
-    final = update.get("is_final") is not False
+    """One eval_result update (a whole result, or one part of it) on the open assignment `row`, read as
+    decoded (its typed structs: no conversion to dicts on this path)."""
+    final = update.is_final is not False
     ingest = EvalIngest.objects.filter(assignment_id=row.id).first()
     if ingest is not None and ingest.decided_at is not None:
         return _outcome(False, "dropped: a part after the final one")
     if evaluation.kind != EvaluationKind.DRV_RECOVERY:
-        reported = update.get("derivations", [])
+        reported = update.derivations
         so_far = ingest.derivations if ingest is not None else 0
         most = settings.GRADIENT_EVAL_MAX_DERIVATIONS
         if most > 0 and so_far + len(reported) > most:
@@ -78,16 +80,14 @@ def eval_result_part(
                 f"{so_far} received before this part, {len(reported)} in it; refused"
             )
             return _refuse(row=row, ingest=ingest, evaluation=evaluation, error=error, now=now)
-        found = conflicts(reported, held_derivations(d["drv_path"] for d in reported))
+        found = conflicts(reported, held_derivations(d.drv_path for d in reported))
         if found:
             return _refuse_conflicting(row=row, ingest=ingest, evaluation=evaluation, found=found, now=now)
     cap = message_cap()
-    evaluation.warnings = with_messages(
-        evaluation.warnings, update.get("warnings", []), what="warnings", cap=cap
-    )
-    evaluation.errors = with_messages(evaluation.errors, update.get("errors", []), what="errors", cap=cap)
+    evaluation.warnings = with_messages(evaluation.warnings, update.warnings, what="warnings", cap=cap)
+    evaluation.errors = with_messages(evaluation.errors, update.errors, what="errors", cap=cap)
     evaluation.save(update_fields=["warnings", "errors", "updated_at"])
-    derivations = update.get("derivations", [])
+    derivations = update.derivations
     if ingest is None:
         ingest = EvalIngest.objects.create(
             assignment_id=row.id,
@@ -105,7 +105,7 @@ def eval_result_part(
         cleared = drv_recovery.drv_recovery_ingest(evaluation=evaluation, derivations=derivations, now=now)
         return _outcome(True, f"eval_result (DrvRecovery): {cleared} lost .drv recovered")
     touched: set[Any] = set()
-    known_drvs = update.get("known_drvs") or []
+    known_drvs = update.known_drvs or []
     if known_drvs:
         # First, so that a derivation of this part naming a known one finds it linked.
         linked, unknown = known.link_known(

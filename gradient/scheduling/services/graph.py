@@ -8,15 +8,17 @@ UPDATE on the status it expects, so a stale caller changes nothing.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+import msgspec
 from django.db import connection, transaction
 from django.db.models import Exists, OuterRef, Q, QuerySet
 from django.utils import timezone
 
+from gradient.core.protocol import DiscoveredDerivation
 from gradient.core.vocab import (
     BUILD_LASTING_FAILURE,
     BUILD_PENDING,
@@ -93,15 +95,23 @@ def cached_for(*, paths: Iterable[str], project_id: uuid.UUID) -> set[str]:
 
 
 def ingest_eval_result(
-    *, evaluation: Evaluation, derivations: Sequence[dict[str, Any]], now: datetime
+    *,
+    evaluation: Evaluation,
+    derivations: Sequence[DiscoveredDerivation | Mapping[str, Any]],
+    now: datetime,
 ) -> IngestResult:
     """A whole eval_result at once: create or reuse one shared build per derivation path, their
     dependency edges, the evaluation's links and the cached outputs; then decide the graph (queue what
-    can start, fail what cannot). A result in parts goes through eval_parts instead."""
+    can start, fail what cannot). A result in parts goes through eval_parts instead. A derivation given
+    as a mapping (the wire form, as tests and fixtures write it) is decoded strictly first."""
     from gradient.scheduling.services.ingest import store_part
 
+    typed = [
+        d if isinstance(d, DiscoveredDerivation) else msgspec.convert(d, DiscoveredDerivation)
+        for d in derivations
+    ]
     stored = store_part(
-        evaluation=evaluation, derivations=derivations, ingest_id=None, hold=False, final=True, now=now
+        evaluation=evaluation, derivations=typed, ingest_id=None, hold=False, final=True, now=now
     )
     result = IngestResult(
         builds=len(stored.ids),

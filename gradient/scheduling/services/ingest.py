@@ -37,6 +37,7 @@ import msgspec
 from django.conf import settings
 from django.db import connection, transaction
 
+from gradient.core.protocol import DiscoveredDerivation
 from gradient.core.vocab import BuildStatus
 from gradient.scheduling.decisions.derivations import HeldDerivation, inputs_digest, outputs_of
 from gradient.scheduling.models import (
@@ -111,24 +112,24 @@ class _Hints:
 _hints = _Hints()
 
 
-def _unique(derivations: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+def _unique(derivations: Sequence[DiscoveredDerivation]) -> dict[str, DiscoveredDerivation]:
     """By path, in order; a derivation named twice counts once (its first naming)."""
-    by_path: dict[str, dict[str, Any]] = {}
+    by_path: dict[str, DiscoveredDerivation] = {}
     for d in derivations:
-        by_path.setdefault(d["drv_path"], d)
+        by_path.setdefault(d.drv_path, d)
     return by_path
 
 
-def _cached(by_path: dict[str, dict[str, Any]]) -> dict[str, int]:
+def _cached(by_path: dict[str, DiscoveredDerivation]) -> dict[str, int]:
     out: dict[str, int] = {}
     for d in by_path.values():
-        for o in d.get("cached_outputs") or []:
-            out.setdefault(o["path"], max(0, int(o.get("nar_size") or 0)))
+        for o in d.cached_outputs:
+            out.setdefault(o.path, o.nar_size)  # never negative: NonNegInt64, checked by the decoder
     return out
 
 
-def _inputs(path: str, d: dict[str, Any]) -> set[str]:
-    return {p for p in d.get("input_drvs") or [] if p != path}
+def _inputs(path: str, d: DiscoveredDerivation) -> set[str]:
+    return {p for p in d.input_drvs if p != path}
 
 
 def held_derivations(paths: Iterable[str]) -> dict[str, HeldDerivation]:
@@ -142,18 +143,19 @@ def held_derivations(paths: Iterable[str]) -> dict[str, HeldDerivation]:
 def store_part(
     *,
     evaluation: Evaluation,
-    derivations: Sequence[dict[str, Any]],
+    derivations: Sequence[DiscoveredDerivation],
     ingest_id: uuid.UUID | None,
     hold: bool,
     final: bool,
     now: datetime,
     claimants: Iterable[uuid.UUID] = (),
 ) -> StoredPart:
-    """Store one part (or a whole result: `final` and no earlier part). `ingest_id` names the
-    eval_ingest row the pending inputs belong to (None: a whole result, nothing can be pending).
-    With `hold`, the builds this part creates are held by that ingest: never queued while it is
-    undecided on an open assignment. The cached outputs it names count as cached for the evaluation's
-    project and `claimants` (the projects the reporting worker serves: protocol.md, "Tenants")."""
+    """Store one part (or a whole result: `final` and no earlier part), read from its decoded structs.
+    `ingest_id` names the eval_ingest row the pending inputs belong to (None: a whole result, nothing
+    can be pending). With `hold`, the builds this part creates are held by that ingest: never queued
+    while it is undecided on an open assignment. The cached outputs it names count as cached for the
+    evaluation's project and `claimants` (the projects the reporting worker serves: protocol.md,
+    "Tenants")."""
     by_path = _unique(derivations)
     claims = _Claims(
         paths=_cached(by_path),
@@ -228,7 +230,7 @@ def _copy(cur: Any, table: str, columns: str, rows: Iterable[tuple[Any, ...]]) -
 def _store_postgres(
     evaluation_id: uuid.UUID,
     priority: bool,
-    by_path: dict[str, dict[str, Any]],
+    by_path: dict[str, DiscoveredDerivation],
     claims: _Claims,
     ingest_id: uuid.UUID | None,
     hold: bool,
@@ -262,18 +264,15 @@ def _store_postgres(
                 )
 
         def rows(ps: Iterable[str]) -> Iterable[tuple[Any, ...]]:
-            return (
-                (
+            for p in ps:
+                d = by_path[p]
+                yield (
                     p,
-                    by_path[p]["system"],
-                    _json.encode(sorted(set(by_path[p].get("required_features") or []))).decode(),
-                    _json.encode(
-                        [{"name": o["name"], "path": o["path"]} for o in by_path[p].get("outputs") or []]
-                    ).decode(),
-                    inputs_digest(p, by_path[p].get("input_drvs") or []),
+                    d.system,
+                    _json.encode(sorted(set(d.required_features))).decode(),
+                    _json.encode(d.outputs).decode(),  # OutputPath structs: {"name", "path"}
+                    inputs_digest(p, d.input_drvs),
                 )
-                for p in ps
-            )
 
         def insert(table: str) -> None:
             # The builds this part creates: new, no input known yet.
@@ -336,7 +335,7 @@ def _store_postgres(
                 "WHERE id = ANY(%s::uuid[]) AND status = %s",
                 [BuildStatus.CREATED.value, now, aborted, BuildStatus.ABORTED.value],
             )
-        _copy(cur, "gradient_ingest_link", "b, a", ((stored.ids[p], by_path[p].get("attr")) for p in paths))
+        _copy(cur, "gradient_ingest_link", "b, a", ((stored.ids[p], by_path[p].attr) for p in paths))
         cur.execute(
             "INSERT INTO evaluation_build (evaluation_id, build_id, attr, named, blocks_evaluation) "
             "SELECT %s, b, a, a IS NOT NULL, true FROM gradient_ingest_link ORDER BY b "
@@ -420,7 +419,7 @@ def _store_postgres(
 def _store_portable(
     evaluation_id: uuid.UUID,
     priority: bool,
-    by_path: dict[str, dict[str, Any]],
+    by_path: dict[str, DiscoveredDerivation],
     claims: _Claims,
     ingest_id: uuid.UUID | None,
     hold: bool,
@@ -452,10 +451,10 @@ def _store_portable(
         [
             DerivationBuild(
                 drv_path=p,
-                system=by_path[p]["system"],
-                required_features=sorted(set(by_path[p].get("required_features") or [])),
-                outputs=[{"name": o["name"], "path": o["path"]} for o in by_path[p].get("outputs") or []],
-                inputs_digest=inputs_digest(p, by_path[p].get("input_drvs") or []),
+                system=by_path[p].system,
+                required_features=sorted(set(by_path[p].required_features)),
+                outputs=[{"name": o.name, "path": o.path} for o in by_path[p].outputs],
+                inputs_digest=inputs_digest(p, by_path[p].input_drvs),
                 prioritized=priority,
                 ingest_id=ingest_id if hold else None,
             )
@@ -477,8 +476,8 @@ def _store_portable(
             EvaluationBuild(
                 evaluation_id=evaluation_id,
                 build_id=ids[p],
-                attr=by_path[p].get("attr"),
-                named=by_path[p].get("attr") is not None,
+                attr=by_path[p].attr,
+                named=by_path[p].attr is not None,
             )
             for p in paths
         ],

@@ -421,7 +421,7 @@ def _evaluation_update(row: DispatchedJob, update: JobUpdateKind, now: datetime)
         case EvalResult():
             # a whole result, or one part of it (eval_parts: stored as it arrives, decided at the last)
             accepted, detail = eval_parts.eval_result_part(
-                row=row, evaluation=evaluation, update=msgspec.to_builtins(update), now=now
+                row=row, evaluation=evaluation, update=update, now=now
             )
             return ReportOutcome(accepted, detail)
     raise AssertionError(f"unhandled evaluation update {phase}")  # every JobUpdateKind is matched above
