@@ -216,3 +216,36 @@ def test_a_request_whose_claims_all_lost_is_asked_again_and_one_with_no_work_lef
         assert hand_out_builds(worker_ids=[second.id], now=timezone.now()) == [None], "nothing left"
     finally:
         queue_book.disable()
+
+
+@pytest.mark.django_db
+def test_the_batchs_one_statement_reads_the_workers_as_the_orm_does() -> None:
+    from gradient.scheduling import selectors
+
+    project, other = ProjectFactory(), ProjectFactory()
+    _building(project, ["w1", "w2", "w3"])
+    busy = connected_worker([project, other], max_concurrent_builds=3)
+    idle = connected_worker([other])
+    gone = connected_worker([project])
+    for _ in range(2):
+        assert request_builds(worker_ids=[busy.id], now=timezone.now(), tried=[])[0] is not None
+    DispatchedJob.objects.filter(worker=busy).update(missing_nar_size=10**12)  # large transfers
+    gone.active = False
+    gone.save(update_fields=["active"])
+    ids = [busy.id, idle.id, gone.id, uuid.uuid4()]
+
+    states, open_builds = selectors.workers_of_batch(ids)
+    orm_states = selectors.worker_states(ids)
+    assert set(states) == set(orm_states) == {busy.id, idle.id}
+    for worker_id, state in states.items():
+        expected = orm_states[worker_id]
+        assert (state.session_id, state.draining, state.project_ids) == (
+            expected.session_id,
+            expected.draining,
+            expected.project_ids,
+        )
+        assert state.worker.architectures == expected.worker.architectures
+        assert state.worker.system_features == expected.worker.system_features
+        assert state.worker.max_concurrent_builds == expected.worker.max_concurrent_builds
+    assert open_builds == selectors.open_builds_of(list(states))
+    assert open_builds[busy.id] == selectors.OpenBuilds(2, 2)
