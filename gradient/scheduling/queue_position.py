@@ -21,10 +21,11 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.db.models import Case, Count, Exists, F, OuterRef, Q, Value, When
-from django.db.models.functions import Coalesce, Greatest
+from django.db.models import Case, Count, Exists, F, OuterRef, Q, QuerySet, Value, When
+from django.db.models.functions import Coalesce, Greatest, Substr
 
 from gradient.core.vocab import (
+    BUILD_SUCCESS,
     BUILTIN_SYSTEM,
     EVALUATION_ACTIVE,
     BuildAttemptOutcome,
@@ -37,6 +38,8 @@ from gradient.scheduling.decisions import eta
 from gradient.scheduling.decisions.access import may_take
 from gradient.scheduling.decisions.scoring import wait_cap_secs
 from gradient.scheduling.models import (
+    NAME_START,
+    STORE_PREFIX_LEN,
     BuildAttempt,
     DerivationBuild,
     DerivationBuildDependency,
@@ -169,13 +172,24 @@ def _secs(rows: Iterable[tuple[datetime, datetime | None]]) -> list[float]:
     return [(end - begin).total_seconds() for begin, end in rows if end is not None]
 
 
+def _built_of_name(build: DerivationBuild) -> QuerySet[DerivationBuild, uuid.UUID]:
+    """The built derivations of the build's name and system: through idx-derivation_build-name in the
+    default store, else by a pattern (no index: a store elsewhere is rare)."""
+    built = DerivationBuild.objects.filter(status__in=BUILD_SUCCESS, system=build.system)
+    name = build.name
+    if len(build.drv_path) - len(name) - len(".drv") == STORE_PREFIX_LEN:
+        built = built.annotate(drv_name=Substr("drv_path", NAME_START)).filter(drv_name=f"{name}.drv")
+    else:
+        built = built.filter(drv_path__regex=rf"^.*/[0-9a-z]{{32}}-{re.escape(name)}\.drv$")
+    return built.values_list("id", flat=True)
+
+
 def build_typical(build: DerivationBuild, projects: set[uuid.UUID]) -> eta.Typical:
     """The median of the latest ended tries of the same derivation name and system, else of the
     project's builds, else GRADIENT_ETA_DEFAULT_BUILD_SECS."""
     ended = BuildAttempt.objects.filter(finished_at__isnull=False, outcome__in=_ENDED_OK)
-    same_name = rf"^.*/[0-9a-z]{{32}}-{re.escape(build.name)}\.drv$"
     derivation = _secs(
-        ended.filter(build__system=build.system, build__drv_path__regex=same_name)
+        ended.filter(build_id__in=_built_of_name(build))
         .order_by("-finished_at")
         .values_list("started_at", "finished_at")[:HISTORY_SAMPLE]
     )
