@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import random
 from datetime import datetime, timedelta
 
 import pytest
@@ -12,6 +13,8 @@ from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
 from gradient.core.vocab import BuildAttemptOutcome
+from gradient.scheduling import queue_position, selectors
+from gradient.scheduling.decisions.scoring import Candidate, WorkerView, rank
 from gradient.scheduling.models import BuildAttempt, DerivationBuild, Evaluation, EvaluationStatus
 from gradient.scheduling.services import graph
 from tests.factories import DerivationBuildFactory, EvaluationFactory, ProjectFactory, connected_worker
@@ -204,3 +207,35 @@ def test_the_schema_documents_the_queue_object(setup) -> None:  # type: ignore[n
     for holder in ("Build", "Evaluation"):
         assert "queue" in components[holder]["properties"], holder
     assert "expected_finish" in components["Evaluation"]["properties"]
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_positions_are_the_ranking_of_a_worker_without_scores(setup, seed) -> None:  # type: ignore[no-untyped-def]
+    """Against scoring.rank itself: prioritized or not, waits below and past the cap, equal wait starts."""
+    project, _, _ = setup
+    rng = random.Random(seed)
+    names = [f"r{seed}-{i}" for i in range(10)]
+    _, builds = queued(project, *(drv(n) for n in names))
+    now = timezone.now()
+    starts = [now - timedelta(days=30), now - timedelta(days=20), now - timedelta(seconds=90)]
+    for b in builds:
+        start = rng.choice([*starts, now - timedelta(seconds=rng.randint(1, 3600 * 3))])
+        DerivationBuild.objects.filter(id=b.id).update(queued_at=start, prioritized=rng.random() < 0.3)
+    fresh = list(DerivationBuild.objects.filter(id__in=[b.id for b in builds]))
+    pool = selectors.pool_view(now)
+    ranked = rank(
+        [
+            Candidate(
+                job_id=b.job_key,
+                kind="build",
+                waited_secs=(now - (b.queued_at or b.created_at)).total_seconds(),
+                prioritized=b.prioritized,
+            )
+            for b in fresh
+        ],
+        WorkerView(),
+        pool,
+    )
+    expected = {s.job_id: i + 1 for i, s in enumerate(ranked)}
+    got = {b.job_key: queue_position.build_position(b, now, [project.id]) for b in fresh}
+    assert got == expected
