@@ -9,7 +9,11 @@ and the jobs before it are counted in one statement over the Queued builds (thei
 
 "The jobs the same workers can run" is read as: builds of the same system whose required features are
 among this build's (every worker that can run it can run those), wanted by an active evaluation of a
-project that wants this one; evaluations of the same project.
+project that wants this one; evaluations of the same project. Two simplifications, said here so that
+nobody takes them for the rule: a worker serving several projects also sees their jobs (its own order
+merges those queues); and RequestJob{flake} scores with the worker's own view, whose ReserveFetchWorkers
+holds a follow-up evaluation back by up to 300 points on a fetch-capable worker, which the order here
+leaves out (as a worker that cannot fetch sees it).
 """
 
 from __future__ import annotations
