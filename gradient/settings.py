@@ -302,6 +302,10 @@ GRADIENT_BUILD_LOG_MAX_BYTES_PER_WORKER_HOUR = _env_int(
 # An evaluation's warnings, and its errors, each: at most this many messages and bytes of all its parts.
 GRADIENT_EVAL_MESSAGES_MAX_COUNT = _env_int("GRADIENT_EVAL_MESSAGES_MAX_COUNT", 500)
 GRADIENT_EVAL_MESSAGES_MAX_BYTES = _env_int("GRADIENT_EVAL_MESSAGES_MAX_BYTES", 512 * 1024)
+# What a waiting job's expected start and end rest on when no past attempt of its derivation or project
+# has ended yet (spec/rest.md "Where a waiting job stands"; gradient.scheduling.queue_position).
+GRADIENT_ETA_DEFAULT_BUILD_SECS = _env_int("GRADIENT_ETA_DEFAULT_BUILD_SECS", 600)
+GRADIENT_ETA_DEFAULT_EVAL_SECS = _env_int("GRADIENT_ETA_DEFAULT_EVAL_SECS", 300)
 GRADIENT_SCHEDULING_POLICY = os.environ.get("GRADIENT_SCHEDULING_POLICY", "resource-aware")
 # The hand-out path (docs/workers.md): database threads of one serve process for handshakes, closes and
 # the presence flush ("sessions"), RequestJob and report batches ("hot"), and offers ("offers"); the most

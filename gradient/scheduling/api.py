@@ -40,7 +40,7 @@ from gradient.rest import (
     uuid_or_404,
 )
 from gradient.rest import created as created_response
-from gradient.scheduling import selectors
+from gradient.scheduling import queue_position, selectors
 from gradient.scheduling.decisions.logs import MAX_LINE_RANGE, MAX_MATCHES, LineQuery, parse_line_range
 from gradient.scheduling.decisions.waiting import describe
 from gradient.scheduling.models import BuildLog, DerivationBuild, Evaluation, EvaluationBuild, Project
@@ -109,6 +109,31 @@ class FailedBuildSerializer(serializers.Serializer[Any]):
     last_error = serializers.CharField()
 
 
+class QueueSerializer(serializers.Serializer[Any]):
+    """Where a waiting job stands (spec/rest.md; gradient.scheduling.queue_position)."""
+
+    position = serializers.IntegerField(
+        help_text="1-based place in the order a worker that sent no scores is handed the jobs the same "
+        "workers can run; 1 is the next one handed out."
+    )
+    ahead = serializers.IntegerField(help_text="position - 1.")
+    slots = serializers.IntegerField(help_text="Connected slots of its kind that can run it.")
+    busy = serializers.IntegerField(help_text="How many of those slots hold a job.")
+    expected_start = serializers.DateTimeField(allow_null=True)
+    expected_finish = serializers.DateTimeField(allow_null=True)
+    basis = serializers.ChoiceField(
+        choices=["derivation", "project", "default", "none"],
+        help_text="What the estimate rests on: past tries of the same derivation, of the project, the "
+        "configured default, or nothing (no slot can run it; the times are null).",
+    )
+
+
+def queue_body(standing: queue_position.QueueStanding | None) -> dict[str, Any] | None:
+    if standing is None:
+        return None
+    return QueueSerializer(standing).data
+
+
 class EvaluationSerializer(serializers.Serializer[Any]):
     id = serializers.UUIDField()
     project = serializers.CharField(source="project.name")
@@ -146,6 +171,27 @@ class EvaluationSerializer(serializers.Serializer[Any]):
         help_text='While it waits, what happens next in words ("aborted at 07:13:00 UTC unless a worker '
         'for aarch64-linux connects"); empty otherwise.'
     )
+    queue = serializers.SerializerMethodField(
+        help_text="Where it stands while Queued; null otherwise, and in lists (the evaluation's own route "
+        "has it)."
+    )
+    expected_finish = serializers.SerializerMethodField(
+        help_text="While Building, when its last build is expected to end (its remaining builds' critical "
+        "path over the slots); null otherwise, and in lists."
+    )
+
+    @extend_schema_field(QueueSerializer(allow_null=True))
+    def get_queue(self, obj: Evaluation) -> dict[str, Any] | None:
+        if not self.context.get("with_builds", True):
+            return None
+        return queue_body(queue_position.evaluation_queue(obj, timezone.now()))
+
+    @extend_schema_field(serializers.DateTimeField(allow_null=True))
+    def get_expected_finish(self, obj: Evaluation) -> str | None:
+        if not self.context.get("with_builds", True):
+            return None
+        finish = queue_position.evaluation_expected_finish(obj, timezone.now())
+        return serializers.DateTimeField().to_representation(finish) if finish is not None else None
 
     # Lists leave them out (and never load them: EvaluationsView defers both columns): a page of 100
     # evaluations with large messages each made `serve` hold hundreds of MiB per request.
@@ -226,6 +272,11 @@ class BuildSerializer(serializers.Serializer[Any]):
     )
     created_at = serializers.DateTimeField()
     finished_at = serializers.DateTimeField(allow_null=True)
+    queue = serializers.SerializerMethodField(help_text="Where it stands while Queued; null otherwise.")
+
+    @extend_schema_field(QueueSerializer(allow_null=True))
+    def get_queue(self, obj: DerivationBuild) -> dict[str, Any] | None:
+        return queue_body(queue_position.build_queue(obj, timezone.now()))
 
     @extend_schema_field(serializers.CharField(allow_null=True))
     def get_log_url(self, obj: DerivationBuild) -> str | None:

@@ -11,7 +11,8 @@ import uuid
 
 from django.conf import settings
 from django.db import models
-from django.db.models import Q
+from django.db.models import F, Q
+from django.db.models.functions import Substr
 from django.utils import timezone
 
 from gradient.core import jobkey
@@ -41,6 +42,11 @@ def eval_key(evaluation_id: uuid.UUID | str) -> str:
 
 def build_key(build_id: uuid.UUID | str) -> str:
     return jobkey.build_key(build_id)
+
+
+STORE_PREFIX_LEN = len("/nix/store/") + 32 + 1
+NAME_START = STORE_PREFIX_LEN + 1
+"""Where a derivation's name starts in a drv_path of the default store (SQL's SUBSTRING is 1-based)."""
 
 
 def _name(drv_path: str) -> str:
@@ -248,6 +254,14 @@ class DerivationBuild(models.Model):
                 fields=["id"],
                 name="idx-derivation_build-failed",
                 condition=Q(status__in=BUILD_LASTING_FAILURE),
+            ),
+            # The built derivations of one name and system (the name after /nix/store/<hash>-): what a
+            # waiting build's typical duration is read from (queue_position.build_typical).
+            models.Index(
+                Substr("drv_path", NAME_START),
+                F("system"),
+                name="idx-derivation_build-name",
+                condition=Q(status__in=BUILD_SUCCESS),
             ),
         ]
 

@@ -1,0 +1,361 @@
+"""Where a waiting job stands (spec/rest.md): its place in the hand-out order, the slots that can run it,
+and when it is expected to start and end. Reads only; the arithmetic is decisions.eta's.
+
+The order is the one a worker that sent no scores is handed jobs in (services.assignment ranks with
+decisions.scoring.rank and an empty WorkerView): prioritized first (Qos outweighs the whole WaitTime),
+then the longest wait, then the smaller id. WaitTime is capped, so every wait past the cap ties and is
+broken by id: a job's place in the order is decided by (not prioritized, max(wait start, cap time), id),
+and the jobs before it are counted in one statement over the Queued builds (their partial indexes).
+
+"The jobs the same workers can run" is read as: builds of the same system whose required features are
+among this build's (every worker that can run it can run those), wanted by an active evaluation of a
+project that wants this one; evaluations of the same project. Two simplifications, said here so that
+nobody takes them for the rule: a worker serving several projects also sees their jobs (its own order
+merges those queues); and RequestJob{flake} scores with the worker's own view, whose ReserveFetchWorkers
+holds a follow-up evaluation back by up to 300 points on a fetch-capable worker, which the order here
+leaves out (as a worker that cannot fetch sees it).
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db.models import Case, Count, Exists, F, OuterRef, Q, QuerySet, Value, When
+from django.db.models.functions import Coalesce, Greatest, Substr
+
+from gradient.core.vocab import (
+    BUILD_SUCCESS,
+    BUILTIN_SYSTEM,
+    EVALUATION_ACTIVE,
+    BuildAttemptOutcome,
+    BuildStatus,
+    EvaluationStatus,
+    JobKind,
+)
+from gradient.scheduling import jobs, selectors
+from gradient.scheduling.decisions import eta
+from gradient.scheduling.decisions.access import may_take
+from gradient.scheduling.decisions.scoring import wait_cap_secs
+from gradient.scheduling.models import (
+    NAME_START,
+    STORE_PREFIX_LEN,
+    BuildAttempt,
+    DerivationBuild,
+    DerivationBuildDependency,
+    DispatchedJob,
+    Evaluation,
+    EvaluationBuild,
+)
+from gradient.workers.models import Worker
+
+HISTORY_SAMPLE = 20
+"""How many of the latest ended attempts (of a derivation, of a project) the typical duration is the
+median of."""
+
+_ENDED_OK = (BuildAttemptOutcome.BUILT, BuildAttemptOutcome.SUBSTITUTED)
+
+
+@dataclass(frozen=True, slots=True)
+class QueueStanding:
+    position: int
+    ahead: int
+    slots: int
+    busy: int
+    expected_start: datetime | None
+    expected_finish: datetime | None
+    basis: eta.Basis
+
+
+@dataclass(frozen=True, slots=True)
+class Slots:
+    total: int
+    busy: int
+
+
+def _cap_time(now: datetime) -> datetime:
+    """The wait start from which WaitTime is capped, with the pool's mean wait as RequestJob scores it."""
+    return now - timedelta(seconds=wait_cap_secs(selectors.pool_view(now)))
+
+
+def _before(prioritized: bool, start: datetime, job_id: uuid.UUID) -> Q:
+    """The rows (annotated `ranked_start`) that a worker without scores is handed before this job."""
+    same_rank_before = Q(ranked_start__lt=start) | Q(ranked_start=start, id__lt=job_id)
+    if prioritized:
+        return Q(prioritized_flag=True) & same_rank_before
+    return Q(prioritized_flag=True) | same_rank_before
+
+
+# --- Builds -------------------------------------------------------------------------------------------
+
+
+def build_projects(build: DerivationBuild) -> set[uuid.UUID]:
+    """The projects of the active evaluations that need the build (who may take it: decisions.access)."""
+    return set(
+        EvaluationBuild.objects.filter(
+            build_id=build.id, blocks_evaluation=True, evaluation__status__in=EVALUATION_ACTIVE
+        ).values_list("evaluation__project_id", flat=True)
+    )
+
+
+def build_position(build: DerivationBuild, now: datetime, projects: Iterable[uuid.UUID]) -> int:
+    """The build's 1-based place in the hand-out order (see the module's docstring): one count."""
+    cap = _cap_time(now)
+    start = max(build.queued_at or build.created_at, cap)
+    wanted = EvaluationBuild.objects.filter(
+        build_id=OuterRef("pk"),
+        blocks_evaluation=True,
+        evaluation__status__in=EVALUATION_ACTIVE,
+        evaluation__project_id__in=list(projects),
+    )
+    ahead = (
+        DerivationBuild.objects.filter(status=BuildStatus.QUEUED, system=build.system)
+        .filter(required_features__contained_by=list(build.required_features or []))
+        .filter(Q(retry_at__isnull=True) | Q(retry_at__lte=now))
+        .filter(selectors._no_member(DerivationBuild))
+        .filter(Exists(wanted))
+        .annotate(
+            ranked_start=Greatest(Coalesce("queued_at", "created_at"), Value(cap)),
+            prioritized_flag=F("prioritized"),
+        )
+        .filter(_before(build.prioritized, start, build.id))
+        .exclude(id=build.id)
+        .count()
+    )
+    return ahead + 1
+
+
+def _connected_workers() -> list[tuple[Worker, frozenset[uuid.UUID]]]:
+    """Active workers with an open session that is not draining, with their projects."""
+    workers = list(
+        Worker.objects.filter(
+            active=True, sessions__closed_at__isnull=True, sessions__draining=False
+        ).distinct()
+    )
+    projects: dict[uuid.UUID, set[uuid.UUID]] = {w.id: set() for w in workers}
+    for worker_id, project_id in Worker.projects.through.objects.filter(
+        worker_id__in=list(projects)
+    ).values_list("worker_id", "project_id"):
+        projects[worker_id].add(project_id)
+    return [(w, frozenset(projects[w.id])) for w in workers]
+
+
+def _open_counts(worker_ids: list[uuid.UUID], kind: JobKind) -> dict[uuid.UUID, int]:
+    rows = (
+        DispatchedJob.objects.filter(worker_id__in=worker_ids, kind=kind, finished_at__isnull=True)
+        .values("worker_id")
+        .annotate(n=Count("id"))
+        .values_list("worker_id", "n")
+    )
+    return dict(rows)
+
+
+def build_slots(build: DerivationBuild, projects: set[uuid.UUID]) -> Slots:
+    """The build slots of connected workers that may run the build (architecture, features, project),
+    and how many of them hold an open build assignment."""
+    capable = [
+        w
+        for w, served in _connected_workers()
+        if selectors.worker_can_build(w, build.system, list(build.required_features or []))
+        and may_take(served, projects)
+    ]
+    open_counts = _open_counts([w.id for w in capable], JobKind.BUILD)
+    total = busy = 0
+    for w in capable:
+        slots = max(1, w.max_concurrent_builds)
+        total += slots
+        busy += min(slots, open_counts.get(w.id, 0))
+    return Slots(total, busy)
+
+
+def _secs(rows: Iterable[tuple[datetime, datetime | None]]) -> list[float]:
+    return [(end - begin).total_seconds() for begin, end in rows if end is not None]
+
+
+def _built_of_name(build: DerivationBuild) -> QuerySet[DerivationBuild, uuid.UUID]:
+    """The built derivations of the build's name and system: through idx-derivation_build-name in the
+    default store, else by a pattern (no index: a store elsewhere is rare)."""
+    built = DerivationBuild.objects.filter(status__in=BUILD_SUCCESS, system=build.system)
+    name = build.name
+    if len(build.drv_path) - len(name) - len(".drv") == STORE_PREFIX_LEN:
+        built = built.annotate(drv_name=Substr("drv_path", NAME_START)).filter(drv_name=f"{name}.drv")
+    else:
+        built = built.filter(drv_path__regex=rf"^.*/[0-9a-z]{{32}}-{re.escape(name)}\.drv$")
+    return built.values_list("id", flat=True)
+
+
+def build_typical(build: DerivationBuild, projects: set[uuid.UUID]) -> eta.Typical:
+    """The median of the latest ended tries of the same derivation name and system, else of the
+    project's builds, else GRADIENT_ETA_DEFAULT_BUILD_SECS."""
+    ended = BuildAttempt.objects.filter(finished_at__isnull=False, outcome__in=_ENDED_OK)
+    derivation = _secs(
+        ended.filter(build_id__in=_built_of_name(build))
+        .order_by("-finished_at")
+        .values_list("started_at", "finished_at")[:HISTORY_SAMPLE]
+    )
+    project: list[float] = []
+    if not derivation and projects:
+        of_project = EvaluationBuild.objects.filter(
+            build_id=OuterRef("build_id"), evaluation__project_id__in=list(projects)
+        )
+        project = _secs(
+            ended.filter(Exists(of_project))
+            .order_by("-finished_at")
+            .values_list("started_at", "finished_at")[:HISTORY_SAMPLE]
+        )
+    return eta.typical_duration(derivation, project, float(settings.GRADIENT_ETA_DEFAULT_BUILD_SECS))
+
+
+def build_queue(build: DerivationBuild, now: datetime) -> QueueStanding | None:
+    """Where a Queued build stands; None for a build in any other status."""
+    if build.status != BuildStatus.QUEUED:
+        return None
+    projects = build_projects(build)
+    position = build_position(build, now, projects)
+    slots = build_slots(build, projects)
+    estimate = eta.queue_estimate(
+        now=now,
+        ahead=position - 1,
+        slots=slots.total,
+        busy=slots.busy,
+        typical=build_typical(build, projects),
+    )
+    return QueueStanding(
+        position=position,
+        ahead=position - 1,
+        slots=slots.total,
+        busy=slots.busy,
+        expected_start=estimate.expected_start,
+        expected_finish=estimate.expected_finish,
+        basis=estimate.basis,
+    )
+
+
+# --- Evaluations ----------------------------------------------------------------------------------------
+
+
+def _eval_wait_start(evaluation: Evaluation) -> datetime:
+    """The start of an evaluation's wait as RequestJob{flake} scores it (services.assignment)."""
+    return evaluation.updated_at if evaluation.followup_pending else evaluation.created_at
+
+
+def evaluation_position(evaluation: Evaluation, now: datetime) -> int:
+    """The evaluation's 1-based place among the Queued evaluations of its project that are free to be
+    handed out (no open assignment, no cluster member), in RequestJob{flake}'s order: one count."""
+    cap = _cap_time(now)
+    start = max(_eval_wait_start(evaluation), cap)
+    open_row = DispatchedJob.objects.filter(evaluation_id=OuterRef("pk"), finished_at__isnull=True)
+    ahead = (
+        Evaluation.objects.filter(status=EvaluationStatus.QUEUED, project_id=evaluation.project_id)
+        .filter(selectors._no_member(Evaluation))
+        .exclude(Exists(open_row))
+        .annotate(
+            ranked_start=Greatest(
+                Case(When(followup_pending=True, then=F("updated_at")), default=F("created_at")), Value(cap)
+            ),
+            prioritized_flag=F("priority"),
+        )
+        .filter(_before(evaluation.priority, start, evaluation.id))
+        .exclude(id=evaluation.id)
+        .count()
+    )
+    return ahead + 1
+
+
+def evaluation_slots(evaluation: Evaluation) -> Slots:
+    """Connected workers of the evaluation's project that can run its next job's steps (one evaluation
+    each), and how many of them hold an open evaluation assignment."""
+    steps = jobs.eval_steps(evaluation, split=selectors.has_idle_eval_only_worker())
+    capable = [
+        w
+        for w, served in _connected_workers()
+        if selectors.worker_can_run_eval_steps(w, steps) and may_take(served, [evaluation.project_id])
+    ]
+    open_counts = _open_counts([w.id for w in capable], JobKind.EVAL)
+    return Slots(len(capable), sum(1 for w in capable if open_counts.get(w.id, 0)))
+
+
+def evaluation_typical(evaluation: Evaluation) -> eta.Typical:
+    """The median of the project's latest ended evaluation jobs (claim to close), else
+    GRADIENT_ETA_DEFAULT_EVAL_SECS. (No `derivation` basis: an evaluation has no derivation.)"""
+    project = _secs(
+        DispatchedJob.objects.filter(
+            kind=JobKind.EVAL, evaluation__project_id=evaluation.project_id, finished_at__isnull=False
+        )
+        .order_by("-finished_at")
+        .values_list("dispatched_at", "finished_at")[:HISTORY_SAMPLE]
+    )
+    return eta.typical_duration([], project, float(settings.GRADIENT_ETA_DEFAULT_EVAL_SECS))
+
+
+def evaluation_queue(evaluation: Evaluation, now: datetime) -> QueueStanding | None:
+    """Where a Queued evaluation stands; None in any other status."""
+    if evaluation.status != EvaluationStatus.QUEUED:
+        return None
+    position = evaluation_position(evaluation, now)
+    slots = evaluation_slots(evaluation)
+    estimate = eta.queue_estimate(
+        now=now,
+        ahead=position - 1,
+        slots=slots.total,
+        busy=slots.busy,
+        typical=evaluation_typical(evaluation),
+    )
+    return QueueStanding(
+        position=position,
+        ahead=position - 1,
+        slots=slots.total,
+        busy=slots.busy,
+        expected_start=estimate.expected_start,
+        expected_finish=estimate.expected_finish,
+        basis=estimate.basis,
+    )
+
+
+_UNFINISHED = (BuildStatus.CREATED, BuildStatus.QUEUED, BuildStatus.BUILDING, BuildStatus.FAILED_TRANSIENT)
+
+
+def evaluation_expected_finish(evaluation: Evaluation, now: datetime) -> datetime | None:
+    """While the evaluation is Building: when its last build is expected to end, from its remaining
+    builds' critical path and their work over the build slots of its project (decisions.eta); the
+    typical build is the project's (else the default). None otherwise."""
+    if evaluation.status != EvaluationStatus.BUILDING:
+        return None
+    remaining = list(
+        DerivationBuild.objects.filter(
+            evaluation_links__evaluation_id=evaluation.id, status__in=_UNFINISHED
+        ).values_list("id", "system")
+    )
+    if not remaining:
+        return now
+    ids = [b for b, _ in remaining]
+    edges = DerivationBuildDependency.objects.filter(build_id__in=ids, dependency_id__in=ids).values_list(
+        "build_id", "dependency_id"
+    )
+    chain = eta.longest_chain([(str(b), str(d)) for b, d in edges], [str(b) for b in ids])
+    systems = {s for _, s in remaining}
+    slots = sum(
+        max(1, w.max_concurrent_builds)
+        for w, served in _connected_workers()
+        if w.can_build
+        and may_take(served, [evaluation.project_id])
+        and any(s == BUILTIN_SYSTEM or s in (w.architectures or []) for s in systems)
+    )
+    project = {evaluation.project_id}
+    of_project = EvaluationBuild.objects.filter(
+        build_id=OuterRef("build_id"), evaluation__project_id__in=project
+    )
+    durations = _secs(
+        BuildAttempt.objects.filter(finished_at__isnull=False, outcome__in=_ENDED_OK)
+        .filter(Exists(of_project))
+        .order_by("-finished_at")
+        .values_list("started_at", "finished_at")[:HISTORY_SAMPLE]
+    )
+    typical = eta.typical_duration([], durations, float(settings.GRADIENT_ETA_DEFAULT_BUILD_SECS))
+    return eta.evaluation_finish(
+        now=now, remaining=len(remaining), chain=chain, slots=slots, typical_secs=typical.secs
+    )

@@ -1,0 +1,61 @@
+"""decisions.eta: a waiting job's typical duration, its expected start and end, and a Building
+evaluation's expected finish, as plain arithmetic."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from gradient.scheduling.decisions import eta
+
+NOW = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
+
+
+def test_median_of_odd_and_even_samples_and_of_none() -> None:
+    assert eta.median([30.0, 10.0, 20.0]) == 20.0
+    assert eta.median([10.0, 40.0, 20.0, 30.0]) == 25.0
+    assert eta.median([]) is None
+
+
+def test_the_typical_duration_rests_on_the_derivation_then_the_project_then_the_default() -> None:
+    assert eta.typical_duration([100.0, 300.0, 200.0], [5.0], 600.0) == eta.Typical(200.0, "derivation")
+    assert eta.typical_duration([], [5.0, 7.0], 600.0) == eta.Typical(6.0, "project")
+    assert eta.typical_duration([], [], 600.0) == eta.Typical(600.0, "default")
+
+
+def test_a_job_starts_now_while_a_free_slot_is_left_for_it() -> None:
+    assert eta.start_delay_secs(ahead=0, slots=2, busy=1, typical_secs=100.0) == 0.0
+    assert eta.start_delay_secs(ahead=2, slots=4, busy=1, typical_secs=100.0) == 0.0
+
+
+def test_busy_slots_are_halfway_through_and_slots_turn_over_in_waves() -> None:
+    delay = eta.start_delay_secs
+    assert delay(ahead=0, slots=1, busy=1, typical_secs=100.0) == 50.0
+    assert delay(ahead=1, slots=1, busy=1, typical_secs=100.0) == 150.0
+    assert delay(ahead=1, slots=2, busy=2, typical_secs=100.0) == 50.0
+    assert delay(ahead=2, slots=2, busy=2, typical_secs=100.0) == 150.0
+    assert delay(ahead=3, slots=1, busy=0, typical_secs=100.0) == 250.0
+
+
+def test_no_slot_means_no_estimate() -> None:
+    typical = eta.Typical(100.0, "derivation")
+    assert eta.queue_estimate(now=NOW, ahead=0, slots=0, busy=0, typical=typical) == eta.NO_ESTIMATE
+
+
+def test_the_expected_finish_is_one_typical_duration_after_the_start() -> None:
+    got = eta.queue_estimate(now=NOW, ahead=1, slots=1, busy=1, typical=eta.Typical(100.0, "project"))
+    assert got == eta.Estimate(NOW + timedelta(seconds=150), NOW + timedelta(seconds=250), "project")
+
+
+def test_the_longest_chain_counts_builds_on_the_critical_path() -> None:
+    edges = [("b", "a"), ("c", "a"), ("d", "b"), ("d", "c"), ("e", "z")]  # z is not remaining
+    assert eta.longest_chain(edges, ["a", "b", "c", "d", "e"]) == 3
+    assert eta.longest_chain([], []) == 0
+    assert eta.longest_chain([("a", "b"), ("b", "a")], ["a", "b"]) == 2  # a cycle ends
+
+
+def test_an_evaluation_finishes_after_its_critical_path_or_its_work_over_the_slots() -> None:
+    finish = eta.evaluation_finish
+    assert finish(now=NOW, remaining=10, chain=3, slots=2, typical_secs=60.0) == NOW + timedelta(minutes=5)
+    assert finish(now=NOW, remaining=4, chain=3, slots=8, typical_secs=60.0) == NOW + timedelta(minutes=3)
+    assert finish(now=NOW, remaining=0, chain=0, slots=0, typical_secs=60.0) == NOW
+    assert finish(now=NOW, remaining=3, chain=1, slots=0, typical_secs=60.0) is None
