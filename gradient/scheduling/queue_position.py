@@ -215,14 +215,18 @@ def build_queue(build: DerivationBuild, now: datetime) -> QueueStanding | None:
     if build.status != BuildStatus.QUEUED:
         return None
     projects = build_projects(build)
-    position = build_position(build, now, projects)
-    slots = build_slots(build, projects)
+    return _standing(
+        now,
+        build_position(build, now, projects),
+        build_slots(build, projects),
+        build_typical(build, projects),
+    )
+
+
+def _standing(now: datetime, position: int, slots: Slots, typical: eta.Typical) -> QueueStanding:
+    """Where a waiting job stands, from its position, the slots that can run it and its typical time."""
     estimate = eta.queue_estimate(
-        now=now,
-        ahead=position - 1,
-        slots=slots.total,
-        busy=slots.busy,
-        typical=build_typical(build, projects),
+        now=now, ahead=position - 1, slots=slots.total, busy=slots.busy, typical=typical
     )
     return QueueStanding(
         position=position,
@@ -297,23 +301,7 @@ def evaluation_queue(evaluation: Evaluation, now: datetime) -> QueueStanding | N
     if evaluation.status != EvaluationStatus.QUEUED:
         return None
     position = evaluation_position(evaluation, now)
-    slots = evaluation_slots(evaluation)
-    estimate = eta.queue_estimate(
-        now=now,
-        ahead=position - 1,
-        slots=slots.total,
-        busy=slots.busy,
-        typical=evaluation_typical(evaluation),
-    )
-    return QueueStanding(
-        position=position,
-        ahead=position - 1,
-        slots=slots.total,
-        busy=slots.busy,
-        expected_start=estimate.expected_start,
-        expected_finish=estimate.expected_finish,
-        basis=estimate.basis,
-    )
+    return _standing(now, position, evaluation_slots(evaluation), evaluation_typical(evaluation))
 
 
 _UNFINISHED = (BuildStatus.CREATED, BuildStatus.QUEUED, BuildStatus.BUILDING, BuildStatus.FAILED_TRANSIENT)
