@@ -7,22 +7,14 @@ import uuid
 
 import pytest
 from django.contrib.auth.models import User
-from rest_framework.authtoken.models import Token
-from rest_framework.test import APIClient
 
 from gradient.clusters.models import ClusterJob, ClusterStatus
 from gradient.records.selectors import record_job
 from tests.clusters_helpers import make_cluster, queued_build, queued_evaluation, seat_worker, started
 from tests.factories import ProjectFactory, WorkerFactory
+from tests.support.rest import client
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def client(user: User | None) -> APIClient:
-    c = APIClient()
-    if user is not None:
-        c.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.get_or_create(user=user)[0].key}")
-    return c
 
 
 @pytest.fixture

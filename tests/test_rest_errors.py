@@ -10,7 +10,6 @@ from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
-from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
 from gradient.clusters.models import ClusterJob
@@ -18,6 +17,7 @@ from gradient.scheduling.models import Evaluation, Project
 from gradient.workers.models import Worker
 from tests.clusters_helpers import make_cluster, queued_build
 from tests.factories import EvaluationFactory, ProjectFactory, WorkerFactory
+from tests.support.rest import client
 
 pytestmark = pytest.mark.django_db
 
@@ -64,13 +64,6 @@ def world() -> World:
         cluster=make_cluster([("server", build)]),
         worker=WorkerFactory(),
     )
-
-
-def client(user: User | None) -> APIClient:
-    c = APIClient()
-    if user is not None:
-        c.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.get_or_create(user=user)[0].key}")
-    return c
 
 
 def call(c: APIClient, method: str, path: str, body: Any = None, **extra: Any) -> Any:

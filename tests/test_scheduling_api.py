@@ -8,25 +8,17 @@ import uuid
 import pytest
 from django.contrib.auth.models import User
 from django.utils import timezone
-from rest_framework.authtoken.models import Token
-from rest_framework.test import APIClient
 
 from gradient.records.models import RecordEntry
 from gradient.scheduling.models import DerivationBuild, Evaluation, EvaluationStatus
 from gradient.scheduling.services import graph
 from tests.factories import ProjectFactory
 from tests.scheduling_helpers import drv
+from tests.support.rest import client
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 BODY = {"project": "nixpkgs-ci", "repository": "sim:diamond", "commit": "abc123"}
-
-
-def client(user: User | None) -> APIClient:
-    c = APIClient()
-    if user is not None:
-        c.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.get_or_create(user=user)[0].key}")
-    return c
 
 
 @pytest.fixture

@@ -9,7 +9,6 @@ from datetime import datetime, timedelta
 import pytest
 from django.contrib.auth.models import User
 from django.utils import timezone
-from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
 from gradient.core.vocab import BuildAttemptOutcome
@@ -19,14 +18,9 @@ from gradient.scheduling.models import BuildAttempt, DerivationBuild, Evaluation
 from gradient.scheduling.services import graph
 from tests.factories import DerivationBuildFactory, EvaluationFactory, ProjectFactory, connected_worker
 from tests.scheduling_helpers import ask, build_id_of, drv
+from tests.support.rest import client
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def client(user: User) -> APIClient:
-    c = APIClient()
-    c.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.get_or_create(user=user)[0].key}")
-    return c
 
 
 @pytest.fixture
