@@ -15,6 +15,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 from django.conf import settings
 from django.contrib.auth.models import User
@@ -104,6 +105,13 @@ def test_workers_connect_heartbeat_get_deactivated_dropped_and_drained(
         registered = {
             name: _register(server, operator, name, ["demo"]) for name in ("alpha", "beta", "gamma")
         }
+        # Another transaction holds the evaluation's row until all three have scored it: a claim skips a
+        # locked job (SKIP LOCKED), so the first worker to connect cannot take it (and end it, which
+        # forgets its scores) before a worker started later on a busy machine has been offered it.
+        holder = stack.enter_context(psycopg.connect(_database_url()))
+        holder.execute(
+            f"SELECT id FROM {Evaluation._meta.db_table} WHERE id = %s FOR UPDATE", [evaluation.id]
+        )
         workers = {
             name: stack.enter_context(
                 reference_worker(
@@ -159,8 +167,9 @@ def test_workers_connect_heartbeat_get_deactivated_dropped_and_drained(
         alpha_id, beta_id, gamma_id = (registered[n][0] for n in ("alpha", "beta", "gamma"))
         wait_until(
             lambda: CandidateScore.objects.filter(job_id=eval_key(evaluation.id)).count() == 3,
-            what="three scores for the offered evaluation",
+            what="three scores for the offered evaluation\n" + _logs(server, *workers.values()),
         )
+        holder.rollback()
         wait_until(
             lambda: (
                 set(IdleSlot.objects.filter(worker_id=gamma_id).values_list("kind", flat=True))
