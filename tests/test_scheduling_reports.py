@@ -369,3 +369,37 @@ def test_a_batch_with_a_jobs_whole_cycle_writes_its_assignment_once_and_drops_wh
     assert DerivationBuild.objects.get(id=build_id_of(a)).status == BuildStatus.COMPLETED
     assert BuildAttempt.objects.get(dispatched_job_id=a.assignment_id).outcome == "Built"
     assert DerivationBuild.objects.get(id=build_id_of(b)).status == BuildStatus.BUILDING
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_evaluation_completes_with_its_last_build_even_when_each_witness_finishes_first() -> None:
+    """finish_evaluations after successes remembers an unfinished build per evaluation (its witness);
+    the witness finishing first each time still leaves the evaluation Building until the last one."""
+    project = ProjectFactory()
+    evaluation = EvaluationFactory(project=project, status=EvaluationStatus.BUILDING)
+    now = timezone.now()
+    graph.ingest_eval_result(
+        evaluation=evaluation, derivations=[drv("w1"), drv("w2"), drv("w3", "w1"), drv("w4")], now=now
+    )
+    ids = set(
+        DerivationBuild.objects.filter(evaluation_links__evaluation=evaluation).values_list("id", flat=True)
+    )
+    assert len(ids) == 4
+    seen: list[uuid.UUID] = []
+    while ids:
+        finished = graph.finish_evaluations(evaluation_ids=[evaluation.id], now=now, after_successes=True)
+        assert finished == []
+        evaluation.refresh_from_db()
+        assert evaluation.status == EvaluationStatus.BUILDING
+        witness = graph._witnesses[evaluation.id]
+        assert witness in ids  # an unfinished build the evaluation needs
+        seen.append(witness)
+        DerivationBuild.objects.filter(id=witness).update(status=BuildStatus.COMPLETED, finished_at=now)
+        ids.discard(witness)
+    # The waiting-for-a-dependency build was the first witness (the one likely to finish last).
+    assert DerivationBuild.objects.get(id=seen[0]).drv_path.endswith("-w3.drv")
+    [done] = graph.finish_evaluations(evaluation_ids=[evaluation.id], now=now, after_successes=True)
+    assert done.status == EvaluationStatus.COMPLETED
+    evaluation.refresh_from_db()
+    assert evaluation.status == EvaluationStatus.COMPLETED
+    assert evaluation.id not in graph._witnesses

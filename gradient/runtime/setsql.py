@@ -1,4 +1,5 @@
-"""Set statements the ORM does not write: an UPDATE of many rows that says which rows it changed.
+"""Set statements the ORM does not write: an UPDATE of many rows that says which rows it changed, and
+the cursor the hot path's fixed-text statements run on (`fixed_cursor`).
 
 `QuerySet.update` returns a count, so a batch that must know which of its rows changed (which builds
 completed, which assignments this batch closed) would read them first with a lock and then update: two
@@ -8,11 +9,64 @@ on PostgreSQL and SQLite (3.35 and later) alike, with the values prepared by the
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import functools
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 from django.db import connection
 from django.db.models import Model
+
+
+@contextmanager
+def fixed_cursor() -> Iterator[Any]:
+    """A cursor on the default connection, in its transaction, for statements written as fixed text
+    (the claim, the fence, the report batch's set statements): on PostgreSQL a plain psycopg cursor, so
+    the parameters travel apart from the text (server-side binding: arrays of thousands of ids are not
+    quoted into the statement in Python, as Django's client-side cursor does), each statement is prepared
+    once per connection (the lanes' connections live as long as the process: the claim's CTE is planned
+    once, not at every batch) and timestamps are read by psycopg's own C loader instead of Django's
+    Python one. The rows read are the same: aware datetimes in
+    the session's time zone (UTC, which Django sets), uuids, ints. Errors come out as Django's
+    (OperationalError and the rest), as from `connection.cursor()`. Elsewhere (SQLite) it is
+    `connection.cursor()`."""
+    if connection.vendor != "postgresql":
+        with connection.cursor() as cursor:
+            yield cursor
+        return
+    connection.ensure_connection()
+    with connection.wrap_database_errors:
+        cursor = _prepared_cursor_class()(connection.connection)
+        cursor.adapters.register_loader(_TIMESTAMPTZ_OID, _timestamptz_loader())
+        try:
+            yield cursor
+        finally:
+            cursor.close()
+
+
+_TIMESTAMPTZ_OID = 1184
+
+
+@functools.cache
+def _prepared_cursor_class() -> type:
+    """A psycopg cursor whose statements are prepared on their first run (Django turns psycopg's own
+    automatic preparation off for its connections)."""
+    import psycopg
+
+    class PreparedCursor(psycopg.Cursor):  # type: ignore[type-arg]
+        def execute(self, query: Any, params: Any = None, *, prepare: bool | None = True, **kw: Any) -> Any:
+            return super().execute(query, params, prepare=prepare, **kw)
+
+    return PreparedCursor
+
+
+@functools.cache
+def _timestamptz_loader() -> type:
+    """psycopg's own loader of timestamptz text (its C one, when psycopg runs with its C speedups)."""
+    import psycopg
+    from psycopg.pq import Format
+
+    return psycopg.adapters.get_loader(_TIMESTAMPTZ_OID, Format.TEXT)  # type: ignore[return-value]
 
 
 def update_returning(

@@ -32,6 +32,7 @@ from gradient.core.vocab import (
 from gradient.records.errors import DecodeError, InvalidHistory, UnknownRecord
 from gradient.records.selectors import record_job
 from gradient.recovery.models import ServerBoot
+from gradient.runtime.setsql import fixed_cursor
 from gradient.scheduling import jobs
 from gradient.scheduling.decisions.scoring import LARGE_TRANSFER_BYTES, PoolView, metrics_stale
 from gradient.scheduling.decisions.waiting import unbuildable_deadline, what_happens_next
@@ -136,7 +137,7 @@ def workers_of_batch(
     json_at = [i for i, f in enumerate(fields) if f.get_internal_type() == "JSONField"]
     states: dict[uuid.UUID, WorkerState] = {}
     open_builds: dict[uuid.UUID, OpenBuilds] = {}
-    with connection.cursor() as cursor:
+    with fixed_cursor() as cursor:
         cursor.execute(
             _WORKERS_OF_BATCH,
             {
@@ -438,7 +439,7 @@ def _queued_heads(
         "cap": now - timedelta(seconds=wait_cap_secs) if wait_cap_secs is not None else None,
         "scored": scored_ids,
     }
-    with connection.cursor() as cursor:
+    with fixed_cursor() as cursor:
         cursor.execute(_HEADS_UNCAPPED if wait_cap_secs is None else _HEADS_CAPPED, params)
         # Django reads jsonb as text and decodes it itself: so does this.
         return [

@@ -23,6 +23,7 @@ from django.utils import timezone
 from gradient.core.protocol import AssignJob, FlakeStep, Job
 from gradient.core.vocab import EvaluationStatus, JobKind, JobKindName, job_kind_of
 from gradient.runtime import lanes
+from gradient.runtime.setsql import fixed_cursor
 from gradient.scheduling import book as queue_book
 from gradient.scheduling import jobs, selectors
 from gradient.scheduling.decisions.scoring import (
@@ -77,8 +78,16 @@ def _offered_passes_ago(worker_id: uuid.UUID, job_keys: list[str], now: datetime
 
 
 def _clear_idle_slots(worker_ids: Sequence[uuid.UUID], kind: str) -> None:
-    if worker_ids:
-        IdleSlot.objects.filter(worker_id__in=list(worker_ids), kind=kind).delete()
+    if not worker_ids:
+        return
+    if connection.vendor == "postgresql":  # every claim batch: fixed text
+        with fixed_cursor() as cursor:
+            cursor.execute(_CLEAR_IDLE_SLOTS, [list(worker_ids), kind])
+        return
+    IdleSlot.objects.filter(worker_id__in=list(worker_ids), kind=kind).delete()
+
+
+_CLEAR_IDLE_SLOTS = f"DELETE FROM {IdleSlot._meta.db_table} WHERE worker_id = ANY(%s::uuid[]) AND kind = %s"  # noqa: S608
 
 
 def _record_idle_slots(worker_ids: Sequence[uuid.UUID], kind: str, now: datetime) -> None:
@@ -269,7 +278,7 @@ def _worker_scores_of(worker_ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, dict[s
         return out
     rows: Any
     if connection.vendor == "postgresql":  # every batch asks: fixed text, no query to build
-        with connection.cursor() as cursor:
+        with fixed_cursor() as cursor:
             cursor.execute(_SCORES_OF, [list(worker_ids)])
             rows = cursor.fetchall()
     else:

@@ -29,6 +29,7 @@ from gradient.core.vocab import (
     JobKind,
 )
 from gradient.runtime import setsql
+from gradient.runtime.setsql import fixed_cursor
 from gradient.scheduling import history
 from gradient.scheduling.models import DispatchedJob
 
@@ -119,7 +120,7 @@ def claim_assignment(*, request: ClaimRequest, now: datetime) -> uuid.UUID | Non
         "ON CONFLICT (job_id) WHERE finished_at IS NULL DO NOTHING RETURNING id"
     )
     params = [_prep(c, values[c]) for c in _COLUMNS] + condition_params
-    with connection.cursor() as cursor:
+    with fixed_cursor() as cursor:
         cursor.execute(sql, params)
         row = cursor.fetchone()
     return assignment_id if row is not None else None
@@ -178,7 +179,7 @@ def assignments_reported(*, reports: Sequence[AssignmentReports], now: datetime)
         "outcome": DispatchOutcome.COMPLETED.value,
         "reason": "completed",
     }
-    with connection.cursor() as cursor:
+    with fixed_cursor() as cursor:
         cursor.execute(_ASSIGNMENTS_REPORTED, params)
         closed = {row[0] for row in cursor.fetchall() if row[1]}
     _closed_history(
@@ -322,6 +323,6 @@ def claim_builds_statement(*, claims: Sequence[BuildClaim], now: datetime) -> di
         "cluster_ended": [s.value for s in CLUSTER_TERMINAL],
         "active": [s.value for s in EVALUATION_ACTIVE],
     }
-    with connection.cursor() as cursor:
+    with fixed_cursor() as cursor:
         cursor.execute(_CLAIM_BUILDS, params)
         return {row[0]: int(row[1]) for row in cursor.fetchall()}

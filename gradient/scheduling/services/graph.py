@@ -28,6 +28,7 @@ from gradient.core.vocab import (
     BuildStatus,
     EvaluationStatus,
 )
+from gradient.runtime import setsql
 from gradient.scheduling import history
 from gradient.scheduling.decisions.waiting import BUILDING_PARKS
 from gradient.scheduling.models import (
@@ -64,7 +65,7 @@ def cache_paths(*, paths: Iterable[tuple[str, int]]) -> None:
     ordered = sorted(sizes)
     if connection.vendor == "postgresql":
         # A path confirmed already is left as it is (no new row version on every repeated output).
-        with connection.cursor() as cur:
+        with setsql.fixed_cursor() as cur:
             cur.execute(
                 "INSERT INTO cached_path (path, nar_size, confirmed, created_at) "
                 "SELECT p, n, true, %s FROM unnest(%s::text[], %s::bigint[]) AS t(p, n) "
@@ -469,6 +470,8 @@ def queue_ready_builds(*, build_ids: Sequence[uuid.UUID] | None = None, now: dat
     """Created builds whose every dependency succeeded become Queued. With no ids, every Created build
     (the full resync)."""
     # A build whose .drv is lost waits for its DrvRecovery evaluation (services.drv_recovery).
+    if build_ids is not None and not build_ids:
+        return 0
     qs = DerivationBuild.objects.filter(status=BuildStatus.CREATED, drv_lost_at__isnull=True)
     if build_ids is not None:
         qs = qs.filter(id__in=build_ids)
@@ -570,6 +573,29 @@ def abort_unneeded_builds(
     return orphaned
 
 
+# What a batch of completed builds may move on, read in one fixed-text statement (every report batch
+# that completes builds asks): the builds depending on any of them, and the evaluations needing any.
+_AFTER_COMPLETIONS = """
+SELECT DISTINCT true, d.build_id FROM derivation_build_dependency d
+WHERE d.dependency_id = ANY(%(ids)s::uuid[])
+UNION ALL
+SELECT DISTINCT false, eb.evaluation_id FROM evaluation_build eb
+WHERE eb.build_id = ANY(%(ids)s::uuid[]) AND eb.blocks_evaluation
+"""
+
+
+def after_completions(build_ids: Sequence[uuid.UUID]) -> tuple[list[uuid.UUID], list[uuid.UUID]]:
+    """(dependents_of, evaluations_needing) of these builds, in one statement on PostgreSQL."""
+    if not build_ids:
+        return [], []
+    if connection.vendor != "postgresql":
+        return dependents_of(build_ids), evaluations_needing(build_ids)
+    with setsql.fixed_cursor() as cur:
+        cur.execute(_AFTER_COMPLETIONS, {"ids": list(build_ids)})
+        rows = cur.fetchall()
+    return [i for dependent, i in rows if dependent], [i for dependent, i in rows if not dependent]
+
+
 def evaluations_needing(build_ids: Iterable[uuid.UUID]) -> list[uuid.UUID]:
     return list(
         EvaluationBuild.objects.filter(build_id__in=list(build_ids), blocks_evaluation=True)
@@ -601,6 +627,79 @@ def _reopen_for(evaluation_id: uuid.UUID, now: datetime) -> bool:
     return bool(reopened)
 
 
+# finish_evaluations' candidates on PostgreSQL, in fixed text (every report batch that completes builds
+# asks): Building, or Waiting parked while building; locked in id order.
+_BUILDING_EVALUATIONS_LOCKED = """
+SELECT e.id FROM evaluation e
+WHERE e.id = ANY(%(ids)s::uuid[]) AND (e.status = %(building)s OR (e.status = %(waiting)s AND (
+    e.waiting_reason ->> 'reason' = ANY(%(parks)s)
+    OR (e.waiting_reason ->> 'reason' = 'draining' AND e.waiting_reason ->> 'resume' = %(building)s))))
+ORDER BY e.id FOR NO KEY UPDATE
+"""
+
+# Of these evaluations, those with no needed build unfinished: a statement of its own, after the lock
+# (READ COMMITTED: its snapshot sees what the batch that held the lock committed). Each evaluation comes
+# with a witness remembered from its last check (an unfinished build it needed then): while the witness
+# is still unfinished, that is one probe; otherwise one unfinished build is looked for (the one likely
+# to finish last: waiting for its dependencies, else the last in the queue) and becomes the next witness.
+# Without the witness, an evaluation of 8 000 builds completing in queue order read every finished
+# build before the first unfinished one after each batch (quadratic). Memory only saves reads: the
+# answer is always the database's.
+_WITHOUT_UNFINISHED = """
+SELECT e.id, w.id FROM unnest(%(ids)s::uuid[], %(hints)s::uuid[]) AS e(id, hint)
+LEFT JOIN LATERAL (
+    (SELECT b.id FROM derivation_build b
+     WHERE b.id = e.hint AND b.status = ANY(%(unfinished)s) AND EXISTS (
+         SELECT 1 FROM evaluation_build eb
+         WHERE eb.evaluation_id = e.id AND eb.build_id = b.id AND eb.blocks_evaluation))
+    UNION ALL
+    (SELECT b.id FROM evaluation_build eb JOIN derivation_build b ON b.id = eb.build_id
+     WHERE eb.evaluation_id = e.id AND eb.blocks_evaluation AND b.status = ANY(%(unfinished)s)
+     ORDER BY b.status = %(created)s DESC, b.queued_at DESC NULLS FIRST, b.id DESC LIMIT 1)
+    LIMIT 1
+) w ON true
+ORDER BY e.id
+"""
+_WITNESSES_MAX = 10_000
+_witnesses: dict[uuid.UUID, uuid.UUID] = {}
+
+
+def _building_evaluations_locked(ids: list[uuid.UUID]) -> list[uuid.UUID]:
+    with setsql.fixed_cursor() as cur:
+        cur.execute(
+            _BUILDING_EVALUATIONS_LOCKED,
+            {
+                "ids": ids,
+                "building": EvaluationStatus.BUILDING.value,
+                "waiting": EvaluationStatus.WAITING.value,
+                "parks": sorted(BUILDING_PARKS),
+            },
+        )
+        return [row[0] for row in cur.fetchall()]
+
+
+def _without_unfinished(ids: list[uuid.UUID]) -> list[uuid.UUID]:
+    params = {
+        "ids": ids,
+        "hints": [_witnesses.get(i) for i in ids],
+        "unfinished": sorted(s.value for s in BUILD_UNFINISHED),
+        "created": BuildStatus.CREATED.value,
+    }
+    with setsql.fixed_cursor() as cur:
+        cur.execute(_WITHOUT_UNFINISHED, params)
+        rows = cur.fetchall()
+    if len(_witnesses) > _WITNESSES_MAX:
+        _witnesses.clear()
+    done: list[uuid.UUID] = []
+    for evaluation_id, witness in rows:
+        if witness is None:
+            _witnesses.pop(evaluation_id, None)
+            done.append(evaluation_id)
+        else:
+            _witnesses[evaluation_id] = witness
+    return done
+
+
 def finish_evaluations(
     *, evaluation_ids: Iterable[uuid.UUID], now: datetime, after_successes: bool = False
 ) -> list[EvaluationFinish]:
@@ -621,12 +720,20 @@ def finish_evaluations(
     # Locked, in id order, for the same reason as in queue_ready_builds: the last two builds of an
     # evaluation finishing in two transactions at once would each see the other still Building, and
     # the evaluation would wait for the next waiting pass to complete.
-    candidates = _lock_ids(
-        Evaluation.objects.filter(
-            Q(status=EvaluationStatus.BUILDING) | (Q(status=EvaluationStatus.WAITING) & parked_building),
-            id__in=set(evaluation_ids),
+    ids = sorted(set(evaluation_ids))
+    if not ids:
+        return finished
+    if connection.vendor == "postgresql":
+        candidates = _building_evaluations_locked(ids)
+        if after_successes and candidates:
+            candidates = _without_unfinished(candidates)
+    else:
+        candidates = _lock_ids(
+            Evaluation.objects.filter(
+                Q(status=EvaluationStatus.BUILDING) | (Q(status=EvaluationStatus.WAITING) & parked_building),
+                id__in=ids,
+            )
         )
-    )
     for evaluation_id in candidates:
         links = EvaluationBuild.objects.filter(evaluation_id=evaluation_id, blocks_evaluation=True)
         if after_successes and links.filter(build__status__in=BUILD_UNFINISHED).exists():

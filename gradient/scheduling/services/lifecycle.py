@@ -125,10 +125,9 @@ class BatchEffects:
         if not completed:
             return
         forget_scores_of([build_key(b) for b in completed])
-        graph.queue_ready_builds(build_ids=graph.dependents_of(completed), now=now)
-        graph.finish_evaluations(
-            evaluation_ids=graph.evaluations_needing(completed), now=now, after_successes=True
-        )
+        dependents, evaluations = graph.after_completions(completed)
+        graph.queue_ready_builds(build_ids=dependents, now=now)
+        graph.finish_evaluations(evaluation_ids=evaluations, now=now, after_successes=True)
 
 
 class _StartRefused(Exception):
@@ -472,21 +471,55 @@ def complete_builds(
             continue
         build_ids = [row.derivation_build_id for row in group]
         status = BuildStatus.SUBSTITUTED if substituted else BuildStatus.COMPLETED
-        changed = setsql.update_returning(
-            DerivationBuild,
-            build_ids,
-            {"status": status, "finished_at": now, "updated_at": now, "retry_at": None, "failure_kind": None},
-            where={"status": BuildStatus.BUILDING},
-        )
-        BuildAttempt.objects.filter(
-            dispatched_job_id__in=[row.id for row in group], outcome=BuildAttemptOutcome.RUNNING
-        ).update(
-            outcome=BuildAttemptOutcome.SUBSTITUTED if substituted else BuildAttemptOutcome.BUILT,
-            finished_at=now,
-        )
+        outcome = BuildAttemptOutcome.SUBSTITUTED if substituted else BuildAttemptOutcome.BUILT
+        if connection.vendor == "postgresql":  # every report batch: one fixed-text statement
+            with setsql.fixed_cursor() as cursor:
+                cursor.execute(
+                    _COMPLETE_BUILDS,
+                    {
+                        "builds": build_ids,
+                        "rows": [row.id for row in group],
+                        "status": status.value,
+                        "outcome": outcome.value,
+                        "building": BuildStatus.BUILDING.value,
+                        "running": BuildAttemptOutcome.RUNNING.value,
+                        "now": now,
+                    },
+                )
+                changed = {r[0] for r in cursor.fetchall()}
+        else:
+            changed = setsql.update_returning(
+                DerivationBuild,
+                build_ids,
+                {
+                    "status": status,
+                    "finished_at": now,
+                    "updated_at": now,
+                    "retry_at": None,
+                    "failure_kind": None,
+                },
+                where={"status": BuildStatus.BUILDING},
+            )
+            BuildAttempt.objects.filter(
+                dispatched_job_id__in=[row.id for row in group], outcome=BuildAttemptOutcome.RUNNING
+            ).update(outcome=outcome, finished_at=now)
         effects.completed.extend(sorted(changed))
     if own:
         effects.settle(now)
+
+
+# complete_builds' two writes in one statement: the Building builds of the group end with `status`, and
+# the running attempts of the group's assignments with `outcome`; the builds that changed come back.
+_COMPLETE_BUILDS = """
+WITH attempts AS (
+    UPDATE build_attempt SET outcome = %(outcome)s, finished_at = %(now)s
+    WHERE dispatched_job_id = ANY(%(rows)s::uuid[]) AND outcome = %(running)s
+)
+UPDATE derivation_build SET status = %(status)s, finished_at = %(now)s, updated_at = %(now)s,
+    retry_at = NULL, failure_kind = NULL
+WHERE id = ANY(%(builds)s::uuid[]) AND status = %(building)s
+RETURNING id
+"""
 
 
 def _locked_evaluation(row: DispatchedJob) -> Evaluation:

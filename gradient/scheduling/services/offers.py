@@ -24,6 +24,7 @@ from gradient.core.jobkey import SINGLE_JOB_KEYS, JobKey
 from gradient.core.protocol import CandidateScore as CandidateScoreMessage
 from gradient.core.protocol import JobCandidate, JobListChunk, JobOffer
 from gradient.core.vocab import BUILD_UNFINISHED, EVALUATION_TERMINAL, BuildStatus, JobKeyKind
+from gradient.runtime.setsql import fixed_cursor
 from gradient.scheduling import jobs, selectors
 from gradient.scheduling.models import CandidateScore, DerivationBuild, Evaluation, SentCandidate
 from gradient.workers.models import WorkerSession
@@ -44,8 +45,16 @@ def forget_scores(job_key: str) -> None:
 
 def forget_scores_of(job_keys: Sequence[str]) -> None:
     """forget_scores for many finished jobs at once."""
-    if job_keys:
-        CandidateScore.objects.filter(job_id__in=list(job_keys)).delete()
+    if not job_keys:
+        return
+    if connection.vendor == "postgresql":  # every report batch that completes builds: fixed text
+        with fixed_cursor() as cursor:
+            cursor.execute(_FORGET_SCORES, [list(job_keys)])
+        return
+    CandidateScore.objects.filter(job_id__in=list(job_keys)).delete()
+
+
+_FORGET_SCORES = f"DELETE FROM {CandidateScore._meta.db_table} WHERE job_id = ANY(%s::text[])"  # noqa: S608
 
 
 def candidates_for_worker(state: selectors.WorkerState, now: datetime) -> list[JobCandidate]:
@@ -254,7 +263,7 @@ def _remember_sent(worker_id: uuid.UUID, job_keys: list[str], now: datetime) -> 
     """The worker was sent these candidates: one statement with the keys as an array (PostgreSQL), not a
     row of parameters per candidate (a connecting worker is sent up to 1 000)."""
     if job_keys:
-        with connection.cursor() as cursor:
+        with fixed_cursor() as cursor:
             cursor.execute(_REMEMBER_SENT, [worker_id, now, job_keys])
 
 

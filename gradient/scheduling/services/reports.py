@@ -263,7 +263,10 @@ class _Common:
         lifecycle.complete_builds(
             [(row, update.substituted) for _, row, update in self.outputs], now=now, effects=self.effects
         )
-        rows = [row for _, row in self.completed]
+        # A job whose outputs this same apply reported is complete already (its build and attempt ended
+        # with the outputs): its JobCompleted closes the assignment only (assignments_reported, above).
+        output_rows = {row.id for _, row, _ in self.outputs}
+        rows = [row for _, row in self.completed if row.id not in output_rows]
         lifecycle.complete_builds([(row, False) for row in rows], now=now, effects=self.effects)
         for index, _ in self.accepted:
             self.results[index] = ReportOutcome(True, "accepted")
