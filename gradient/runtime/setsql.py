@@ -14,6 +14,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
+import psycopg
 from django.db import connection
 from django.db.models import Model
 
@@ -23,10 +24,11 @@ def fixed_cursor() -> Iterator[Any]:
     """A cursor on the default connection, in its transaction, for statements written as fixed text
     (the claim, the fence, the report batch's set statements): on PostgreSQL a plain psycopg cursor, so
     the parameters travel apart from the text (server-side binding: arrays of thousands of ids are not
-    quoted into the statement in Python, as Django's client-side cursor does), each statement is prepared
-    once per connection (the lanes' connections live as long as the process: the claim's CTE is planned
-    once, not at every batch) and timestamps are read by psycopg's own C loader instead of Django's
-    Python one. The rows read are the same: aware datetimes in
+    quoted into the statement in Python, as Django's client-side cursor does; with `%b` an array of JSON
+    texts is sent in binary, with nothing to escape) and timestamps are read by psycopg's own C loader
+    instead of Django's Python one. Statements are not prepared: with arrays as parameters PostgreSQL
+    would choose between generic and custom plans per statement, and a generic plan of the queue's
+    heads read every Queued build. The rows read are the same: aware datetimes in
     the session's time zone (UTC, which Django sets), uuids, ints. Errors come out as Django's
     (OperationalError and the rest), as from `connection.cursor()`. Elsewhere (SQLite) it is
     `connection.cursor()`."""
@@ -36,7 +38,7 @@ def fixed_cursor() -> Iterator[Any]:
         return
     connection.ensure_connection()
     with connection.wrap_database_errors:
-        cursor = _prepared_cursor_class()(connection.connection)
+        cursor = psycopg.Cursor(connection.connection)
         cursor.adapters.register_loader(_TIMESTAMPTZ_OID, _timestamptz_loader())
         try:
             yield cursor
@@ -48,22 +50,8 @@ _TIMESTAMPTZ_OID = 1184
 
 
 @functools.cache
-def _prepared_cursor_class() -> type:
-    """A psycopg cursor whose statements are prepared on their first run (Django turns psycopg's own
-    automatic preparation off for its connections)."""
-    import psycopg
-
-    class PreparedCursor(psycopg.Cursor):  # type: ignore[type-arg]
-        def execute(self, query: Any, params: Any = None, *, prepare: bool | None = True, **kw: Any) -> Any:
-            return super().execute(query, params, prepare=prepare, **kw)
-
-    return PreparedCursor
-
-
-@functools.cache
 def _timestamptz_loader() -> type:
     """psycopg's own loader of timestamptz text (its C one, when psycopg runs with its C speedups)."""
-    import psycopg
     from psycopg.pq import Format
 
     return psycopg.adapters.get_loader(_TIMESTAMPTZ_OID, Format.TEXT)  # type: ignore[return-value]

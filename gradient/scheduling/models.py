@@ -402,8 +402,15 @@ class DispatchedJob(models.Model):
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     kind = models.CharField(max_length=8, choices=choices(JobKind))
     job_id = models.CharField(max_length=64, help_text="The job key: eval:<uuid> or build:<uuid>.")
+    # Indexed only where set (idx-dispatched_job-eval, -cluster below): a shared build's
+    # assignment has neither, and each index entry is written again at the close (not a HOT update).
     evaluation = models.ForeignKey(
-        Evaluation, null=True, blank=True, on_delete=models.SET_NULL, related_name="dispatches"
+        Evaluation,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="dispatches",
+        db_index=False,
     )
     derivation_build = models.ForeignKey(
         DerivationBuild, null=True, blank=True, on_delete=models.SET_NULL, related_name="dispatches"
@@ -415,6 +422,7 @@ class DispatchedJob(models.Model):
         blank=True,
         on_delete=models.SET_NULL,  # also ON DELETE SET NULL in PostgreSQL itself (clusters migration 0002)
         related_name="member_dispatches",
+        db_index=False,
     )
     score = models.FloatField(default=0)
     score_breakdown = models.JSONField(default=dict, blank=True)
@@ -459,6 +467,16 @@ class DispatchedJob(models.Model):
                 condition=Q(finished_at__isnull=True),
             ),
             models.Index(fields=["job_id", "-dispatched_at"], name="idx-dispatched_job-job"),
+            models.Index(
+                fields=["evaluation"],
+                name="idx-dispatched_job-eval",
+                condition=Q(evaluation__isnull=False),
+            ),
+            models.Index(
+                fields=["cluster_attempt"],
+                name="idx-dispatched_job-cluster",
+                condition=Q(cluster_attempt__isnull=False),
+            ),
         ]
 
     def __str__(self) -> str:
@@ -480,8 +498,17 @@ class BuildAttempt(models.Model):
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     build = models.ForeignKey(DerivationBuild, on_delete=models.CASCADE, related_name="build_attempts")
+    # No constraint in the database: the attempt is written by the statement that writes its assignment
+    # (claims._CLAIM_BUILDS), and at each claim's commit the deferred check locked the new assignment row
+    # again (a quarter of PostgreSQL's time per hand-out, bench/handout.py). Django's SET_NULL still
+    # applies when an assignment is deleted through the ORM (none is deleted otherwise).
     dispatched_job = models.ForeignKey(
-        DispatchedJob, null=True, blank=True, on_delete=models.SET_NULL, related_name="build_attempts"
+        DispatchedJob,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="build_attempts",
+        db_constraint=False,
     )
     worker = models.ForeignKey(
         "workers.Worker", null=True, blank=True, on_delete=models.SET_NULL, related_name="build_attempts"
@@ -520,7 +547,17 @@ class SentCandidate(models.Model):
     """A candidate already offered to a worker: offers send only what is missing here. Returning a job
     to the pool deletes its rows, which is what "clearing its sent flag" means."""
 
-    worker = models.ForeignKey("workers.Worker", on_delete=models.CASCADE, related_name="sent_candidates")
+    # No constraint in the database and no index of its own (the unique (worker, job_id) serves a
+    # worker's rows): a connecting worker is sent up to 1 000 candidates in one statement, and each row
+    # checked its worker again at commit (1 000 lookups of one id). Deleting a worker still deletes
+    # its rows (Django's CASCADE); a session's end deletes them anyway.
+    worker = models.ForeignKey(
+        "workers.Worker",
+        on_delete=models.CASCADE,
+        related_name="sent_candidates",
+        db_constraint=False,
+        db_index=False,
+    )
     job_id = models.CharField(max_length=64)
     sent_at = models.DateTimeField(
         default=timezone.now, help_text="When it was offered: RescoreWait waits up to 4 passes for its score."
@@ -544,7 +581,14 @@ class SentCandidate(models.Model):
 class CandidateScore(models.Model):
     """A worker's RequestJobChunk answer for one candidate: what it would have to fetch."""
 
-    worker = models.ForeignKey("workers.Worker", on_delete=models.CASCADE, related_name="candidate_scores")
+    # As SentCandidate.worker: a worker's RequestJobChunk stores up to 1 000 scores at once.
+    worker = models.ForeignKey(
+        "workers.Worker",
+        on_delete=models.CASCADE,
+        related_name="candidate_scores",
+        db_constraint=False,
+        db_index=False,
+    )
     job_id = models.CharField(max_length=64)
     missing_count = models.IntegerField()
     missing_nar_size = models.BigIntegerField()

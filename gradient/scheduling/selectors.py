@@ -171,7 +171,7 @@ _WORKERS_OF_BATCH = (
     " CROSS JOIN LATERAL (SELECT count(*) AS running,"
     " count(*) FILTER (WHERE d.missing_nar_size >= %(large)s) AS large FROM dispatched_job d"
     " WHERE d.worker_id = w.id AND d.finished_at IS NULL AND d.kind = %(build)s) o"
-    " WHERE s.worker_id = ANY(%(ids)s) AND s.closed_at IS NULL AND w.active"
+    " WHERE s.worker_id = ANY(%(ids)b::uuid[]) AND s.closed_at IS NULL AND w.active"
 )
 
 

@@ -87,7 +87,7 @@ def _clear_idle_slots(worker_ids: Sequence[uuid.UUID], kind: str) -> None:
     IdleSlot.objects.filter(worker_id__in=list(worker_ids), kind=kind).delete()
 
 
-_CLEAR_IDLE_SLOTS = f"DELETE FROM {IdleSlot._meta.db_table} WHERE worker_id = ANY(%s::uuid[]) AND kind = %s"  # noqa: S608
+_CLEAR_IDLE_SLOTS = f"DELETE FROM {IdleSlot._meta.db_table} WHERE worker_id = ANY(%b::uuid[]) AND kind = %s"  # noqa: S608
 
 
 def _record_idle_slots(worker_ids: Sequence[uuid.UUID], kind: str, now: datetime) -> None:
@@ -292,7 +292,7 @@ def _worker_scores_of(worker_ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, dict[s
 
 _SCORES_OF = (
     f"SELECT worker_id, job_id, missing_nar_size, missing_count FROM {CandidateScore._meta.db_table} "  # noqa: S608
-    "WHERE worker_id = ANY(%s)"
+    "WHERE worker_id = ANY(%b::uuid[])"
 )
 
 

@@ -196,7 +196,7 @@ UPDATE dispatched_job d SET
     finished_at = CASE WHEN v.completed THEN %(now)s ELSE d.finished_at END,
     outcome = CASE WHEN v.completed THEN %(outcome)s ELSE d.outcome END,
     reason = CASE WHEN v.completed THEN %(reason)s ELSE d.reason END
-FROM unnest(%(ids)s::uuid[], %(accepted)s::bool[], %(phase)s::text[], %(completed)s::bool[])
+FROM unnest(%(ids)b::uuid[], %(accepted)b::bool[], %(phase)b::text[], %(completed)b::bool[])
     AS v(id, accepted, phase, completed)
 WHERE d.id = v.id AND d.finished_at IS NULL
 RETURNING d.id, v.completed
@@ -253,8 +253,8 @@ class BuildClaim:
 _CLAIM_BUILDS = """
 WITH req AS (
     SELECT * FROM unnest(
-        %(aid)s::uuid[], %(build)s::uuid[], %(worker)s::uuid[], %(attempt)s::uuid[], %(score)s::float8[],
-        %(breakdown)s::text[], %(nar)s::bigint[], %(count)s::int[], %(job)s::text[], %(queued)s::timestamptz[]
+        %(aid)b::uuid[], %(build)b::uuid[], %(worker)b::uuid[], %(attempt)b::uuid[], %(score)b::float8[],
+        %(breakdown)b::text[], %(nar)b::bigint[], %(count)b::int[], %(job)b::text[], %(queued)b::timestamptz[]
     ) AS r(aid, build_id, worker_id, cluster_attempt_id, score, breakdown, nar, cnt, job, queued_at)
 ), locked AS (
     SELECT b.id, b.queued_at FROM derivation_build b

@@ -82,7 +82,7 @@ _FENCE_FIELDS = [f for f in DispatchedJob._meta.concrete_fields if f.name not in
 _FENCE_SQL = (
     "SELECT "  # noqa: S608 (column names from the model, no input)
     + ", ".join(f.column for f in _FENCE_FIELDS)
-    + " FROM dispatched_job WHERE id = ANY(%s) AND finished_at IS NULL AND cluster_attempt_id IS NULL"
+    + " FROM dispatched_job WHERE id = ANY(%b::uuid[]) AND finished_at IS NULL AND cluster_attempt_id IS NULL"
     " ORDER BY id FOR NO KEY UPDATE"
 )
 

@@ -68,7 +68,7 @@ def cache_paths(*, paths: Iterable[tuple[str, int]]) -> None:
         with setsql.fixed_cursor() as cur:
             cur.execute(
                 "INSERT INTO cached_path (path, nar_size, confirmed, created_at) "
-                "SELECT p, n, true, %s FROM unnest(%s::text[], %s::bigint[]) AS t(p, n) "
+                "SELECT p, n, true, %s FROM unnest(%b::text[], %b::bigint[]) AS t(p, n) "
                 "ON CONFLICT (path) DO UPDATE SET confirmed = true, nar_size = EXCLUDED.nar_size "
                 "WHERE NOT cached_path.confirmed",
                 [timezone.now(), ordered, [sizes[p] for p in ordered]],
@@ -577,10 +577,10 @@ def abort_unneeded_builds(
 # that completes builds asks): the builds depending on any of them, and the evaluations needing any.
 _AFTER_COMPLETIONS = """
 SELECT DISTINCT true, d.build_id FROM derivation_build_dependency d
-WHERE d.dependency_id = ANY(%(ids)s::uuid[])
+WHERE d.dependency_id = ANY(%(ids)b::uuid[])
 UNION ALL
 SELECT DISTINCT false, eb.evaluation_id FROM evaluation_build eb
-WHERE eb.build_id = ANY(%(ids)s::uuid[]) AND eb.blocks_evaluation
+WHERE eb.build_id = ANY(%(ids)b::uuid[]) AND eb.blocks_evaluation
 """
 
 
@@ -631,7 +631,7 @@ def _reopen_for(evaluation_id: uuid.UUID, now: datetime) -> bool:
 # asks): Building, or Waiting parked while building; locked in id order.
 _BUILDING_EVALUATIONS_LOCKED = """
 SELECT e.id FROM evaluation e
-WHERE e.id = ANY(%(ids)s::uuid[]) AND (e.status = %(building)s OR (e.status = %(waiting)s AND (
+WHERE e.id = ANY(%(ids)b::uuid[]) AND (e.status = %(building)s OR (e.status = %(waiting)s AND (
     e.waiting_reason ->> 'reason' = ANY(%(parks)s)
     OR (e.waiting_reason ->> 'reason' = 'draining' AND e.waiting_reason ->> 'resume' = %(building)s))))
 ORDER BY e.id FOR NO KEY UPDATE
@@ -646,7 +646,7 @@ ORDER BY e.id FOR NO KEY UPDATE
 # build before the first unfinished one after each batch (quadratic). Memory only saves reads: the
 # answer is always the database's.
 _WITHOUT_UNFINISHED = """
-SELECT e.id, w.id FROM unnest(%(ids)s::uuid[], %(hints)s::uuid[]) AS e(id, hint)
+SELECT e.id, w.id FROM unnest(%(ids)b::uuid[], %(hints)b::uuid[]) AS e(id, hint)
 LEFT JOIN LATERAL (
     (SELECT b.id FROM derivation_build b
      WHERE b.id = e.hint AND b.status = ANY(%(unfinished)s) AND EXISTS (

@@ -513,11 +513,11 @@ def complete_builds(
 _COMPLETE_BUILDS = """
 WITH attempts AS (
     UPDATE build_attempt SET outcome = %(outcome)s, finished_at = %(now)s
-    WHERE dispatched_job_id = ANY(%(rows)s::uuid[]) AND outcome = %(running)s
+    WHERE dispatched_job_id = ANY(%(rows)b::uuid[]) AND outcome = %(running)s
 )
 UPDATE derivation_build SET status = %(status)s, finished_at = %(now)s, updated_at = %(now)s,
     retry_at = NULL, failure_kind = NULL
-WHERE id = ANY(%(builds)s::uuid[]) AND status = %(building)s
+WHERE id = ANY(%(builds)b::uuid[]) AND status = %(building)s
 RETURNING id
 """
 

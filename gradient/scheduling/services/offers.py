@@ -54,7 +54,7 @@ def forget_scores_of(job_keys: Sequence[str]) -> None:
     CandidateScore.objects.filter(job_id__in=list(job_keys)).delete()
 
 
-_FORGET_SCORES = f"DELETE FROM {CandidateScore._meta.db_table} WHERE job_id = ANY(%s::text[])"  # noqa: S608
+_FORGET_SCORES = f"DELETE FROM {CandidateScore._meta.db_table} WHERE job_id = ANY(%b::text[])"  # noqa: S608
 
 
 def candidates_for_worker(state: selectors.WorkerState, now: datetime) -> list[JobCandidate]:
@@ -254,7 +254,7 @@ def _fresh_candidates(state: selectors.WorkerState, now: datetime, limit: int) -
 
 
 _REMEMBER_SENT = (
-    "INSERT INTO sent_candidate (worker_id, job_id, sent_at) SELECT %s, k, %s FROM unnest(%s::text[]) AS k "
+    "INSERT INTO sent_candidate (worker_id, job_id, sent_at) SELECT %s, k, %s FROM unnest(%b::text[]) AS k "
     "ON CONFLICT DO NOTHING"
 )
 
