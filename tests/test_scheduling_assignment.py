@@ -381,3 +381,34 @@ def test_stale_metrics_do_not_hold_a_worker_back() -> None:
     stale = connected_worker([project], cpu_usage_pct=95.0, metrics_at=timezone.now() - timedelta(seconds=61))
     a = ask(stale.id)
     assert a is not None and job_json(a)["builds"][0]["drv_path"].endswith("-solo.drv")
+
+
+@pytest.mark.django_db
+def test_the_pool_view_is_the_mean_wait_of_the_last_hour_and_the_idle_fetchers() -> None:
+    """selectors.pool_view's one statement (PostgreSQL) says what its definition says: the mean wait of
+    the hand-outs of the last hour (an older one and one without a queued time left out), and how many
+    open sessions of fetch-capable workers there are and how many of them run nothing."""
+    from gradient.scheduling import selectors
+    from tests.factories import DispatchedJobFactory
+
+    now = timezone.now()
+    busy = connected_worker(can_fetch=True)
+    connected_worker(can_fetch=True)  # idle
+    connected_worker(can_fetch=False)  # not a fetcher
+    DispatchedJobFactory(
+        worker=busy, queued_at=now - timedelta(seconds=30), dispatched_at=now - timedelta(seconds=10)
+    )
+    closed = DispatchedJobFactory(
+        worker=busy, queued_at=now - timedelta(seconds=100), dispatched_at=now - timedelta(seconds=60)
+    )
+    closed.finished_at, closed.outcome = now, "completed"
+    closed.save()
+    DispatchedJobFactory(worker=busy, queued_at=None, dispatched_at=now - timedelta(seconds=5))
+    old = DispatchedJobFactory(
+        worker=busy, queued_at=now - timedelta(hours=3), dispatched_at=now - timedelta(hours=2)
+    )
+    old.finished_at, old.outcome = now, "completed"
+    old.save()
+    view = selectors._pool_view(now)
+    assert view.mean_wait_secs == pytest.approx((20 + 40) / 2)
+    assert (view.fetch_workers_total, view.fetch_workers_idle) == (2, 1)
