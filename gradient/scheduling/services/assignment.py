@@ -459,13 +459,26 @@ def _payloads(build_ids: list[uuid.UUID]) -> dict[uuid.UUID, _Payload]:
 
     def made(ids: list[uuid.UUID]) -> dict[uuid.UUID, _Payload]:
         out: dict[uuid.UUID, _Payload] = {}
-        for build in DerivationBuild.objects.filter(id__in=ids):
+        # Only what the payload and the claim read (jobs.build_job, lifecycle.build_claim).
+        for build in DerivationBuild.objects.filter(id__in=ids).only(*_PAYLOAD_FIELDS):
             job = jobs.build_job(build)
             out[build.id] = (build, job, msgspec.to_builtins(job) if kept is not None else None)
         return out
 
     kept = queue_book.book()
     return made(build_ids) if kept is None else kept.payloads(build_ids, made)
+
+
+_PAYLOAD_FIELDS = (
+    "id",
+    "drv_path",
+    "system",
+    "required_features",
+    "outputs",
+    "timeout_secs",
+    "max_silent_secs",
+    "queued_at",
+)
 
 
 def _build_id(job_key: str) -> uuid.UUID:
