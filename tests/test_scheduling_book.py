@@ -249,3 +249,32 @@ def test_the_batchs_one_statement_reads_the_workers_as_the_orm_does() -> None:
         assert state.worker.max_concurrent_builds == expected.worker.max_concurrent_builds
     assert open_builds == selectors.open_builds_of(list(states))
     assert open_builds[busy.id] == selectors.OpenBuilds(2, 2)
+
+
+@pytest.mark.django_db
+def test_a_batch_claims_job_payload_is_the_one_made_from_the_whole_build_row() -> None:
+    """The claim batch reads only the payload's columns of its chosen builds (one fixed-text statement):
+    the AssignJob's job and the assignment row's copy are what jobs.build_job makes of the full row."""
+    import msgspec
+
+    from gradient.scheduling import jobs
+
+    project = ProjectFactory()
+    _building(project, ["p0", "p1"])
+    DerivationBuild.objects.update(timeout_secs=77, max_silent_secs=11, required_features=["kvm"])
+    workers = [connected_worker([project], system_features=["kvm"]) for _ in range(2)]
+    for worker, enabled in zip(workers, (False, True), strict=True):
+        book = queue_book.enable() if enabled else None
+        try:
+            [answer] = request_builds(worker_ids=[worker.id], now=timezone.now(), tried=[])
+        finally:
+            if book is not None:
+                queue_book.disable()
+        assert answer is not None
+        build = DerivationBuild.objects.get(id=uuid.UUID(answer.job_key.removeprefix("build:")))
+        expected = msgspec.to_builtins(jobs.build_job(build))
+        assert msgspec.to_builtins(answer.job) == expected
+        assert expected["builds"][0]["timeout_secs"] == 77 and expected["requirement"][
+            "required_features"
+        ] == ["kvm"]
+        assert DispatchedJob.objects.get(id=answer.assignment_id).job == expected

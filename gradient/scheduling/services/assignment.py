@@ -7,6 +7,7 @@ the caller sends the returned message once this function has returned.
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import threading
 import uuid
@@ -459,8 +460,7 @@ def _payloads(build_ids: list[uuid.UUID]) -> dict[uuid.UUID, _Payload]:
 
     def made(ids: list[uuid.UUID]) -> dict[uuid.UUID, _Payload]:
         out: dict[uuid.UUID, _Payload] = {}
-        # Only what the payload and the claim read (jobs.build_job, lifecycle.build_claim).
-        for build in DerivationBuild.objects.filter(id__in=ids).only(*_PAYLOAD_FIELDS):
+        for build in _payload_builds(ids):
             job = jobs.build_job(build)
             out[build.id] = (build, job, msgspec.to_builtins(job) if kept is not None else None)
         return out
@@ -469,16 +469,47 @@ def _payloads(build_ids: list[uuid.UUID]) -> dict[uuid.UUID, _Payload]:
     return made(build_ids) if kept is None else kept.payloads(build_ids, made)
 
 
-_PAYLOAD_FIELDS = (
-    "id",
-    "drv_path",
-    "system",
-    "required_features",
-    "outputs",
-    "timeout_secs",
-    "max_silent_secs",
-    "queued_at",
+# Only what the payload and the claim read (jobs.build_job, lifecycle.build_claim).
+# In the model's order (Model.from_db takes the values in that order).
+_PAYLOAD_FIELDS = tuple(
+    f.attname
+    for f in DerivationBuild._meta.concrete_fields
+    if f.attname
+    in {
+        "id",
+        "drv_path",
+        "system",
+        "required_features",
+        "outputs",
+        "timeout_secs",
+        "max_silent_secs",
+        "queued_at",
+    }
 )
+_PAYLOAD_SQL = (
+    f"SELECT {', '.join(_PAYLOAD_FIELDS)} FROM {DerivationBuild._meta.db_table} "  # noqa: S608 (fixed names)
+    "WHERE id = ANY(%b::uuid[])"
+)
+_PAYLOAD_JSON = tuple(i for i, name in enumerate(_PAYLOAD_FIELDS) if name in ("required_features", "outputs"))
+
+
+def _payload_builds(ids: list[uuid.UUID]) -> list[DerivationBuild]:
+    """The chosen builds with the payload's fields only: on PostgreSQL one fixed-text read (every claim
+    batch reads its new builds), made into rows as the ORM would (jsonb comes as text, as Django reads
+    it, and is decoded here)."""
+    if connection.vendor != "postgresql":
+        return list(DerivationBuild.objects.filter(id__in=ids).only(*_PAYLOAD_FIELDS))
+    with fixed_cursor() as cursor:
+        cursor.execute(_PAYLOAD_SQL, [ids])
+        rows = cursor.fetchall()
+    out = []
+    for row in rows:
+        values = list(row)
+        for i in _PAYLOAD_JSON:
+            if isinstance(values[i], str):
+                values[i] = json.loads(values[i])
+        out.append(DerivationBuild.from_db(connection.alias, _PAYLOAD_FIELDS, values))
+    return out
 
 
 def _build_id(job_key: str) -> uuid.UUID:
