@@ -28,17 +28,17 @@ def fixed_cursor() -> Iterator[Any]:
     texts is sent in binary, with nothing to escape) and timestamps are read by psycopg's own C loader
     instead of Django's Python one. Statements are not prepared: with arrays as parameters PostgreSQL
     would choose between generic and custom plans per statement, and a generic plan of the queue's
-    heads read every Queued build. The rows read are the same: aware datetimes in
-    the session's time zone (UTC, which Django sets), uuids, ints. Errors come out as Django's
+    heads read every Queued build. The rows read are the same: aware datetimes in the session's time
+    zone (UTC, which Django sets), uuids, ints. Errors come out as Django's
     (OperationalError and the rest), as from `connection.cursor()`. Elsewhere (SQLite) it is
     `connection.cursor()`."""
     if connection.vendor != "postgresql":
-        with connection.cursor() as cursor:
-            yield cursor
+        with connection.cursor() as django_cursor:
+            yield django_cursor
         return
     connection.ensure_connection()
     with connection.wrap_database_errors:
-        cursor = psycopg.Cursor(connection.connection)
+        cursor: psycopg.Cursor[Any] = psycopg.Cursor(connection.connection)
         cursor.adapters.register_loader(_TIMESTAMPTZ_OID, _timestamptz_loader())
         try:
             yield cursor
