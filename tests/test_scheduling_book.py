@@ -278,3 +278,40 @@ def test_a_batch_claims_job_payload_is_the_one_made_from_the_whole_build_row() -
             "required_features"
         ] == ["kvm"]
         assert DispatchedJob.objects.get(id=answer.assignment_id).job == expected
+
+
+@pytest.mark.django_db
+def test_two_live_serves_each_prefer_their_own_builds_among_the_first_heads_only() -> None:
+    """With several live serve processes, a process's batch prefers, within the first heads it could
+    reach, the builds of its residue (build id modulo the live processes): the processes' claims spread;
+    the heads past that window keep their order. Alone, or outside a serve with a book, nothing moves."""
+    from gradient.recovery.models import ServerBoot
+    from gradient.runtime import boot
+    from gradient.scheduling.services import assignment
+
+    now = timezone.now()
+    refs = _rows(12)
+    assert assignment._prefer_own(refs, 0, 1, 12) == refs
+    spread = assignment._prefer_own(refs, 1, 2, 6)
+    window = [r for r in refs[:6] if r.id.int % 2 == 1] + [r for r in refs[:6] if r.id.int % 2 == 0]
+    assert spread == window + refs[6:]
+
+    boots = [
+        ServerBoot.objects.create(hostname="h", pid=p, started_at=now, last_heartbeat=now) for p in (1, 2)
+    ]
+    ServerBoot.objects.create(hostname="h", pid=3, started_at=now, last_heartbeat=now, stopped_at=now)
+    previous = boot.current_boot()
+    assignment._share = None
+    try:
+        boot.set_current_boot(max(b.id for b in boots))
+        assert assignment._process_share(now) == (0, 1)  # no book: not a serve
+        queue_book.enable()
+        try:
+            assert assignment._process_share(now) == (1, 2)
+            boot.set_current_boot(min(b.id for b in boots))
+            assert assignment._process_share(now) == (0, 2)
+        finally:
+            queue_book.disable()
+    finally:
+        boot.set_current_boot(previous)
+        assignment._share = None

@@ -10,6 +10,7 @@ import dataclasses
 import json
 import logging
 import threading
+import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -23,7 +24,7 @@ from django.utils import timezone
 
 from gradient.core.protocol import AssignJob, FlakeStep, Job
 from gradient.core.vocab import EvaluationStatus, JobKind, JobKindName, job_kind_of
-from gradient.runtime import lanes
+from gradient.runtime import boot, instances, lanes
 from gradient.runtime.setsql import fixed_cursor
 from gradient.scheduling import book as queue_book
 from gradient.scheduling import jobs, selectors
@@ -332,11 +333,44 @@ def _rank_each(asking: list[_Asking], pool: PoolView, policy: str, now: datetime
         plain = [a for a in members if not a.scores]
         if plain:
             shared = _shared_heads(plain[0].state, now, cap, pool, max(PRESELECT, 2 * len(plain) + 8 + busy))
+            k, n = _process_share(now)
+            if n > 1:
+                shared = _prefer_own(shared, k, n, 2 * n * (len(plain) + busy) + 16)
             for a in plain:
                 a.shared, a.now = shared, now
         for a in members:
             if a.scores:
                 a.ranked = _ranked_with_scores(a, pool, policy, now, cap)
+
+
+# Several `serve` processes read the same heads and choose them in the same order: their batches then
+# claim the same builds in the same milliseconds and one loses almost all of its claims (SKIP LOCKED),
+# to try its next choices. Each live process prefers, among the first heads a batch could reach, the
+# builds of its own residue (build id modulo the live processes): the claims spread, and a build waits
+# behind at most that window of others (not behind the other process's whole half: one with few
+# workers would otherwise hold the oldest builds of its half back). The database still decides.
+SHARE_SECS = 10.0
+_share: tuple[float, uuid.UUID, int, int] | None = None
+
+
+def _process_share(now: datetime) -> tuple[int, int]:
+    """(k, n): this serve is the k-th of the n live ones (by boot id), read again every SHARE_SECS;
+    (0, 1) outside a serve that keeps a book (tests, Celery) or when it is alone."""
+    global _share
+    if queue_book.book() is None:
+        return 0, 1
+    me, tick = boot.current_boot(), time.monotonic()
+    if _share is None or _share[1] != me or tick - _share[0] >= SHARE_SECS:
+        ids = sorted(b.id for b in instances.live_boots(now=now))
+        k, n = (ids.index(me), len(ids)) if me in ids else (0, 1)
+        _share = (tick, me, k, n)
+    return _share[2], _share[3]
+
+
+def _prefer_own(refs: list[selectors.BuildRef], k: int, n: int, window: int) -> list[selectors.BuildRef]:
+    """The first `window` heads with this process's own first (each part in its order), then the rest."""
+    head = refs[:window]
+    return [r for r in head if r.id.int % n == k] + [r for r in head if r.id.int % n != k] + refs[window:]
 
 
 # What the book reads at once for a kind of worker: enough for a few batches of a hundred workers.
