@@ -10,6 +10,7 @@ on PostgreSQL and SQLite (3.35 and later) alike, with the values prepared by the
 from __future__ import annotations
 
 import functools
+import json
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -55,6 +56,23 @@ def _timestamptz_loader() -> type:
     from psycopg.pq import Format
 
     return psycopg.adapters.get_loader(_TIMESTAMPTZ_OID, Format.TEXT)  # type: ignore[return-value]
+
+
+def from_row(model: type[Model], attnames: Sequence[str], values: Sequence[Any]) -> Any:
+    """An instance of `model` from a row of a fixed-text statement whose columns are `attnames`, in the
+    model's field order (Model.from_db's rule). Django reads jsonb as text and decodes it in the field
+    (a converter Model.from_db does not run): the JSON fields are decoded here as the field would."""
+    row = list(values)
+    for i in _json_positions(model, tuple(attnames)):
+        if isinstance(row[i], str):
+            row[i] = json.loads(row[i])
+    return model.from_db(connection.alias, list(attnames), row)
+
+
+@functools.cache
+def _json_positions(model: type[Model], attnames: tuple[str, ...]) -> tuple[int, ...]:
+    kinds = {f.attname: f.get_internal_type() for f in model._meta.concrete_fields}
+    return tuple(i for i, name in enumerate(attnames) if kinds.get(name) == "JSONField")
 
 
 def update_returning(

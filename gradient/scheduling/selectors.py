@@ -32,6 +32,7 @@ from gradient.core.vocab import (
 from gradient.records.errors import DecodeError, InvalidHistory, UnknownRecord
 from gradient.records.selectors import record_job
 from gradient.recovery.models import ServerBoot
+from gradient.runtime import setsql
 from gradient.runtime.setsql import fixed_cursor
 from gradient.scheduling import jobs
 from gradient.scheduling.decisions.scoring import LARGE_TRANSFER_BYTES, PoolView, metrics_stale
@@ -132,9 +133,7 @@ def workers_of_batch(
         found = worker_states(worker_ids, now)
         return found, open_builds_of(list(found))
     now = now or timezone.now()
-    fields = Worker._meta.concrete_fields
-    names = [f.attname for f in fields]
-    json_at = [i for i, f in enumerate(fields) if f.get_internal_type() == "JSONField"]
+    names = [f.attname for f in Worker._meta.concrete_fields]
     states: dict[uuid.UUID, WorkerState] = {}
     open_builds: dict[uuid.UUID, OpenBuilds] = {}
     with fixed_cursor() as cursor:
@@ -147,10 +146,7 @@ def workers_of_batch(
             },
         )
         for session_id, draining, projects, running, large, *values in cursor.fetchall():
-            for i in json_at:  # Django reads jsonb as text and decodes it itself: so does this
-                if isinstance(values[i], str):
-                    values[i] = json.loads(values[i])
-            worker = Worker.from_db(connection.alias, names, values)
+            worker = setsql.from_row(Worker, names, values)
             states[worker.id] = WorkerState(
                 worker=scoring_metrics(worker, now),
                 session_id=session_id,

@@ -7,7 +7,6 @@ the caller sends the returned message once this function has returned.
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import threading
 import time
@@ -24,7 +23,7 @@ from django.utils import timezone
 
 from gradient.core.protocol import AssignJob, FlakeStep, Job
 from gradient.core.vocab import EvaluationStatus, JobKind, JobKindName, job_kind_of
-from gradient.runtime import boot, instances, lanes
+from gradient.runtime import boot, instances, lanes, setsql
 from gradient.runtime.setsql import fixed_cursor
 from gradient.scheduling import book as queue_book
 from gradient.scheduling import jobs, selectors
@@ -524,26 +523,17 @@ _PAYLOAD_SQL = (
     f"SELECT {', '.join(_PAYLOAD_FIELDS)} FROM {DerivationBuild._meta.db_table} "  # noqa: S608 (fixed names)
     "WHERE id = ANY(%b::uuid[])"
 )
-_PAYLOAD_JSON = tuple(i for i, name in enumerate(_PAYLOAD_FIELDS) if name in ("required_features", "outputs"))
 
 
 def _payload_builds(ids: list[uuid.UUID]) -> list[DerivationBuild]:
     """The chosen builds with the payload's fields only: on PostgreSQL one fixed-text read (every claim
-    batch reads its new builds), made into rows as the ORM would (jsonb comes as text, as Django reads
-    it, and is decoded here)."""
+    batch reads its new builds), made into rows as the ORM would (setsql.from_row)."""
     if connection.vendor != "postgresql":
         return list(DerivationBuild.objects.filter(id__in=ids).only(*_PAYLOAD_FIELDS))
     with fixed_cursor() as cursor:
         cursor.execute(_PAYLOAD_SQL, [ids])
         rows = cursor.fetchall()
-    out = []
-    for row in rows:
-        values = list(row)
-        for i in _PAYLOAD_JSON:
-            if isinstance(values[i], str):
-                values[i] = json.loads(values[i])
-        out.append(DerivationBuild.from_db(connection.alias, _PAYLOAD_FIELDS, values))
-    return out
+    return [setsql.from_row(DerivationBuild, _PAYLOAD_FIELDS, row) for row in rows]
 
 
 def _build_id(job_key: str) -> uuid.UUID:

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from django.db import connection
 
 from gradient.core.ids import parse_uuid
+from gradient.runtime import setsql
 from gradient.runtime.setsql import fixed_cursor
 from gradient.scheduling.models import DispatchedJob
 from gradient.scheduling.services.lifecycle import ReportOutcome
@@ -91,4 +92,4 @@ def _open_singles_locked(ids: list[uuid.UUID]) -> list[DispatchedJob]:
     names = [f.attname for f in _FENCE_FIELDS]
     with fixed_cursor() as cursor:
         cursor.execute(_FENCE_SQL, [ids])
-        return [DispatchedJob.from_db(connection.alias, names, row) for row in cursor.fetchall()]
+        return [setsql.from_row(DispatchedJob, names, row) for row in cursor.fetchall()]

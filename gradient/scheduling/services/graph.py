@@ -723,7 +723,10 @@ def finish_evaluations(
     ids = sorted(set(evaluation_ids))
     if not ids:
         return finished
-    if connection.vendor == "postgresql":
+    # After successes, an evaluation with a needed build unfinished is passed over (on PostgreSQL by
+    # _without_unfinished, with the lock's transaction; elsewhere in the loop below).
+    unfinished_checked = connection.vendor == "postgresql"
+    if unfinished_checked:
         candidates = _building_evaluations_locked(ids)
         if after_successes and candidates:
             candidates = _without_unfinished(candidates)
@@ -736,7 +739,11 @@ def finish_evaluations(
         )
     for evaluation_id in candidates:
         links = EvaluationBuild.objects.filter(evaluation_id=evaluation_id, blocks_evaluation=True)
-        if after_successes and links.filter(build__status__in=BUILD_UNFINISHED).exists():
+        if (
+            after_successes
+            and not unfinished_checked
+            and links.filter(build__status__in=BUILD_UNFINISHED).exists()
+        ):
             continue  # still building
         failed = list(
             links.filter(build__status__in=BUILD_LASTING_FAILURE).values_list(
