@@ -26,6 +26,7 @@ from gradient.http_protocol import StrictTextWebSocketProtocol, TimedHttpProtoco
 from gradient.passrunner import PassRunner
 from gradient.runtime import lanes
 from gradient.runtime.boot import set_current_boot
+from gradient.runtime.heap import tune_for_serving
 from gradient.runtime.passes import (
     server_boot_drain,
     server_boot_heartbeat,
@@ -177,6 +178,7 @@ class Command(BaseCommand):
             timeout_graceful_shutdown=20,
         )
         sample_socket_lines()  # after uvicorn.Config, which configures its loggers
+        tune_for_serving()  # what startup made is frozen; fewer, cheaper collections (runtime/heap.py)
         try:
             server = GradientServer(config)
             server.boot_id = boot.id
