@@ -9,6 +9,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+from django.db import connection
 from django.db.models import Exists, OuterRef, Q
 
 from gradient.clusters.decisions.matcher import MatchPolicy
@@ -42,6 +43,8 @@ from gradient.core.vocab import (
     JobKind,
     member_of,
 )
+from gradient.runtime import setsql
+from gradient.runtime.setsql import fixed_cursor
 from gradient.scheduling.models import CandidateScore, DispatchedJob, EvaluationBuild
 from gradient.scheduling.selectors import eval_needs_fetch, member_eval_steps
 from gradient.workers.models import IdleSlot, Worker, WorkerSession
@@ -146,10 +149,19 @@ def needed_outside_its_cluster(build_id: uuid.UUID) -> bool:
 
 
 def reservation_state() -> Reservation | None:
-    """The reservation in force (cluster_reservation holds at most one row)."""
-    row = ClusterReservation.objects.first()
-    if row is None:
-        return None
+    """The reservation in force (cluster_reservation holds at most one row). Every batch of RequestJobs
+    asks (scheduling.selectors.workers_held): on PostgreSQL one fixed-text read, no query to build."""
+    if connection.vendor == "postgresql":
+        with fixed_cursor() as cursor:
+            cursor.execute(_RESERVATION_SQL)
+            found = cursor.fetchone()
+        if found is None:
+            return None
+        row = setsql.from_row(ClusterReservation, _RESERVATION_NAMES, found)
+    else:
+        row = ClusterReservation.objects.first()
+        if row is None:
+            return None
     return Reservation(
         cluster_id=str(row.cluster_job_id),
         seats=tuple(
@@ -161,6 +173,13 @@ def reservation_state() -> Reservation | None:
         created_at=row.created_at,
         expires_at=row.expires_at,
     )
+
+
+_RESERVATION_NAMES = tuple(f.attname for f in ClusterReservation._meta.concrete_fields)
+_RESERVATION_SQL = (
+    f"SELECT {', '.join(f.column for f in ClusterReservation._meta.concrete_fields)} "  # noqa: S608 (names)
+    f"FROM {ClusterReservation._meta.db_table} ORDER BY id LIMIT 1"
+)
 
 
 def worker_reserved_for(worker_id: uuid.UUID | str, kind: str) -> bool:

@@ -10,14 +10,15 @@ on PostgreSQL and SQLite (3.35 and later) alike, with the values prepared by the
 from __future__ import annotations
 
 import functools
-import json
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
+import msgspec
 import psycopg
 from django.db import connection
-from django.db.models import Model
+from django.db.models import Model, signals
+from django.db.models.base import ModelState
 
 
 @contextmanager
@@ -61,12 +62,45 @@ def _timestamptz_loader() -> type:
 def from_row(model: type[Model], attnames: Sequence[str], values: Sequence[Any]) -> Any:
     """An instance of `model` from a row of a fixed-text statement whose columns are `attnames`, in the
     model's field order (Model.from_db's rule). Django reads jsonb as text and decodes it in the field
-    (a converter Model.from_db does not run): the JSON fields are decoded here as the field would."""
+    (a converter Model.from_db does not run): the JSON fields are decoded here as the field would.
+
+    The instance is the one Model.from_db makes (the columns read set, the others deferred, not adding,
+    on the default database), made without Model.__init__ where no pre_init/post_init receiver would
+    see it: the hot path makes several per hand-out, and __init__'s generic path was most of their
+    cost."""
+    json_positions = _json_positions_of(model, attnames)
     row = list(values)
-    for i in _json_positions(model, tuple(attnames)):
+    for i in json_positions:
         if isinstance(row[i], str):
-            row[i] = json.loads(row[i])
-    return model.from_db(connection.alias, list(attnames), row)
+            row[i] = _decode_json(row[i])
+    if signals.pre_init.receivers or signals.post_init.receivers:
+        return model.from_db(connection.alias, list(attnames), row)
+    instance = model.__new__(model)
+    # A fresh instance has no cached related objects, so the attnames' descriptors would only store
+    # the values (ForeignKeyDeferredAttribute clears a cache that is empty here).
+    instance.__dict__.update(zip(attnames, row, strict=True))
+    state = instance._state = ModelState()
+    state.adding = False
+    state.db = connection.alias
+    return instance
+
+
+# (model, id of the attnames sequence) -> (that sequence, the positions of its JSON fields): the callers
+# pass the same module-level sequence every time, so it is found without hashing its names.
+_positions: dict[tuple[type[Model], int], tuple[Sequence[str], tuple[int, ...]]] = {}
+
+
+def _json_positions_of(model: type[Model], attnames: Sequence[str]) -> tuple[int, ...]:
+    found = _positions.get((model, id(attnames)))
+    if found is not None and found[0] is attnames:
+        return found[1]
+    positions = _json_positions(model, tuple(attnames))
+    if len(_positions) < 256:  # sequences made per call are not kept
+        _positions[(model, id(attnames))] = (attnames, positions)
+    return positions
+
+
+_decode_json = msgspec.json.Decoder().decode  # what json.loads gives, faster
 
 
 @functools.cache

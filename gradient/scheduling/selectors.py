@@ -133,7 +133,6 @@ def workers_of_batch(
         found = worker_states(worker_ids, now)
         return found, open_builds_of(list(found))
     now = now or timezone.now()
-    names = [f.attname for f in Worker._meta.concrete_fields]
     states: dict[uuid.UUID, WorkerState] = {}
     open_builds: dict[uuid.UUID, OpenBuilds] = {}
     with fixed_cursor() as cursor:
@@ -146,7 +145,7 @@ def workers_of_batch(
             },
         )
         for session_id, draining, projects, running, large, *values in cursor.fetchall():
-            worker = setsql.from_row(Worker, names, values)
+            worker = setsql.from_row(Worker, _WORKER_NAMES, values)
             states[worker.id] = WorkerState(
                 worker=scoring_metrics(worker, now),
                 session_id=session_id,
@@ -158,6 +157,7 @@ def workers_of_batch(
     return states, open_builds
 
 
+_WORKER_NAMES = tuple(f.attname for f in Worker._meta.concrete_fields)
 _WORKERS_OF_BATCH = (
     "SELECT s.id, s.draining, "  # noqa: S608 (column names from the model, no input)
     "(SELECT array_agg(wp.project_id) FROM worker_project wp WHERE wp.worker_id = w.id), "

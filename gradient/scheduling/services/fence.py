@@ -88,8 +88,10 @@ _FENCE_SQL = (
 )
 
 
+_FENCE_NAMES = tuple(f.attname for f in _FENCE_FIELDS)
+
+
 def _open_singles_locked(ids: list[uuid.UUID]) -> list[DispatchedJob]:
-    names = [f.attname for f in _FENCE_FIELDS]
     with fixed_cursor() as cursor:
         cursor.execute(_FENCE_SQL, [ids])
-        return [setsql.from_row(DispatchedJob, names, row) for row in cursor.fetchall()]
+        return [setsql.from_row(DispatchedJob, _FENCE_NAMES, row) for row in cursor.fetchall()]

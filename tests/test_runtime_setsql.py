@@ -1,0 +1,63 @@
+"""runtime.setsql.from_row: the instance Model.from_db makes, from a fixed-text statement's row."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.db.models import signals
+
+from gradient.runtime import setsql
+from gradient.runtime.setsql import fixed_cursor
+from gradient.scheduling.models import DerivationBuild
+from tests.factories import DerivationBuildFactory
+
+FIELDS = tuple(f.attname for f in DerivationBuild._meta.concrete_fields)
+SOME = tuple(a for a in FIELDS if a in {"id", "drv_path", "required_features", "outputs", "queued_at"})
+
+
+def _read(attnames: tuple[str, ...], build_id: Any) -> tuple[Any, ...]:
+    with fixed_cursor() as cursor:
+        cursor.execute(
+            f"SELECT {', '.join(attnames)} FROM derivation_build WHERE id = %s",  # noqa: S608 (field names)
+            [build_id],
+        )
+        return cursor.fetchone()
+
+
+def _same(made: DerivationBuild, loaded: DerivationBuild, attnames: tuple[str, ...]) -> None:
+    assert type(made) is DerivationBuild
+    assert {a: getattr(made, a) for a in attnames} == {a: getattr(loaded, a) for a in attnames}
+    assert made.get_deferred_fields() == loaded.get_deferred_fields()
+    assert (made._state.adding, made._state.db) == (False, "default")
+    assert made == loaded  # the same row
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("attnames", [FIELDS, SOME], ids=["every field", "some fields"])
+def test_from_row_makes_what_the_orm_loads(attnames: tuple[str, ...]) -> None:
+    build = DerivationBuildFactory(required_features=["kvm", "big-parallel"], outputs={"out": "/nix/store/x"})
+    loaded = DerivationBuild.objects.only(*attnames).get(id=build.id)
+    made = setsql.from_row(DerivationBuild, attnames, _read(attnames, build.id))
+    _same(made, loaded, attnames)
+    assert made.required_features == ["kvm", "big-parallel"]  # jsonb decoded as the field decodes it
+    # A deferred field is read when asked, as the ORM's instance reads it.
+    if "system" not in attnames:
+        assert made.system == build.system
+
+
+@pytest.mark.django_db
+def test_from_row_goes_through_init_when_a_receiver_listens() -> None:
+    seen: list[Any] = []
+
+    def receiver(sender: Any, instance: Any, **kwargs: Any) -> None:
+        seen.append(instance)
+
+    build = DerivationBuildFactory()
+    signals.post_init.connect(receiver, sender=DerivationBuild)
+    try:
+        made = setsql.from_row(DerivationBuild, SOME, _read(SOME, build.id))
+    finally:
+        signals.post_init.disconnect(receiver, sender=DerivationBuild)
+    assert seen == [made]
+    _same(made, DerivationBuild.objects.only(*SOME).get(id=build.id), SOME)
