@@ -90,3 +90,15 @@ def test_the_foreign_keys_carry_real_delete_actions(table: str, column: str, act
 )
 def test_each_pass_has_a_partial_index_for_its_hot_query(name: str) -> None:
     assert " WHERE " in _indexdef(name)
+
+
+@pytest.mark.parametrize(("table", "column"), [("derivation_build", "drv_path"), ("cached_path", "path")])
+def test_a_store_path_has_its_unique_index_and_no_prefix_search_twin(table: str, column: str) -> None:
+    """Migration 0020: nothing searches a prefix of these paths, and every non-HOT update of a build
+    wrote the twin's entry too."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT indexdef FROM pg_indexes WHERE tablename = %s", [table])
+        definitions = [row[0] for row in cursor.fetchall()]
+    on_column = [d for d in definitions if f"({column}" in d]
+    assert any("UNIQUE" in d for d in on_column), on_column
+    assert not any("pattern_ops" in d for d in on_column), on_column

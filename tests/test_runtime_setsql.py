@@ -61,3 +61,47 @@ def test_from_row_goes_through_init_when_a_receiver_listens() -> None:
         signals.post_init.disconnect(receiver, sender=DerivationBuild)
     assert seen == [made]
     _same(made, DerivationBuild.objects.only(*SOME).get(id=build.id), SOME)
+
+
+def _prepared() -> dict[str, tuple[int, int]]:
+    with fixed_cursor() as cursor:
+        cursor.execute("SELECT statement, generic_plans, custom_plans FROM pg_prepared_statements")
+        return {statement: (generic, custom) for statement, generic, custom in cursor.fetchall()}
+
+
+def _setting(name: str) -> str:
+    with fixed_cursor() as cursor:
+        cursor.execute("SELECT current_setting(%s)", [name])
+        return str(cursor.fetchone()[0])
+
+
+KEYED = "SELECT id FROM derivation_build WHERE id = ANY(%b::uuid[])"
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("postgres_only")
+def test_a_generic_plan_block_prepares_its_statements_once_and_ends_with_its_transaction() -> None:
+    from django.db import transaction
+
+    builds = [DerivationBuildFactory() for _ in range(3)]
+    with transaction.atomic(), setsql.generic_plans():
+        assert (_setting("plan_cache_mode"), _setting("enable_seqscan")) == ("force_generic_plan", "off")
+        for build in builds:
+            with fixed_cursor() as cursor:
+                cursor.execute(KEYED, [[build.id]])
+                assert cursor.fetchall() == [(build.id,)]
+        with fixed_cursor(literal=True) as cursor:  # planned with its values: not prepared
+            cursor.execute(
+                "SELECT count(*) FROM derivation_build WHERE id = ANY(%s::uuid[])", [[b.id for b in builds]]
+            )
+            assert cursor.fetchone() == (3,)
+        prepared = _prepared()
+    generic, custom = next(plans for text, plans in prepared.items() if "id = ANY($1::uuid[])" in text)
+    assert (generic, custom) == (3, 0)  # planned once, run three times
+    assert not any("count(*)" in text for text in prepared)
+    # Outside the block: PostgreSQL's own choice again, and nothing new prepared.
+    assert (_setting("plan_cache_mode"), _setting("enable_seqscan")) == ("auto", "on")
+    with transaction.atomic():
+        with fixed_cursor() as cursor:
+            cursor.execute("SELECT id FROM derivation_build WHERE id = %s", [builds[0].id])
+        assert not any("WHERE id = $1" in text for text in _prepared())

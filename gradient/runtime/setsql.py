@@ -10,6 +10,7 @@ on PostgreSQL and SQLite (3.35 and later) alike, with the values prepared by the
 from __future__ import annotations
 
 import functools
+import threading
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -22,31 +23,91 @@ from django.db.models.base import ModelState
 
 
 @contextmanager
-def fixed_cursor() -> Iterator[Any]:
+def fixed_cursor(*, prepare: bool = True, literal: bool = False) -> Iterator[Any]:
     """A cursor on the default connection, in its transaction, for statements written as fixed text
     (the claim, the fence, the report batch's set statements): on PostgreSQL a plain psycopg cursor, so
     the parameters travel apart from the text (server-side binding: arrays of thousands of ids are not
     quoted into the statement in Python, as Django's client-side cursor does; with `%b` an array of JSON
     texts is sent in binary, with nothing to escape) and timestamps are read by psycopg's own C loader
-    instead of Django's Python one. Statements are not prepared: with arrays as parameters PostgreSQL
-    would choose between generic and custom plans per statement, and a generic plan of the queue's
-    heads read every Queued build. The rows read are the same: aware datetimes in the session's time
-    zone (UTC, which Django sets), uuids, ints. Errors come out as Django's
-    (OperationalError and the rest), as from `connection.cursor()`. Elsewhere (SQLite) it is
-    `connection.cursor()`."""
+    instead of Django's Python one. The rows read are the same: aware datetimes in the session's time
+    zone (UTC, which Django sets), uuids, ints. Errors come out as Django's (OperationalError and the
+    rest), as from `connection.cursor()`. Elsewhere (SQLite) it is `connection.cursor()`.
+
+    Inside a `generic_plans` block its statements are prepared (once per connection and statement text)
+    and run their generic plan, unless `prepare` is False; outside, they are planned with their values
+    each time. With
+    `literal`, the values are written into the statement (psycopg's client-side binding), so it is
+    planned with them each time, whatever the transaction asked: for a statement whose generic plan
+    would be bad (the queue's heads: its generic plan read every Queued build)."""
     if connection.vendor != "postgresql":
         with connection.cursor() as django_cursor:
             yield django_cursor
         return
     connection.ensure_connection()
+    conn = connection.connection
+    if conn.prepare_threshold is None:
+        # Django turns psycopg's preparing off (its own cursors bind on the client and never prepare);
+        # on, with a threshold never reached, only what is asked for is prepared (psycopg ignores
+        # prepare=True while it is off).
+        conn.prepare_threshold = _ONLY_WHEN_ASKED
     with connection.wrap_database_errors:
-        cursor: psycopg.Cursor[Any] = psycopg.Cursor(connection.connection)
+        prepared = prepare and getattr(_generic, "on", False)
+        kind = psycopg.ClientCursor if literal else _PreparingCursor if prepared else psycopg.Cursor
+        cursor: psycopg.Cursor[Any] = kind(conn)
         cursor.adapters.register_loader(_TIMESTAMPTZ_OID, _timestamptz_loader())
         try:
             yield cursor
         finally:
             cursor.close()
 
+
+_ONLY_WHEN_ASKED = 2**31 - 1
+
+
+class _PreparingCursor(psycopg.Cursor[Any]):
+    """A psycopg cursor whose statements are prepared unless an execute says otherwise (Django turns
+    psycopg's automatic preparing off on its connections)."""
+
+    def execute(
+        self, query: Any, params: Any = None, *, prepare: bool | None = None, binary: bool | None = None
+    ) -> Any:
+        return super().execute(query, params, prepare=True if prepare is None else prepare, binary=binary)
+
+
+@contextmanager
+def generic_plans() -> Iterator[None]:
+    """Inside a transaction: its fixed-text statements from here to the end of the block are prepared
+    and run their generic plan, made once per connection and statement, instead of being planned again
+    with their values (PostgreSQL keeps choosing custom plans for statements whose parameters are
+    arrays, as the hot path's are: their planning was a fifth of its time, more than running them for
+    some). For the hot path's batches (a claim batch, a report batch), whose statements read and write
+    rows by their keys; a statement that needs its values to be planned well runs `literal`. Outside
+    such a block fixed-text statements are neither prepared nor planned generically (PostgreSQL's own
+    choice would take a generic plan made for a hundred rows for an ingest's thousands). The settings
+    end with the transaction (set_config local); nothing on SQLite."""
+    if connection.vendor != "postgresql":
+        yield
+        return
+    with connection.cursor() as cursor:
+        cursor.execute(_GENERIC_PLANS)
+    _generic.on = True
+    try:
+        yield
+    finally:
+        _generic.on = False
+
+
+_generic = threading.local()
+
+
+# Both for the rest of the transaction, in one round trip. A generic plan is made once per connection
+# and kept until a table it reads is analyzed again: one made while a table was nearly empty (a fresh
+# database, the first minute) would scan it whole ever after; with sequential scans off, each keyed
+# read or write is planned on its index, whatever the statistics said then.
+_GENERIC_PLANS = (
+    "SELECT set_config('plan_cache_mode', 'force_generic_plan', true), "
+    "set_config('enable_seqscan', 'off', true)"
+)
 
 _TIMESTAMPTZ_OID = 1184
 

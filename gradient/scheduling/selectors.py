@@ -135,7 +135,9 @@ def workers_of_batch(
     now = now or timezone.now()
     states: dict[uuid.UUID, WorkerState] = {}
     open_builds: dict[uuid.UUID, OpenBuilds] = {}
-    with fixed_cursor() as cursor:
+    # Planned with its values each time: a generic plan made while dispatched_job was nearly empty counted
+    # each worker's open builds on its index of every assignment (3.7 against 0.5 ms a batch).
+    with fixed_cursor(literal=True) as cursor:
         cursor.execute(
             _WORKERS_OF_BATCH,
             {
@@ -167,7 +169,7 @@ _WORKERS_OF_BATCH = (
     " CROSS JOIN LATERAL (SELECT count(*) AS running,"
     " count(*) FILTER (WHERE d.missing_nar_size >= %(large)s) AS large FROM dispatched_job d"
     " WHERE d.worker_id = w.id AND d.finished_at IS NULL AND d.kind = %(build)s) o"
-    " WHERE s.worker_id = ANY(%(ids)b::uuid[]) AND s.closed_at IS NULL AND w.active"
+    " WHERE s.worker_id = ANY(%(ids)s::uuid[]) AND s.closed_at IS NULL AND w.active"
 )
 
 
@@ -435,7 +437,8 @@ def _queued_heads(
         "cap": now - timedelta(seconds=wait_cap_secs) if wait_cap_secs is not None else None,
         "scored": scored_ids,
     }
-    with fixed_cursor() as cursor:
+    # Planned with its values each time (its generic plan read every Queued build), in whatever batch.
+    with fixed_cursor(literal=True) as cursor:
         cursor.execute(_HEADS_UNCAPPED if wait_cap_secs is None else _HEADS_CAPPED, params)
         # Django reads jsonb as text and decodes it itself: so does this.
         return [
@@ -513,7 +516,7 @@ WHERE s.closed_at IS NULL AND NOT s.draining AND w.active AND w.can_fetch
 
 def _pool_view(now: datetime) -> PoolView:
     if connection.vendor == "postgresql":
-        with fixed_cursor() as cursor:
+        with fixed_cursor(literal=True) as cursor:  # a range of times: planned with its values
             cursor.execute(_POOL_VIEW, {"since": now - MEAN_WAIT_WINDOW, "sample": MEAN_WAIT_SAMPLE})
             mean_wait, total, idle = cursor.fetchone()
         return PoolView(

@@ -190,7 +190,8 @@ def request_builds(
     answers: list[Assignment | None] = [None] * len(worker_ids)
     chosen: set[str] = set()
     try:
-        with transaction.atomic(durable=True):
+        # Its statements read and write rows by their keys: planned once per connection.
+        with transaction.atomic(durable=True), setsql.generic_plans():
             _request_builds(worker_ids, answers, chosen, now, tried, lost if lost is not None else set())
     finally:
         with _claiming_lock:

@@ -46,7 +46,7 @@ from gradient.core.protocol import (
 )
 from gradient.core.vocab import DispatchOutcome, JobKind
 from gradient.records.schemas import ReportKind
-from gradient.runtime import savepoints
+from gradient.runtime import savepoints, setsql
 from gradient.scheduling.models import DispatchedJob
 from gradient.scheduling.services import graph, lifecycle, logs
 from gradient.scheduling.services.claims import AssignmentReports, assignment_close, assignments_reported
@@ -112,11 +112,12 @@ def worker_reports(*, batch: Sequence[tuple[uuid.UUID, Incoming]], now: datetime
     report fails, that transaction rolls back whole and the batch is applied again with one savepoint
     per report, so the failing one fails alone (its result says how) and the others commit."""
     try:
-        with transaction.atomic(durable=True):
+        # Its statements read and write rows by their keys: planned once per connection.
+        with transaction.atomic(durable=True), setsql.generic_plans():
             return _apply_batch(batch, now, members=True, savepoints=False)
     except _Contain:
         log.info("a report in a batch of %d failed; applying the batch report by report", len(batch))
-    with transaction.atomic(durable=True):
+    with transaction.atomic(durable=True), setsql.generic_plans():
         return _apply_batch(batch, now, members=True)
 
 
