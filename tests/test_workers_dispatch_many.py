@@ -90,3 +90,52 @@ def test_a_failing_source_ends_the_loop_with_its_error() -> None:
 
     with pytest.raises(ConnectionError, match="channel layer"):
         asyncio.run(scenario())
+
+
+def test_a_source_failing_while_a_message_is_dispatched_lets_that_dispatch_finish() -> None:
+    """A channel layer gone (Redis restarted) while a handshake is being applied: the handshake ends
+    (its session is known, so the consumer can close it) before the failure ends the loop."""
+
+    async def scenario() -> list[str]:
+        socket: asyncio.Queue[Any] = asyncio.Queue()
+        socket.put_nowait("handshake")
+        steps: list[str] = []
+        started = asyncio.Event()
+
+        async def broken() -> Any:
+            await started.wait()
+            raise ConnectionError("the channel layer is gone")
+
+        async def dispatch(message: Any) -> None:
+            steps.append(f"{message} begun")
+            started.set()
+            for _ in range(5):  # the lane's work, across several turns of the loop
+                await asyncio.sleep(0)
+            steps.append(f"{message} done")
+
+        with pytest.raises(ConnectionError):
+            await _dispatch_many([socket.get, broken], dispatch)
+        return steps
+
+    assert asyncio.run(scenario()) == ["handshake begun", "handshake done"]
+
+
+def test_cancelled_from_outside_it_stops_at_once() -> None:
+    async def scenario() -> bool:
+        socket: asyncio.Queue[Any] = asyncio.Queue()
+        socket.put_nowait("slow")
+        finished = False
+
+        async def dispatch(message: Any) -> None:
+            nonlocal finished
+            await asyncio.sleep(60)
+            finished = True
+
+        loop_task = asyncio.ensure_future(_dispatch_many([socket.get], dispatch))
+        await asyncio.sleep(0.01)
+        loop_task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await loop_task
+        return finished
+
+    assert asyncio.run(scenario()) is False

@@ -10,13 +10,13 @@ not terminal) is checked by the same statement. A lost claim raises nothing and 
 
 from __future__ import annotations
 
-import json
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+import msgspec
 from django.db import connection
 
 from gradient.core.vocab import (
@@ -298,6 +298,14 @@ SELECT aid, attempts FROM started
 """
 
 
+_encode_json = msgspec.json.Encoder().encode
+
+
+def _json_text(value: Any) -> str:
+    """`value` as JSON text (stored as jsonb, which keeps no spacing or key order of its own)."""
+    return _encode_json(value).decode()
+
+
 def claim_builds_statement(*, claims: Sequence[BuildClaim], now: datetime) -> dict[uuid.UUID, int]:
     """The batch's claims and starts in one statement (PostgreSQL only; the caller has a transaction):
     won assignment id -> the build's attempt number. Two claims of one build in a batch: one wins; a
@@ -310,10 +318,10 @@ def claim_builds_statement(*, claims: Sequence[BuildClaim], now: datetime) -> di
         "worker": [c.worker_id for c in claims],
         "attempt": [c.cluster_attempt_id for c in claims],
         "score": [float(c.score) for c in claims],
-        "breakdown": [json.dumps(c.breakdown) for c in claims],
+        "breakdown": [_json_text(c.breakdown) for c in claims],
         "nar": [c.missing_nar_size for c in claims],
         "count": [c.missing_count for c in claims],
-        "job": [json.dumps(c.job) for c in claims],
+        "job": [_json_text(c.job) for c in claims],
         "queued": [c.queued_at for c in claims],
         "now": now,
         "kind": JobKind.BUILD.value,

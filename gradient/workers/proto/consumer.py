@@ -337,18 +337,20 @@ def _forget_channel(layer: Any, channel_name: str | None) -> None:
 async def _dispatch_many(sources: list[Callable[[], Any]], dispatch: Callable[[Any], Any]) -> None:
     """What Channels' `await_many_dispatch` does: every message of every source dispatched, one at a
     time, each source asked again once its message was dispatched; the first failure (StopConsumer
-    included) ends it, after which nothing more is dispatched, and the other sources' receives are
+    included) ends it once the dispatch under way, if any, has finished (a handshake cut in half would
+    leave its session open), and nothing more is dispatched; the sources' pending receives are
     cancelled. Channels makes a task per message and an `asyncio.wait` over all of them for each (about
     a fifth of the event loop's time under load); here each source has one task for its lifetime that
     receives and dispatches in a loop, the dispatches kept one at a time by a lock (0.7 against 12 us a
-    message where a message is ready)."""
+    message where a message is ready). Cancelled from outside, it cancels everything at once, the
+    dispatch under way included, as Channels' loop is."""
     lock = asyncio.Lock()
     stopped = False
 
     async def pump(source: Callable[[], Any]) -> None:
         nonlocal stopped
         try:
-            while True:
+            while not stopped:
                 message = await source()
                 async with lock:
                     if stopped:
@@ -359,23 +361,25 @@ async def _dispatch_many(sources: list[Callable[[], Any]], dispatch: Callable[[A
             raise
 
     tasks = [asyncio.ensure_future(pump(source)) for source in sources]
-    done: set[asyncio.Future[None]] = set()
     try:
-        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
-        for task in tasks:
-            if task.done() and not task.cancelled() and task.exception() is not None:
-                task.result()  # the first to fail, in source order
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+        stopped = True
+        async with lock:  # the dispatch under way ends first
+            pass
     finally:
         stopped = True
         for task in tasks:
             task.cancel()
         for task in tasks:
-            if task in done:
-                continue
             try:
                 await task
             except asyncio.CancelledError:
                 pass
+            except BaseException:  # noqa: S110 (raised below, in source order)
+                pass
+    for task in tasks:
+        if not task.cancelled() and task.exception() is not None:
+            task.result()  # the first to fail, in source order
 
 
 class WorkerConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]  # channels is untyped
