@@ -23,7 +23,7 @@ from django.db.models.base import ModelState
 
 
 @contextmanager
-def fixed_cursor(*, prepare: bool = True, literal: bool = False) -> Iterator[Any]:
+def fixed_cursor(*, literal: bool = False) -> Iterator[Any]:
     """A cursor on the default connection, in its transaction, for statements written as fixed text
     (the claim, the fence, the report batch's set statements): on PostgreSQL a plain psycopg cursor, so
     the parameters travel apart from the text (server-side binding: arrays of thousands of ids are not
@@ -34,11 +34,10 @@ def fixed_cursor(*, prepare: bool = True, literal: bool = False) -> Iterator[Any
     rest), as from `connection.cursor()`. Elsewhere (SQLite) it is `connection.cursor()`.
 
     Inside a `generic_plans` block its statements are prepared (once per connection and statement text)
-    and run their generic plan, unless `prepare` is False; outside, they are planned with their values
-    each time. With
-    `literal`, the values are written into the statement (psycopg's client-side binding), so it is
-    planned with them each time, whatever the transaction asked: for a statement whose generic plan
-    would be bad (the queue's heads: its generic plan read every Queued build)."""
+    and run their generic plan; outside, they are planned with their values each time. With `literal`,
+    the values are written into the statement (psycopg's client-side binding), so it is planned with
+    them each time, whatever the transaction asked: for a statement whose generic plan would be bad
+    (the queue's heads: its generic plan read every Queued build)."""
     if connection.vendor != "postgresql":
         with connection.cursor() as django_cursor:
             yield django_cursor
@@ -51,8 +50,8 @@ def fixed_cursor(*, prepare: bool = True, literal: bool = False) -> Iterator[Any
         # prepare=True while it is off).
         conn.prepare_threshold = _ONLY_WHEN_ASKED
     with connection.wrap_database_errors:
-        prepared = prepare and getattr(_generic, "on", False)
-        kind = psycopg.ClientCursor if literal else _PreparingCursor if prepared else psycopg.Cursor
+        generic = getattr(_generic, "on", False)
+        kind = psycopg.ClientCursor if literal else _PreparingCursor if generic else psycopg.Cursor
         cursor: psycopg.Cursor[Any] = kind(conn)
         cursor.adapters.register_loader(_TIMESTAMPTZ_OID, _timestamptz_loader())
         try:
@@ -129,9 +128,8 @@ def from_row(model: type[Model], attnames: Sequence[str], values: Sequence[Any])
     on the default database), made without Model.__init__ where no pre_init/post_init receiver would
     see it: the hot path makes several per hand-out, and __init__'s generic path was most of their
     cost."""
-    json_positions = _json_positions_of(model, attnames)
     row = list(values)
-    for i in json_positions:
+    for i in _json_positions(model, tuple(attnames)):
         if isinstance(row[i], str):
             row[i] = _decode_json(row[i])
     if signals.pre_init.receivers or signals.post_init.receivers:
@@ -144,21 +142,6 @@ def from_row(model: type[Model], attnames: Sequence[str], values: Sequence[Any])
     state.adding = False
     state.db = connection.alias
     return instance
-
-
-# (model, id of the attnames sequence) -> (that sequence, the positions of its JSON fields): the callers
-# pass the same module-level sequence every time, so it is found without hashing its names.
-_positions: dict[tuple[type[Model], int], tuple[Sequence[str], tuple[int, ...]]] = {}
-
-
-def _json_positions_of(model: type[Model], attnames: Sequence[str]) -> tuple[int, ...]:
-    found = _positions.get((model, id(attnames)))
-    if found is not None and found[0] is attnames:
-        return found[1]
-    positions = _json_positions(model, tuple(attnames))
-    if len(_positions) < 256:  # sequences made per call are not kept
-        _positions[(model, id(attnames))] = (attnames, positions)
-    return positions
 
 
 _decode_json = msgspec.json.Decoder().decode  # what json.loads gives, faster
