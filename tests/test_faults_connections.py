@@ -86,6 +86,26 @@ def _dump(
     print("statuses", statuses(evaluations))
     for c in ClusterJob.objects.all():
         print("cluster", c.id, c.status, c.attempts, c.waiting_reason)
+    # What an unfinished evaluation waits on: its builds, and every open assignment with its session.
+    from gradient.scheduling.models import DerivationBuild, Evaluation
+
+    for e in Evaluation.objects.filter(id__in=evaluations).exclude(status="Completed"):
+        print("evaluation", e.id, e.status, e.waiting_reason)
+        builds = DerivationBuild.objects.filter(evaluation_links__evaluation=e).exclude(status="Completed")
+        print(explain_jobs([f"eval:{e.id}"] + [f"build:{b.id}" for b in builds]))
+        for b in builds:
+            print("  build", b.id, b.status, b.attempts)
+    for d in DispatchedJob.objects.filter(finished_at__isnull=True):
+        session = WorkerSession.objects.filter(worker_id=d.worker_id).order_by("-opened_at").first()
+        print(
+            "open",
+            d.job_id,
+            d.worker_id,
+            d.dispatched_at,
+            "latest session",
+            session and session.id,
+            session and session.closed_at,
+        )
 
 
 def _terminate_mid_claim(server: ServeProcess, submit: Callable[[], str], timeout: float = 30.0) -> str:

@@ -263,8 +263,12 @@ def worker_session_close(*, session_id: uuid.UUID, reason: str, now: datetime) -
 
 
 def _session_close(*, session_id: uuid.UUID, reason: str, now: datetime) -> uuid.UUID | None:
+    # Locked first (FOR UPDATE): a claim for this session holds its row FOR KEY SHARE until it commits
+    # (scheduling's claims, _session_condition), so the jobs handed back below include every claim made
+    # for the session; a claim after this commit sees the session closed and loses.
     worker_id = (
-        WorkerSession.objects.filter(id=session_id, closed_at__isnull=True)
+        WorkerSession.objects.select_for_update()
+        .filter(id=session_id, closed_at__isnull=True)
         .values_list("worker_id", flat=True)
         .first()
     )

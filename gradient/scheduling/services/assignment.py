@@ -107,18 +107,21 @@ def request_job(
     protocol_kind: JobKindName,
     now: datetime,
     tried: list[uuid.UUID] | None = None,
+    session_id: uuid.UUID | None = None,
 ) -> Assignment | None:
     """Answer one RequestJob. Returns the assignment to send, or None: then the request stays
     unanswered and is remembered as an idle slot for cluster placement. `tried` collects the id of
     every claim it makes, before making it (hand_out finds a claim whose commit went unheard by them).
-    A build request is a batch of one (request_builds)."""
+    `session_id`: the session that asked, when known; a request of a session that is no longer the
+    worker's open one is not answered. A build request is a batch of one (request_builds)."""
     kind = job_kind_of(protocol_kind)
     tried = tried if tried is not None else []
     if kind == JobKind.BUILD:
-        return request_builds(worker_ids=[worker_id], now=now, tried=tried)[0]
+        sessions = [session_id] if session_id is not None else None
+        return request_builds(worker_ids=[worker_id], now=now, tried=tried, session_ids=sessions)[0]
     with transaction.atomic(durable=True):  # the RequestJob's one transaction: this entry owns it
         state = selectors.worker_state(worker_id)
-        if state is None or state.draining:
+        if state is None or state.draining or session_id not in (None, state.session_id):
             return None
         if selectors.worker_held(worker_id, kind):
             _record_idle_slots([worker_id], kind, now)  # a reserved seat: it waits, idle, for its cluster
@@ -179,6 +182,7 @@ def request_builds(
     now: datetime,
     tried: list[uuid.UUID],
     lost: set[int] | None = None,
+    session_ids: Sequence[uuid.UUID] | None = None,
 ) -> list[Assignment | None]:
     """Answer a batch of RequestJob{build}, one entry per request (a worker with several free slots asks
     once per slot), in one transaction that this entry owns: the workers read together, the pending
@@ -186,13 +190,18 @@ def request_builds(
     choice claimed in one statement (lifecycle.claim_builds); a lost claim moves on to the request's
     next choice. None for a request left unanswered: an idle slot for cluster placement. `tried`
     collects every claim's assignment id before it is made (hand_out_builds finds unheard ones); `lost`
-    the index of every request left unanswered after its claims lost (work there was, taken by others)."""
+    the index of every request left unanswered after its claims lost (work there was, taken by others).
+    `session_ids`, one per request when known: a request of a session that is no longer its worker's
+    open one is left unanswered. Every claim holds only while the session it goes to is open (the
+    claim statement checks it on the session's locked row)."""
     answers: list[Assignment | None] = [None] * len(worker_ids)
     chosen: set[str] = set()
     try:
         # Its statements read and write rows by their keys: planned once per connection.
         with transaction.atomic(durable=True), setsql.generic_plans():
-            _request_builds(worker_ids, answers, chosen, now, tried, lost if lost is not None else set())
+            _request_builds(
+                worker_ids, answers, chosen, now, tried, lost if lost is not None else set(), session_ids
+            )
     finally:
         with _claiming_lock:
             _claiming.difference_update(chosen)
@@ -213,6 +222,7 @@ def _request_builds(
     now: datetime,
     tried: list[uuid.UUID],
     lost: set[int],
+    session_ids: Sequence[uuid.UUID] | None,
 ) -> None:
     states, open_builds = selectors.workers_of_batch(worker_ids)
     held = selectors.workers_held(list(states), JobKind.BUILD)
@@ -225,6 +235,8 @@ def _request_builds(
         state = states.get(worker_id)
         if state is None or state.draining:
             continue
+        if session_ids is not None and session_ids[index] != state.session_id:
+            continue  # asked by a session closed since: its worker has another now (or none)
         counts = open_builds.get(worker_id, selectors.OpenBuilds())
         if counts.running + planned.get(worker_id, 0) >= max(1, state.worker.max_concurrent_builds):
             full.append(worker_id)
@@ -465,6 +477,7 @@ def _claim_choices(
                 terms=terms,
                 assignment_id=assignment_id,
                 job_builtins=job_builtins,
+                session_id=a.state.session_id,
             )
             claims.append((a, choice, claim, job))
         won = lifecycle.claim_builds(claims=[c for _, _, c, _ in claims], now=claimed_at)
@@ -585,6 +598,7 @@ def _assign_eval(state: selectors.WorkerState, now: datetime, tried: list[uuid.U
             reason=f"assigned to {state.worker.name}: {', '.join(steps)}",
             now=claimed_at,
             terms=ClaimTerms(score=choice.total, breakdown=choice.breakdown),
+            session_id=state.session_id,
         )
         if claimed is not None:
             return Assignment(claimed.assignment_id, evaluation.job_key, JobKind.EVAL, claimed.job, choice)
@@ -617,17 +631,21 @@ def register_idle_listener(listener: IdleListener) -> None:
         _idle_listeners.append(listener)
 
 
-def hand_out(*, worker_id: uuid.UUID, protocol_kind: JobKindName, now: datetime) -> AssignJob | None:
+def hand_out(
+    *, worker_id: uuid.UUID, protocol_kind: JobKindName, now: datetime, session_id: uuid.UUID | None = None
+) -> AssignJob | None:
     """A worker's RequestJob: the AssignJob to send back once this returned (its claim has committed), or
     None: the request stays unanswered, an idle slot for cluster placement, and the idle listeners run.
 
     When the database connection dies while claiming, the claim may have committed without this call
     hearing so (dying at COMMIT): that job is this worker's now and must go out, or it would stay open on
     a worker that never heard of it. Otherwise the claim rolled back and the error propagates (the caller
-    asks again on a fresh connection)."""
+    asks again on a fresh connection). `session_id`: the session that asked (request_job)."""
     tried: list[uuid.UUID] = []
     try:
-        handed = request_job(worker_id=worker_id, protocol_kind=protocol_kind, now=now, tried=tried)
+        handed = request_job(
+            worker_id=worker_id, protocol_kind=protocol_kind, now=now, tried=tried, session_id=session_id
+        )
     except (OperationalError, InterfaceError):
         return _unheard_or_raise([worker_id], tried)[0]
     if handed is None:
@@ -644,14 +662,19 @@ class AskAgain:
 ASK_AGAIN = AskAgain()
 
 
-def hand_out_builds(*, worker_ids: Sequence[uuid.UUID], now: datetime) -> list[AssignJob | AskAgain | None]:
+def hand_out_builds(
+    *, worker_ids: Sequence[uuid.UUID], now: datetime, session_ids: Sequence[uuid.UUID] | None = None
+) -> list[AssignJob | AskAgain | None]:
     """A batch of RequestJob{build} from any sessions of this process (the dispatcher's): the AssignJob
     of each, ASK_AGAIN for one whose claims lost, or None for one left unanswered, once the batch's
-    claims committed. A claim whose commit went unheard is handed out as in hand_out."""
+    claims committed. A claim whose commit went unheard is handed out as in hand_out. `session_ids`:
+    the session that asked each (request_builds)."""
     tried: list[uuid.UUID] = []
     lost: set[int] = set()
     try:
-        handed = request_builds(worker_ids=worker_ids, now=now, tried=tried, lost=lost)
+        handed = request_builds(
+            worker_ids=worker_ids, now=now, tried=tried, lost=lost, session_ids=session_ids
+        )
     except (OperationalError, InterfaceError):
         return list(_unheard_or_raise(worker_ids, tried))
     if any(h is None for h in handed):

@@ -68,6 +68,8 @@ class ClaimRequest:
     queued_at: datetime | None = None
     cluster_attempt_id: uuid.UUID | None = None
     assignment_id: uuid.UUID | None = None  # chosen by the caller (to find the claim again), or new
+    # The worker's session the AssignJob goes to: the claim holds only while it is open (None: any).
+    session_id: uuid.UUID | None = None
 
 
 def _prep(name: str, value: Any) -> Any:
@@ -86,6 +88,22 @@ def _start_condition(request: ClaimRequest) -> tuple[str, list[Any]]:
     return (
         f"SELECT 1 FROM evaluation WHERE id = %s AND status NOT IN ({placeholders})",  # noqa: S608 (fixed text)
         [_prep("evaluation_id", request.evaluation_id), *[s.value for s in EVALUATION_TERMINAL]],
+    )
+
+
+def _session_condition(session_id: uuid.UUID | None) -> tuple[str, list[Any]]:
+    """The claim holds only while the session its AssignJob goes to is open. On PostgreSQL the session's
+    row is locked FOR KEY SHARE until the claim commits, and a session's close locks it FOR UPDATE
+    first (workers.services): a close that committed before is seen (the claim loses), one that comes
+    after waits for the claim and then hands its job back with the session's others. Without it, a claim
+    committing while its session closed (a socket or the channel layer failing mid-request) stayed open
+    on a worker that never heard of it."""
+    if session_id is None:
+        return "", []
+    lock = " FOR KEY SHARE" if connection.vendor == "postgresql" else ""
+    return (
+        f" AND EXISTS (SELECT 1 FROM worker_session WHERE id = %s AND closed_at IS NULL{lock})",  # noqa: S608
+        [_prep("worker_id", session_id)],  # a UUID column like worker_id
     )
 
 
@@ -114,12 +132,13 @@ def claim_assignment(*, request: ClaimRequest, now: datetime) -> uuid.UUID | Non
     }
     condition_sql, condition_params = _start_condition(request)
     select_list = ", ".join(["%s"] * len(_COLUMNS))
+    session_sql, session_params = _session_condition(request.session_id)
     sql = (
         f"INSERT INTO dispatched_job ({', '.join(_COLUMNS)}) "  # noqa: S608 (fixed column list)
-        f"SELECT {select_list} WHERE EXISTS ({condition_sql}) "
+        f"SELECT {select_list} WHERE EXISTS ({condition_sql}){session_sql} "
         "ON CONFLICT (job_id) WHERE finished_at IS NULL DO NOTHING RETURNING id"
     )
-    params = [_prep(c, values[c]) for c in _COLUMNS] + condition_params
+    params = [_prep(c, values[c]) for c in _COLUMNS] + condition_params + session_params
     with fixed_cursor() as cursor:
         cursor.execute(sql, params)
         row = cursor.fetchone()
@@ -242,20 +261,28 @@ class BuildClaim:
     missing_nar_size: int | None = None
     missing_count: int | None = None
     cluster_attempt_id: uuid.UUID | None = None
+    session_id: uuid.UUID | None = None  # as ClaimRequest's: the claim holds only while it is open
 
 
 # Claims and starts of a whole batch of shared builds in one statement (PostgreSQL): each build's row is
 # locked if it is still Queued and out of backoff (SKIP LOCKED: one another batch is claiming now is
 # left to it), the assignment row inserted unless the job already has an open one (the partial unique
 # index idx-dispatched_job-open-job arbitrates, as in the single claim), the build moved to Building with
-# one more attempt counted by the database, and its BuildAttempt row written. A claim that lost writes
-# nothing; the ids of the won assignments come back with their attempt numbers.
+# one more attempt counted by the database, and its BuildAttempt row written; a claim naming a session
+# holds only while that session is open (its row locked FOR KEY SHARE: see _session_condition). A claim
+# that lost writes nothing; the ids of the won assignments come back with their attempt numbers.
 _CLAIM_BUILDS = """
 WITH req AS (
     SELECT * FROM unnest(
         %(aid)b::uuid[], %(build)b::uuid[], %(worker)b::uuid[], %(attempt)b::uuid[], %(score)b::float8[],
-        %(breakdown)b::text[], %(nar)b::bigint[], %(count)b::int[], %(job)b::text[], %(queued)b::timestamptz[]
-    ) AS r(aid, build_id, worker_id, cluster_attempt_id, score, breakdown, nar, cnt, job, queued_at)
+        %(breakdown)b::text[], %(nar)b::bigint[], %(count)b::int[], %(job)b::text[],
+        %(queued)b::timestamptz[], %(session)b::uuid[]
+    ) AS r(aid, build_id, worker_id, cluster_attempt_id, score, breakdown, nar, cnt, job, queued_at,
+        session_id)
+), sess AS (
+    SELECT s.id FROM worker_session s
+    WHERE s.id IN (SELECT session_id FROM req) AND s.closed_at IS NULL
+    FOR KEY SHARE
 ), locked AS (
     SELECT b.id, b.queued_at FROM derivation_build b
     WHERE b.id IN (SELECT build_id FROM req) AND b.status = %(queued_status)s
@@ -266,14 +293,15 @@ WITH req AS (
     -- and that an active evaluation of one of the worker's projects needs: the choice came from the
     -- process's book, which may be behind (gradient.scheduling.book); checked on the locked row.
     SELECT r.*, l.queued_at AS row_queued_at FROM req r JOIN locked l ON l.id = r.build_id
-    WHERE r.cluster_attempt_id IS NOT NULL OR (
+    WHERE (r.session_id IS NULL OR r.session_id IN (SELECT id FROM sess))
+    AND (r.cluster_attempt_id IS NOT NULL OR (
         NOT EXISTS (
             SELECT 1 FROM cluster_member m JOIN cluster_job c ON c.id = m.cluster_job_id
             WHERE m.derivation_build_id = r.build_id AND c.status <> ALL(%(cluster_ended)s))
         AND EXISTS (
             SELECT 1 FROM evaluation_build eb JOIN evaluation e ON e.id = eb.evaluation_id
                 JOIN worker_project wp ON wp.project_id = e.project_id AND wp.worker_id = r.worker_id
-            WHERE eb.build_id = r.build_id AND eb.blocks_evaluation AND e.status = ANY(%(active)s)))
+            WHERE eb.build_id = r.build_id AND eb.blocks_evaluation AND e.status = ANY(%(active)s))))
 ), ins AS (
     INSERT INTO dispatched_job (id, kind, job_id, evaluation_id, derivation_build_id, worker_id,
         cluster_attempt_id, score, score_breakdown, missing_nar_size, missing_count, job, phase, queued_at,
@@ -323,6 +351,7 @@ def claim_builds_statement(*, claims: Sequence[BuildClaim], now: datetime) -> di
         "count": [c.missing_count for c in claims],
         "job": [_json_text(c.job) for c in claims],
         "queued": [c.queued_at for c in claims],
+        "session": [c.session_id for c in claims],
         "now": now,
         "kind": JobKind.BUILD.value,
         "queued_status": BuildStatus.QUEUED.value,

@@ -166,9 +166,11 @@ def build_claim(
     terms: ClaimTerms,
     assignment_id: uuid.UUID,
     job_builtins: dict[str, Any] | None = None,
+    session_id: uuid.UUID | None = None,
 ) -> BuildClaim:
     """What claim_builds needs to claim `build` for a worker, with the AssignJob's `job` payload (and
-    its plain form, when the caller keeps it made already)."""
+    its plain form, when the caller keeps it made already). With `session_id`, the claim holds only
+    while that session of the worker is open (the one its AssignJob goes to)."""
     return BuildClaim(
         assignment_id=assignment_id,
         build_id=build.id,
@@ -180,6 +182,7 @@ def build_claim(
         missing_nar_size=terms.missing_nar_size,
         missing_count=terms.missing_count,
         cluster_attempt_id=terms.cluster_attempt_id,
+        session_id=session_id,
     )
 
 
@@ -224,6 +227,7 @@ def _claim_build_alone(claim: BuildClaim, now: datetime) -> bool:
         queued_at=claim.queued_at,
         cluster_attempt_id=claim.cluster_attempt_id,
         assignment_id=claim.assignment_id,
+        session_id=claim.session_id,
     )
     try:
         with savepoints.part():
@@ -246,9 +250,11 @@ def claim_evaluation(
     now: datetime,
     terms: ClaimTerms | None = None,
     assignment_id: uuid.UUID | None = None,
+    session_id: uuid.UUID | None = None,
 ) -> Claimed | None:
     """Claim a Queued evaluation's job (these `steps`) for a worker and start it (Fetching or
-    EvaluatingFlake, with its record facts), together or not at all. None when the claim was lost."""
+    EvaluatingFlake, with its record facts), together or not at all. None when the claim was lost.
+    With `session_id`, the claim holds only while that session of the worker is open."""
     terms = terms or ClaimTerms()
     job = jobs.eval_job(evaluation, steps)
     queued_at = evaluation.updated_at if evaluation.followup_pending else evaluation.created_at
@@ -261,6 +267,7 @@ def claim_evaluation(
         queued_at,
         evaluation_id=evaluation.id,
         assignment_id=assignment_id,
+        session_id=session_id,
     )
 
     def start(assignment_id: uuid.UUID) -> None:
@@ -280,6 +287,7 @@ def _request(
     evaluation_id: uuid.UUID | None = None,
     build_id: uuid.UUID | None = None,
     assignment_id: uuid.UUID | None = None,
+    session_id: uuid.UUID | None = None,
 ) -> ClaimRequest:
     return ClaimRequest(
         kind=kind,
@@ -295,6 +303,7 @@ def _request(
         queued_at=queued_at,
         cluster_attempt_id=terms.cluster_attempt_id,
         assignment_id=assignment_id,
+        session_id=session_id,
     )
 
 

@@ -113,7 +113,12 @@ def request_job(*, session: SessionRef, message: RequestJob) -> list[ServerMessa
     """One free slot: the AssignJob of the best pending job of this kind for this worker (its claim has
     committed when this returns). Unanswered, the request is an idle slot for cluster placement and gets
     no reply."""
-    handed = assignment.hand_out(worker_id=session.worker_id, protocol_kind=message.kind, now=timezone.now())
+    handed = assignment.hand_out(
+        worker_id=session.worker_id,
+        protocol_kind=message.kind,
+        now=timezone.now(),
+        session_id=session.session_id,
+    )
     return [handed] if handed is not None else []
 
 
@@ -128,7 +133,9 @@ def request_builds_batch(
     AssignJob per request, ASK_AGAIN for one whose claims all lost (the consumer puts it in a next
     batch), or None for one left unanswered. A single request is a batch of one."""
     return assignment.hand_out_builds(
-        worker_ids=[session.worker_id for session, _ in batch], now=timezone.now()
+        worker_ids=[session.worker_id for session, _ in batch],
+        now=timezone.now(),
+        session_ids=[session.session_id for session, _ in batch],
     )
 
 
