@@ -166,3 +166,37 @@ def test_offers_within_one_pass_share_candidate_messages_and_say_the_same_as_a_f
     app = next(c for c in a[0]["candidates"] if c["required_paths"])
     assert app["required_paths"][0]["nar_size"] == 1000, "a cached input path carries its NAR size"
     assert job_offers(worker_id=first.id, now=now) == [], "nothing new after the pass"
+
+
+def test_workers_alike_sent_nothing_yet_share_one_first_offer_and_each_remembers_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    project, other = ProjectFactory(), ProjectFactory()
+    evaluation = EvaluationFactory(project=project, status=EvaluationStatus.BUILDING)
+    graph.ingest_eval_result(evaluation=evaluation, derivations=[drv("a"), drv("b")], now=timezone.now())
+    made: list[object] = []
+    real = offer_service._diffed_candidates
+
+    def counted(state: Any, *args: Any) -> Any:
+        made.append(state.id)
+        return real(state, *args)
+
+    monkeypatch.setattr(offer_service, "_diffed_candidates", counted)
+    fleet = [connected_worker([project]) for _ in range(3)]
+    stranger = connected_worker([other])
+    offered = [job_offers(worker_id=w.id, now=timezone.now()) for w in fleet]
+    keys = {b.job_key for b in DerivationBuild.objects.filter(status="Queued")}
+    assert len(keys) == 2
+    for offer in offered:
+        assert offer == offered[0] and {c["job_id"] for c in offer[0]["candidates"]} == keys
+    assert made == [fleet[0].id], "made once for the three"
+    for w in fleet:  # each worker's sent set is what it was sent: its next delta is empty
+        assert set(SentCandidate.objects.filter(worker=w).values_list("job_id", flat=True)) == keys
+        assert job_offers(worker_id=w.id, now=timezone.now()) == []
+    assert made[1:] == [w.id for w in fleet], "a worker sent something already gets its own delta"
+    assert job_offers(worker_id=stranger.id, now=timezone.now()) == [], "another shape: its own offer"
+    assert made[-1] == stranger.id
+    monkeypatch.setattr(offer_service, "SHARED_FIRST_OFFER_SECS", 0.0)
+    late = connected_worker([project])
+    [offer] = job_offers(worker_id=late.id, now=timezone.now())
+    assert {c["job_id"] for c in offer["candidates"]} == keys and made[-1] == late.id, "too old: made again"
