@@ -191,10 +191,12 @@ def test_a_known_derivation_substituted_on_another_projects_word_is_built_for_th
 def test_a_build_substituted_on_another_projects_word_after_it_was_linked_is_built_before_completing() -> (
     None
 ):
-    """The other order: B links P while it is pending; then A's claim substitutes it (here the heal of A's
-    graph). B does not complete on it: P is built first."""
+    """The other order: B links P while it is pending; then A's claim substitutes it. The heal of A's graph
+    does not (B needs P built: services.tenants), but one that read P's needs before B's link committed
+    would. B does not complete on it: P is built first."""
     from django.utils import timezone
 
+    from gradient.scheduling.services import graph
     from gradient.scheduling.services.passes import build_resync_pass
     from gradient.scheduling.services.waiting import repair_build_graph
     from tests.scheduling_helpers import report
@@ -207,7 +209,11 @@ def test_a_build_substituted_on_another_projects_word_after_it_was_linked_is_bui
 
     a_eval, a_worker, a_job = _evaluating("late-a")
     assert _report(a_worker, a_job, [_claimed(p)]).accepted
-    assert repair_build_graph(evaluation_id=a_eval.id, now=timezone.now())["substituted"] == 1
+    assert repair_build_graph(evaluation_id=a_eval.id, now=timezone.now())["substituted"] == 0
+    assert _status(p) == "Queued"
+    # The racing heal: what repair_build_graph's substitution step does, without the check.
+    p_id = DerivationBuild.objects.get(drv_path=p["drv_path"]).id
+    assert graph.substitute_cached_builds(build_ids=[p_id], project_id=a_eval.project_id, now=timezone.now())
     build_resync_pass(now=timezone.now())  # R's dependency succeeded: queued by the resync
     assert _status(p) == "Substituted" and _status(r) == "Queued"
 
@@ -255,3 +261,77 @@ def test_a_cached_claim_counts_for_every_project_its_worker_serves_and_with_a_tr
     _, g_worker, g_job = _evaluating("trusting-g")
     assert _report(g_worker, g_job, [r]).accepted
     assert _status(r) == "Substituted"
+
+
+@pytest.mark.parametrize(
+    ("needed_by", "cached", "held"),
+    [
+        ([], {}, set()),  # nobody else needs it: the claim may substitute it
+        ([("p", "B")], {"B": {"/o/p"}}, set()),  # B has the word too
+        ([("p", "B")], {"B": set()}, {"p"}),  # B needs P built
+        ([("q", "B")], {"B": {"/o/q1"}}, {"q"}),  # one output of two is not enough
+        ([("p", "B"), ("p", "C")], {"B": {"/o/p"}}, {"p"}),  # C has no word
+        ([("gone", "B")], {}, set()),  # not among the candidates (no longer pending)
+    ],
+)
+def test_a_claim_leaves_pending_what_another_projects_evaluation_needs_built(
+    needed_by: list[tuple[str, str]], cached: dict[str, set[str]], held: set[str]
+) -> None:
+    from gradient.scheduling.decisions.derivations import needed_built_elsewhere
+
+    outputs = {"p": ["/o/p"], "q": ["/o/q1", "/o/q2"]}
+    assert needed_built_elsewhere(outputs, needed_by, cached) == held
+
+
+def _finish(evaluation: Evaluation) -> None:
+    """The completion check a finished build or the waiting pass makes (graph.finish_evaluations)."""
+    from django.db import transaction
+    from django.utils import timezone
+
+    from gradient.scheduling.services import graph
+
+    with transaction.atomic():
+        graph.finish_evaluations(evaluation_ids=[evaluation.id], now=timezone.now())
+
+
+def test_two_projects_that_disagree_on_a_shared_build_settle_it_is_built_once_and_keeps_its_place() -> None:
+    """Project A's worker keeps saying P is cached (its heals, its new evaluations); project B, which
+    needs P, has no such word. Before, each heal of A substituted P again and B's completion check
+    reopened it, at the back of the queue each time, for as long as A kept at it. Now P, reopened once
+    for B, is not substituted again while an evaluation of a project without the claim needs it: it
+    keeps its place, is built once, and both evaluations complete."""
+    from django.utils import timezone
+
+    from gradient.scheduling.services.waiting import repair_build_graph
+    from tests.scheduling_helpers import report
+
+    p, ra, rb = drv("fp"), drv("fra", "fp"), drv("frb", "fp")
+    a_eval, a_worker, a_job = _evaluating("flap-a")
+    assert _report(a_worker, a_job, [_claimed(p), ra]).accepted
+    report(a_worker.id, a_job, "JobCompleted", elapsed_ms=5)
+    assert _status(p) == "Substituted" and _status(ra) == "Queued"
+
+    b_eval, b_worker, b_job = _evaluating("flap-b")
+    assert _report(b_worker, b_job, [p, rb]).accepted
+    report(b_worker.id, b_job, "JobCompleted", elapsed_ms=5)
+    assert _status(p) == "Queued"  # reopened once, for B
+    queued_at = DerivationBuild.objects.get(drv_path=p["drv_path"]).queued_at
+
+    for cycle in range(3):
+        # A heals its graph (its claim still stands) and evaluates again, claiming P each time.
+        repair_build_graph(evaluation_id=a_eval.id, now=timezone.now())
+        again, worker, job = evaluating(a_eval.project)
+        assert _report(worker, job, [_claimed(p), ra]).accepted, cycle
+        report(worker.id, job, "JobCompleted", elapsed_ms=5)
+        _finish(b_eval)
+        row = DerivationBuild.objects.get(drv_path=p["drv_path"])
+        assert (row.status, row.queued_at) == ("Queued", queued_at), cycle
+
+    # P is built once (for everyone: its outputs confirmed), then what waited on it; both complete.
+    built = _build_all(b_worker)
+    assert built.count(p["drv_path"]) == 1 and built[0] == p["drv_path"], built
+    _build_all(a_worker)
+    for evaluation in (a_eval, b_eval):
+        evaluation.refresh_from_db()
+        assert evaluation.status == EvaluationStatus.COMPLETED, evaluation.status
+    assert _status(p) == "Completed"

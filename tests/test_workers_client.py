@@ -522,6 +522,56 @@ async def test_a_socket_closed_to_make_room_without_a_reject_frame_is_retried(se
     assert await asyncio.wait_for(task, TIMEOUT) == EXIT_OK
 
 
+async def test_a_fault_of_the_worker_itself_ends_the_session_said_why_never_the_process(
+    server: ScriptedServer, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only 401 and 403 are final (issue 36, finding 3): an error of the worker's own in the handshake
+    (it ended the process, with a traceback and no retry) or in a handler (the session ended unsaid) is
+    logged with its traceback and the worker connects again."""
+    worker = _worker(server)
+    real_capabilities = worker.capabilities
+    faults = iter([RuntimeError("capabilities unreadable")])
+
+    def capabilities() -> WorkerCapabilities:
+        for fault in faults:
+            raise fault
+        return real_capabilities()
+
+    monkeypatch.setattr(worker, "capabilities", capabilities)
+    task = asyncio.create_task(worker.run())
+    first = await server.accept()
+    await first.welcome()  # the worker fails sending its capabilities, its own fault
+    peer = await server.accept()  # it came back
+    assert not task.done()
+    await peer.welcome()
+    await peer.expect(RequestJobList, skip=(WorkerCapabilities, WorkerMetrics))
+
+    async def present_paths(paths: object) -> set[str]:
+        raise RuntimeError("the store is unreadable")
+
+    monkeypatch.setattr(worker.executor, "present_paths", present_paths)
+    candidate = JobCandidate(
+        job_id="build:1",
+        kind="build",
+        required_paths=[],
+        drv_paths=["/nix/store/x.drv"],
+        output_paths=["/nix/store/" + "c" * 32 + "-out"],
+        requirement=BuildRequirement(architecture="x86_64-linux", required_features=[]),
+    )
+    await peer.send(JobListChunk(candidates=[candidate], is_final=True))  # the handler fails
+    again = await server.accept()
+    assert isinstance(await again.recv(), InitConnection)
+    failed = [r for r in caplog.records if r.getMessage().endswith("failed; retrying")]
+    assert [str(r.exc_info[1]) for r in failed if r.exc_info] == [
+        "capabilities unreadable",
+        "the store is unreadable",
+    ]
+    assert not task.done()
+    worker.request_stop()
+    await again.ws.close(1000)
+    assert await asyncio.wait_for(task, TIMEOUT) == EXIT_OK
+
+
 @given(failures=st.integers(0, 200), cap=st.floats(1.0, 600.0), draw=st.floats(0.0, 1.0, exclude_max=True))
 def test_the_reconnect_delay_grows_exponentially_to_its_cap_over_the_upper_half_of_its_step(
     failures: int, cap: float, draw: float

@@ -657,3 +657,15 @@ async def test_a_cluster_signal_is_forwarded_only_within_a_started_attempt_from_
     # (Disconnecting a member loses it into its attempt, which aborts the others: check first, then close.)
     for comm in comms.values():
         await finish(comm)
+
+
+def test_every_message_a_worker_may_send_after_its_handshake_has_a_handler() -> None:
+    """A message protocol.md specifies never costs the session for want of a handler (issue 36, finding
+    4: QueryKnownDerivations, unhandled, was answered Error 400 and the session closed with 4400)."""
+    from typing import get_args
+
+    from gradient.core.protocol import InitConnection, WorkerMessage
+
+    specified = set(get_args(WorkerMessage)) - {InitConnection}
+    assert specified - set(consumer_module.JOB_LOOP) == set()
+    assert set(consumer_module.JOB_LOOP) <= specified

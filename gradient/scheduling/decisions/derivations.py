@@ -65,3 +65,21 @@ def conflicts(reported: Iterable[DiscoveredDerivation], held: Mapping[str, HeldD
         if h is not None and (text := conflict(d, h)) is not None:
             found.append(text)
     return found
+
+
+def needed_built_elsewhere(
+    outputs: Mapping[Any, Iterable[str]],
+    needed_by: Iterable[tuple[Any, Any]],
+    cached: Mapping[Any, set[str]],
+) -> set[Any]:
+    """Of the builds `outputs` names (build -> its output paths), those an evaluation of another project
+    needs (`needed_by`: (build, project) pairs) whose outputs are not all cached for that project
+    (`cached`: project -> the paths cached for it). One project's cached claim must not substitute such a
+    build: the other project's evaluation would reopen it to have it built (protocol.md, "Tenants"), and
+    the next claim would substitute it again, at the back of the queue each time, for as long as the
+    first project kept saying so. Left pending, it is built once, which settles it for every project."""
+    return {
+        build
+        for build, project in needed_by
+        if build in outputs and not set(outputs[build]) <= cached.get(project, set())
+    }

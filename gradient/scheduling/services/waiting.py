@@ -38,7 +38,7 @@ from gradient.scheduling.models import (
     Evaluation,
     EvaluationBuild,
 )
-from gradient.scheduling.services import drv_recovery, graph
+from gradient.scheduling.services import drv_recovery, graph, tenants
 from gradient.scheduling.services.evaluations import evaluation_cancel
 from gradient.workers.models import Worker, WorkerSession
 
@@ -351,8 +351,12 @@ def repair_build_graph(*, evaluation_id: uuid.UUID, now: datetime) -> dict[str, 
             status=BuildStatus.CREATED, retry_at=None, finished_at=None, updated_at=now
         )
         # 2. repair_cached_shared_builds_for_eval: builds whose outputs are all cached are done.
+        # Not one another project's active evaluation needs built: it would reopen it (services.tenants).
         project_id = Evaluation.objects.values_list("project_id", flat=True).get(id=evaluation_id)
-        substituted = len(graph.substitute_cached_builds(build_ids=closure, project_id=project_id, now=now))
+        substitutable = tenants.substitutable(build_ids=closure, project_id=project_id)
+        substituted = len(
+            graph.substitute_cached_builds(build_ids=substitutable, project_id=project_id, now=now)
+        )
         # 3. repair_dependency_failed: builds needing a lasting failure fail.
         failed = graph.fail_dependents(build_ids=closure, now=now)
         # 4. adopt_pending_closure: name orphaned pending builds of the closure for this evaluation.

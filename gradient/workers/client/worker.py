@@ -239,6 +239,7 @@ class Worker:
         failures = 0
         while not self.stop_event.is_set():
             session: Connection | None = None
+            crashed = False
             try:
                 async with connect(
                     self.config.server,
@@ -263,11 +264,18 @@ class Worker:
                 log.warning(
                     "connection to %s lost or failed: %s", self.config.server, exc or type(exc).__name__
                 )
+            except Exception:
+                # Anything else (a fault of this worker's own, a handler's, the executor's) ends the
+                # session, never the process: a worker that exits stays away for good.
+                log.exception("the session with %s failed; retrying", self.config.server)
+                crashed = True
             if self.stop_event.is_set():
                 break
-            # Back to the first step only after a session that got its InitAck: a server that accepts
-            # the socket and then refuses it is no reason to come back faster.
-            failures = 0 if session is not None and session.acknowledged else failures + 1
+            # Back to the first step only after a session that got its InitAck and did not fail of its
+            # own: a server that accepts the socket and then refuses it, or a fault that recurs, is no
+            # reason to come back faster.
+            got_in = session is not None and session.acknowledged
+            failures = 0 if got_in and not crashed else failures + 1
             delay = reconnect_delay(failures, self.config.reconnect_max_secs, random.random())  # noqa: S311
             log.info("reconnecting in %.1f s", delay)
             try:
@@ -379,7 +387,7 @@ class Connection:
             asyncio.create_task(self.idle_loop(), name="idle"),
         ]
         try:
-            done, _ = await asyncio.wait([reader, stop], return_when=asyncio.FIRST_COMPLETED)
+            done, _ = await asyncio.wait([reader, stop, *helpers], return_when=asyncio.FIRST_COMPLETED)
             if stop in done and not reader.done():
                 await self.drain_and_close()
         finally:
@@ -387,6 +395,12 @@ class Connection:
                 task.cancel()
             await self.abandon_jobs()
             await asyncio.gather(reader, stop, *helpers, return_exceptions=True)
+        # What ended the session, when a task of it failed (the reader's handler, a heartbeat): raised
+        # for run() to log and retry. Before, it was dropped unsaid and the worker came straight back.
+        for task in (reader, *helpers):
+            failure = None if task.cancelled() else task.exception()
+            if failure is not None:
+                raise failure
 
     async def read_loop(self) -> None:
         try:
