@@ -55,7 +55,9 @@ def test_a_member_reads_its_evaluations_a_failed_build_and_its_log(page: Any, li
     failed.status = EvaluationStatus.FAILED
     failed.save(update_fields=["status"])
     log = BuildLog.objects.create(build=build, assignment=DispatchedJobFactory(derivation_build=build))
-    BuildLogChunk.objects.create(log=log, start=0, data="configuring\nmake: *** [all] Error 2\n")
+    BuildLogChunk.objects.create(
+        log=log, start=0, data="configuring\n\x1b[31mmake: *** [all] Error 2\x1b[0m\n"
+    )
 
     page.goto(f"{live_server.url}/admin/login/")  # the console is for staff ...
     page.fill("#id_username", "ci")
@@ -78,6 +80,7 @@ def test_a_member_reads_its_evaluations_a_failed_build_and_its_log(page: Any, li
 
     page.locator("#failed-builds a", has_text=build.name).click()
     expect(page.locator("#log")).to_contain_text("make: *** [all] Error 2")
+    assert "\x1b" not in page.locator("#log").inner_text()  # the end of the log, without its escapes
     page.screenshot(path=str(SHOTS / "member-build.png"), full_page=True)
     page.click("#whole-log")  # the REST route, with the member's session
     expect(page.locator("body")).to_contain_text("configuring")
