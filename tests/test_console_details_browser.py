@@ -23,7 +23,7 @@ from gradient.scheduling.services.lifecycle import end_build
 from gradient.scheduling.services.waiting import refresh_waiting_state
 from gradient.workers.models import Worker
 from tests.factories import EvaluationFactory, ProjectFactory, WorkerFactory, connected_worker
-from tests.scheduling_helpers import drv
+from tests.scheduling_helpers import ask, build_id_of, drv, update
 from tests.test_console_browser import CHROMIUM, SHOTS, page, sign_in, sync_api
 
 __all__ = ["page"]  # the browser fixture of the console's tests
@@ -162,3 +162,20 @@ def test_a_refused_page_is_gradients_own_and_points_a_member_to_my(page: Any, li
     assert "Django" not in page.title()
     expect(page.locator("a[href='/my/']").first).to_be_visible()
     assert "Django administration" not in page.locator("body").inner_text()
+
+
+def test_a_running_trys_start_keeps_ticking_beside_its_live_log(page: Any, live_server: Any) -> None:
+    """Issue 34, item 6: an attempt's "started 14 s ago" stood still while the log above it ran on."""
+    expect = sync_api.expect
+    project = ProjectFactory()
+    _building(project, "ticking", [drv("slow")])
+    worker = connected_worker([project], name="builder-5")
+    a = ask(worker.id)
+    assert a is not None
+    update(worker.id, a, kind="building", build_id=build_id_of(a))
+    sign_in(page, live_server.url, f"/admin/scheduling/derivationbuild/{build_id_of(a)}/change/")
+    started = page.locator(".inline-group time").first
+    expect(started).to_contain_text("ago")
+    first = started.inner_text()
+    expect(started).not_to_have_text(first)  # without a reload
+    expect(started).to_contain_text("ago")

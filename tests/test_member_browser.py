@@ -132,3 +132,21 @@ def test_the_log_page_numbers_lines_with_anchors_renders_ansi_as_text_searches_a
         page.click("#log-download")
     assert download.value.suggested_filename == f"{build.name}.log"
     assert open(download.value.path(), encoding="utf-8").read() == text
+
+
+def test_a_relative_time_keeps_ticking_in_the_members_view(page: Any, live_server: Any) -> None:
+    """Issue 34, item 6, as in the console: a page left open does not show a time that stopped."""
+    expect = sync_api.expect
+    mine = ProjectFactory(name="rest-proj")
+    ci = User.objects.create_user("ci", password="pw-ci-12345")
+    mine.members.add(ci)
+    EvaluationFactory(project=mine, repository="sim:tick", commit="c0ffee00")
+    page.goto(f"{live_server.url}/my/login/?next=/my/")
+    page.fill("#id_username", "ci")
+    page.fill("#id_password", "pw-ci-12345")
+    page.click("input[type=submit]")
+    created = page.locator("#evaluations time").first
+    expect(created).to_contain_text("ago")
+    first = created.inner_text()
+    expect(created).not_to_have_text(first)  # without a reload
+    expect(created).to_contain_text("ago")
