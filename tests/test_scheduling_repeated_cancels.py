@@ -5,6 +5,7 @@ a cancel is a failed attempt, so such a worker cannot hold the build forever."""
 from __future__ import annotations
 
 import uuid
+from typing import Any
 
 import pytest
 from django.test import override_settings
@@ -129,3 +130,15 @@ def test_a_worker_that_keeps_canceling_a_build_spends_its_attempts_and_the_build
     _cancel(stopping)
     base = _base()
     assert (base.status, base.attempts, base.failure_kind) == (BuildStatus.FAILED_PERMANENT, 3, "canceled")
+
+
+def test_only_a_cancel_reads_the_builds_tries(
+    workers: tuple[Worker, Worker], django_assert_num_queries: Any
+) -> None:
+    stopping, _ = workers
+    row = _claim_and_close_canceled(stopping)
+    base = _base()
+    with django_assert_num_queries(0):
+        build_failure_decision(build=base, row=row, kind="transient", now=timezone.now())
+    with django_assert_num_queries(1):
+        build_failure_decision(build=base, row=row, kind="canceled", now=timezone.now())

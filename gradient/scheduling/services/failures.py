@@ -13,6 +13,7 @@ from datetime import datetime
 
 from django.conf import settings
 
+from gradient.core.vocab import FailureKind
 from gradient.scheduling.decisions.failures import (
     BuildFailureDecision,
     cancels_in_a_row,
@@ -45,12 +46,18 @@ def build_failure_decision(
     """decide_build_failure for the build of `row` (the assignment whose try just failed `kind`), with
     the reporting worker's cancels in a row counted from the build's tries and the free cancels of
     GRADIENT_BUILD_FREE_CANCELS."""
+    # Only a cancel reads the tries: every other failure is decided as before, with no query more.
+    in_a_row = (
+        worker_cancels_in_a_row(build_id=build.id, worker_id=row.worker_id)
+        if kind == FailureKind.CANCELED
+        else 0
+    )
     return decide_build_failure(
         kind=kind,
         attempts_spent=build.attempts,
         max_attempts=build.max_attempts,
         abort_requested=False,
         now=now,
-        cancels_in_a_row=worker_cancels_in_a_row(build_id=build.id, worker_id=row.worker_id),
+        cancels_in_a_row=in_a_row,
         free_cancels=settings.GRADIENT_BUILD_FREE_CANCELS,
     )
