@@ -21,6 +21,7 @@ from django.views.decorators.http import require_safe
 from gradient.console import ago, between
 from gradient.core.ids import parse_uuid
 from gradient.scheduling import selectors
+from gradient.scheduling.decisions.logs import plain_text
 from gradient.scheduling.decisions.waiting import describe
 from gradient.scheduling.models import DerivationBuild, Evaluation, Project
 from gradient.scheduling.services.logs import build_log_window
@@ -131,6 +132,7 @@ def build(request: HttpRequest, build_id: str) -> HttpResponse:
             "build": found,
             "created": ago(found.created_at),
             "log": log,
+            "log_text": plain_text(log.text) if log is not None else "",
             "log_url": f"/api/v1/builds/{found.id}/log",
             "log_page": f"/my/builds/{found.id}/log/",
         },

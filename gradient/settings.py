@@ -293,6 +293,9 @@ GRADIENT_EVAL_MAX_DERIVATIONS = _env_int("GRADIENT_EVAL_MAX_DERIVATIONS", 250_00
 # fleet whose workers all read one cache that the operator trusts. Off: a claim counts only for the
 # projects the reporting worker serves (scheduling.models.CachedPathClaim).
 GRADIENT_TRUSTED_CACHE = _env_bool("GRADIENT_TRUSTED_CACHE", False)
+# A build's tries that one worker may end `canceled` in a row without spending an attempt; past them each
+# cancel is a failed attempt (backoff, max attempts) so such a worker cannot hold a build forever.
+GRADIENT_BUILD_FREE_CANCELS = _env_int("GRADIENT_BUILD_FREE_CANCELS", 3)
 GRADIENT_BUILD_LOG_MAX_BYTES = _env_int("GRADIENT_BUILD_LOG_MAX_BYTES", 64 * 1024 * 1024)
 # ... of all tries of one build together, and of one worker's logs per hour (0: no such cap; docs/logs.md).
 GRADIENT_BUILD_LOG_MAX_BYTES_PER_BUILD = _env_int("GRADIENT_BUILD_LOG_MAX_BYTES_PER_BUILD", 128 * 1024 * 1024)

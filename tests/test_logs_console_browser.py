@@ -91,6 +91,27 @@ def test_the_console_follows_a_running_builds_log_live(page: Any, live_server: A
     assert href == f"/api/v1/builds/{build_id}/log"
 
 
+def test_the_followed_log_drops_terminal_escapes_even_one_cut_between_two_pieces(
+    page: Any,  # noqa: F811
+    live_server: Any,
+) -> None:
+    """Issue 34, item 4: the console's panes showed `␛[1;31merror:␛[0m`; colour is the log page's, the
+    panes show the text a terminal would leave to read."""
+    expect = sync_api.expect
+    _, sender = _running_build("colourful")
+    sender.send("\x1b[1;34mconfiguring\x1b[0m\n")
+    build_id = build_id_of(sender.a)
+    sign_in(page, live_server.url, f"/admin/scheduling/derivationbuild/{build_id}/change/")
+    log = page.locator("#build-log-text")
+    expect(log).to_have_text("configuring\n")  # as the server renders it
+
+    sender.send("compiling\n\x1b[1;3")  # the poll gets half an escape ...
+    expect(log).to_have_text("configuring\ncompiling\n")
+    sender.send("1merror:\x1b[0m it failed\n10%\r100%\n")  # ... and the rest with the next one
+    expect(log).to_have_text("configuring\ncompiling\nerror: it failed\n100%\n")
+    assert "\x1b" not in log.inner_text()
+
+
 def test_a_failed_build_and_its_evaluation_show_the_last_lines_beside_the_error(
     page: Any,  # noqa: F811
     live_server: Any,

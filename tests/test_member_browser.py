@@ -55,7 +55,9 @@ def test_a_member_reads_its_evaluations_a_failed_build_and_its_log(page: Any, li
     failed.status = EvaluationStatus.FAILED
     failed.save(update_fields=["status"])
     log = BuildLog.objects.create(build=build, assignment=DispatchedJobFactory(derivation_build=build))
-    BuildLogChunk.objects.create(log=log, start=0, data="configuring\nmake: *** [all] Error 2\n")
+    BuildLogChunk.objects.create(
+        log=log, start=0, data="configuring\n\x1b[31mmake: *** [all] Error 2\x1b[0m\n"
+    )
 
     page.goto(f"{live_server.url}/admin/login/")  # the console is for staff ...
     page.fill("#id_username", "ci")
@@ -78,6 +80,7 @@ def test_a_member_reads_its_evaluations_a_failed_build_and_its_log(page: Any, li
 
     page.locator("#failed-builds a", has_text=build.name).click()
     expect(page.locator("#log")).to_contain_text("make: *** [all] Error 2")
+    assert "\x1b" not in page.locator("#log").inner_text()  # the end of the log, without its escapes
     page.screenshot(path=str(SHOTS / "member-build.png"), full_page=True)
     page.click("#whole-log")  # the REST route, with the member's session
     expect(page.locator("body")).to_contain_text("configuring")
@@ -129,3 +132,21 @@ def test_the_log_page_numbers_lines_with_anchors_renders_ansi_as_text_searches_a
         page.click("#log-download")
     assert download.value.suggested_filename == f"{build.name}.log"
     assert open(download.value.path(), encoding="utf-8").read() == text
+
+
+def test_a_relative_time_keeps_ticking_in_the_members_view(page: Any, live_server: Any) -> None:
+    """Issue 34, item 6, as in the console: a page left open does not show a time that stopped."""
+    expect = sync_api.expect
+    mine = ProjectFactory(name="rest-proj")
+    ci = User.objects.create_user("ci", password="pw-ci-12345")
+    mine.members.add(ci)
+    EvaluationFactory(project=mine, repository="sim:tick", commit="c0ffee00")
+    page.goto(f"{live_server.url}/my/login/?next=/my/")
+    page.fill("#id_username", "ci")
+    page.fill("#id_password", "pw-ci-12345")
+    page.click("input[type=submit]")
+    created = page.locator("#evaluations time").first
+    expect(created).to_contain_text("ago")
+    first = created.inner_text()
+    expect(created).not_to_have_text(first)  # without a reload
+    expect(created).to_contain_text("ago")

@@ -14,7 +14,7 @@ from django.utils import timezone
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gradient.scheduling.decisions.logs import LogState, append_piece, cut_line, missing_line
+from gradient.scheduling.decisions.logs import LogState, append_piece, cut_line, missing_line, plain_text
 from gradient.scheduling.models import BuildLog, BuildLogChunk, DerivationBuild, EvaluationStatus
 from gradient.scheduling.services import graph
 from gradient.scheduling.services.assignment import Assignment
@@ -30,6 +30,28 @@ from tests.factories import EvaluationFactory, ProjectFactory, connected_worker
 from tests.scheduling_helpers import ask, build, build_id_of, drv, report, wire
 
 # --- the pure decision -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("raw", "shown"),
+    [
+        ("\x1b[1;31merror:\x1b[0m make failed\n", "error: make failed\n"),  # colour
+        ("\x1b[2K\x1b[1Gdone\n", "done\n"),  # erase line, cursor to column 1
+        ("\x1b]0;building hello\x07hello\n", "hello\n"),  # a window title (OSC ... BEL)
+        ("\x1b]8;;https://x\x1b\\link\x1b]8;;\x1b\\\n", "link\n"),  # a hyperlink (OSC ... ST)
+        ("10%\r50%\r100%\n", "100%\n"),  # a progress bar rewritten in place: its last state
+        ("windows line\r\n", "windows line\r\n"),  # CRLF stays
+        ("<b>no markup</b> & [1;31m without ESC\n", "<b>no markup</b> & [1;31m without ESC\n"),
+        ("", ""),
+    ],
+)
+def test_plain_text_drops_terminal_escapes_and_keeps_every_other_character(raw: str, shown: str) -> None:
+    assert plain_text(raw) == shown
+
+
+@given(st.text(alphabet=st.characters(exclude_characters="\x1b\r")))
+def test_plain_text_changes_no_text_without_escapes_or_carriage_returns(text: str) -> None:
+    assert plain_text(text) == text
 
 
 def test_pieces_in_order_are_stored_as_they_come() -> None:

@@ -17,7 +17,7 @@ from django.urls import reverse
 from django.utils.safestring import SafeString, mark_safe
 
 from gradient.core.vocab import BUILD_ABORTABLE, BuildStatus
-from gradient.scheduling.decisions.logs import tail_lines
+from gradient.scheduling.decisions.logs import plain_text, tail_lines
 from gradient.scheduling.models import DerivationBuild, Evaluation
 from gradient.scheduling.services.logs import build_log_tail, build_log_window
 
@@ -43,16 +43,18 @@ def _log_url(build: DerivationBuild) -> str:
 def render_build_log(build: DerivationBuild) -> SafeString:
     window = build_log_window(build=build)
     failed = build.status in FAILED
+    shown = plain_text(window.text) if window is not None else ""
     context: dict[str, Any] = {
         "build": build,
         "url": _log_url(build),
         "live": build.status in LIVE,
         "retry": build.status in WAITING,
         "window": window,
+        "window_text": shown,
         "next_offset": (window.offset + len(window.text)) if window is not None else 0,
         "failed": failed,
         "last_error": build.last_error,
-        "failure_tail": tail_lines(window.text, FAILURE_LINES) if (failed and window is not None) else "",
+        "failure_tail": tail_lines(shown, FAILURE_LINES) if failed else "",
     }
     return mark_safe(render_to_string("admin/scheduling/build_log.html", context))  # noqa: S308 (escaped by the template)
 
@@ -68,7 +70,7 @@ def render_failed_build_logs(evaluation: Evaluation) -> SafeString:
             "build": b,
             "admin_url": reverse("admin:scheduling_derivationbuild_change", args=[b.id]),
             "url": _log_url(b),
-            "tail": build_log_tail(build=b, lines=FAILURE_LINES),
+            "tail": plain_text(build_log_tail(build=b, lines=FAILURE_LINES)),
         }
         for b in builds[:SHOWN_FAILED_BUILDS]
     ]

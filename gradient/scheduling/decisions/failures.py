@@ -1,8 +1,11 @@
 """What a failed job does next, by failure kind and attempts spent (reference notes: build maxAttempts 3
-with 30 s doubling backoff; canceled requeues without spending an attempt)."""
+with 30 s doubling backoff; canceled requeues without spending an attempt, but only the first few times
+one worker cancels one build in a row: a worker that keeps answering `canceled` would hold the build
+forever, so its cancels past `free_cancels` are failed attempts, issue 34 item 9)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import StrEnum
@@ -12,6 +15,7 @@ from gradient.core.vocab import REQUEUEING_FAILURE_KINDS, FailureKind
 BACKOFF_BASE_SECS = 30.0
 DEFAULT_MAX_ATTEMPTS = 3
 MAX_LOST_EVAL_DISPATCHES = 10
+DEFAULT_FREE_CANCELS = 3  # settings.GRADIENT_BUILD_FREE_CANCELS
 
 
 class BuildVerdict(StrEnum):
@@ -36,11 +40,32 @@ def backoff(attempts_spent: int, base_secs: float = BACKOFF_BASE_SECS) -> timede
 
 
 def decide_build_failure(
-    *, kind: str, attempts_spent: int, max_attempts: int, abort_requested: bool, now: datetime
+    *,
+    kind: str,
+    attempts_spent: int,
+    max_attempts: int,
+    abort_requested: bool,
+    now: datetime,
+    cancels_in_a_row: int = 0,
+    free_cancels: int = DEFAULT_FREE_CANCELS,
 ) -> BuildFailureDecision:
-    """`attempts_spent` counts the attempt that just failed."""
+    """`attempts_spent` counts the attempt that just failed. `cancels_in_a_row`: the tries of this build
+    that the same worker ended `canceled` one after another, the one that just failed included (see
+    `cancels_in_a_row` below); past `free_cancels` of them a cancel spends its attempt like a transient
+    failure (backoff, then FailedPermanent on the last attempt)."""
     if kind == FailureKind.CANCELED:
-        return BuildFailureDecision(BuildVerdict.REQUEUE, refund_attempt=True, reason="worker stopping")
+        if cancels_in_a_row <= free_cancels:
+            return BuildFailureDecision(BuildVerdict.REQUEUE, refund_attempt=True, reason="worker stopping")
+        repeated = f"canceled {cancels_in_a_row} times in a row by one worker"
+        if attempts_spent < max_attempts:
+            return BuildFailureDecision(
+                BuildVerdict.RETRY,
+                retry_at=now + backoff(attempts_spent),
+                reason=f"{repeated}: counted as a failed attempt, will retry",
+            )
+        return BuildFailureDecision(
+            BuildVerdict.PERMANENT, reason=f"{repeated}: failed on all {max_attempts} attempts"
+        )
     if kind == FailureKind.ABORTED:
         if abort_requested:
             return BuildFailureDecision(BuildVerdict.ABORTED, reason="aborted")
@@ -56,6 +81,21 @@ def decide_build_failure(
             BuildVerdict.PERMANENT, reason=f"{kind} failure on all {max_attempts} attempts"
         )
     return BuildFailureDecision(BuildVerdict.PERMANENT, reason="permanent failure")
+
+
+def cancels_in_a_row(tries: Sequence[tuple[str | None, str | None]], worker: str) -> int:
+    """How many of `worker`'s latest tries of one build ended `canceled` one after another: `tries` are
+    (worker, failure kind) pairs, newest first. Another worker's tries in between neither count nor break
+    the run (a fleet that restarts worker by worker cancels each try once); a try of this worker that
+    ended any other way (or still runs) does."""
+    count = 0
+    for by, kind in tries:
+        if by != worker:
+            continue
+        if kind != FailureKind.CANCELED:
+            break
+        count += 1
+    return count
 
 
 class EvalVerdict(StrEnum):

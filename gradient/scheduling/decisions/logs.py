@@ -12,6 +12,7 @@ Pure: plain values in, plain values out, no I/O.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
@@ -105,6 +106,20 @@ def append_piece(
             cut=cut,
         ),
     )
+
+
+# Terminal escapes: CSI sequences (colour `m`, cursor moves, erases), OSC sequences (window titles,
+# links; ended by BEL or ST), and a lone ESC before one more character. The log page renders colour
+# (templates/member/log.html); the short panes beside an error show the text without them (issue 34,
+# item 4: `␛[1;31merror:␛[0m` is not a line a person reads).
+_ESCAPES = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-Z\\-_]")
+_CARRIAGE = re.compile(r"[^\n]*\r(?=[^\n])")  # a line rewritten in place (progress bars): its last state
+
+
+def plain_text(text: str) -> str:
+    """`text` as a terminal would leave it to read, without colour: escape sequences dropped, a line
+    rewritten with carriage returns kept as its last state. Nothing else changes."""
+    return _CARRIAGE.sub("", _ESCAPES.sub("", text))
 
 
 def tail_lines(text: str, count: int) -> str:
