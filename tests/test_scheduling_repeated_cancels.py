@@ -109,11 +109,6 @@ def test_another_failure_kind_is_decided_as_before(workers: tuple[Worker, Worker
     assert decision.verdict is BuildVerdict.PERMANENT and decision.reason == "permanent failure"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="needs lifecycle.fail_build (reserved to the main line) to call "
-    "services.failures.build_failure_decision instead of decide_build_failure",
-)
 def test_a_worker_that_keeps_canceling_a_build_spends_its_attempts_and_the_build_ends(
     workers: tuple[Worker, Worker],
 ) -> None:

@@ -53,7 +53,6 @@ from gradient.scheduling import history, jobs
 from gradient.scheduling.decisions.failures import (
     BuildVerdict,
     EvalVerdict,
-    decide_build_failure,
     decide_eval_failure,
 )
 from gradient.scheduling.models import (
@@ -63,7 +62,7 @@ from gradient.scheduling.models import (
     DispatchedJob,
     Evaluation,
 )
-from gradient.scheduling.services import drv_recovery, eval_parts, graph
+from gradient.scheduling.services import drv_recovery, eval_parts, failures, graph
 from gradient.scheduling.services.claims import (
     BuildClaim,
     ClaimRequest,
@@ -643,13 +642,8 @@ def fail_build(
         drv_recovery.build_mark_drv_lost(build=build, error=error, now=now)
         forget_sent(row.job_id)
         return ReportOutcome(True, "its .drv is lost: waiting for a DrvRecovery evaluation")
-    decision = decide_build_failure(
-        kind=kind,
-        attempts_spent=build.attempts,
-        max_attempts=build.max_attempts,
-        abort_requested=False,
-        now=now,
-    )
+    # A worker's cancels of this build in a row count as failures past the free ones (failures.py).
+    decision = failures.build_failure_decision(build=build, row=row, kind=kind, now=now)
     build.failure_kind = kind
     build.last_error = error[:10000]
     build.updated_at = now
