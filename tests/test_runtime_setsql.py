@@ -105,3 +105,26 @@ def test_a_generic_plan_block_prepares_its_statements_once_and_ends_with_its_tra
         with fixed_cursor() as cursor:
             cursor.execute("SELECT id FROM derivation_build WHERE id = %s", [builds[0].id])
         assert not any("WHERE id = $1" in text for text in _prepared())
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_thread_reuses_its_cursor_statement_after_statement_but_never_one_in_use() -> None:
+    from django.db import connection
+
+    if connection.vendor != "postgresql":
+        pytest.skip("the kept cursors are PostgreSQL's (SQLite: Django's own cursor each time)")
+    with fixed_cursor() as first:
+        first.execute("SELECT 1")
+        with fixed_cursor() as inner:  # the outer one is in use: its rows must survive
+            inner.execute("SELECT 2")
+            assert inner is not first and inner.fetchone() == (2,)
+        assert first.fetchone() == (1,)
+    with fixed_cursor() as again:
+        again.execute("SELECT 3")
+        assert again is first and again.fetchone() == (3,)
+    with fixed_cursor(literal=True) as literal:
+        assert literal is not first
+    connection.close()  # a new connection: new cursors on it
+    with fixed_cursor() as fresh:
+        fresh.execute("SELECT 4")
+        assert fresh is not first and fresh.fetchone() == (4,)

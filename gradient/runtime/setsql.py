@@ -17,7 +17,7 @@ from typing import Any
 
 import msgspec
 import psycopg
-from django.db import connection
+from django.db import DEFAULT_DB_ALIAS, connection, connections
 from django.db.models import Model, signals
 from django.db.models.base import ModelState
 
@@ -38,26 +38,56 @@ def fixed_cursor(*, literal: bool = False) -> Iterator[Any]:
     the values are written into the statement (psycopg's client-side binding), so it is planned with
     them each time, whatever the transaction asked: for a statement whose generic plan would be bad
     (the queue's heads: its generic plan read every Queued build)."""
-    if connection.vendor != "postgresql":
-        with connection.cursor() as django_cursor:
+    wrapper = connections[DEFAULT_DB_ALIAS]  # looked up once: each `connection.x` looks it up again
+    if wrapper.vendor != "postgresql":
+        with wrapper.cursor() as django_cursor:
             yield django_cursor
         return
-    connection.ensure_connection()
-    conn = connection.connection
+    wrapper.ensure_connection()
+    conn = wrapper.connection
     if conn.prepare_threshold is None:
         # Django turns psycopg's preparing off (its own cursors bind on the client and never prepare);
         # on, with a threshold never reached, only what is asked for is prepared (psycopg ignores
         # prepare=True while it is off).
         conn.prepare_threshold = _ONLY_WHEN_ASKED
-    with connection.wrap_database_errors:
+    with wrapper.wrap_database_errors:
         generic = getattr(_generic, "on", False)
         kind = psycopg.ClientCursor if literal else _PreparingCursor if generic else psycopg.Cursor
-        cursor: psycopg.Cursor[Any] = kind(conn)
-        cursor.adapters.register_loader(_TIMESTAMPTZ_OID, _timestamptz_loader())
+        cursor, kept = _cursor(conn, kind)
         try:
             yield cursor
         finally:
-            cursor.close()
+            if kept:
+                _cursors.busy.discard(kind)
+            else:
+                cursor.close()
+
+
+# This thread's cursors on its connection, one of each kind, made once and used for statement after
+# statement (a cursor, its adapters map and its loader made per statement were a tenth of a report
+# batch's Python); one used by a caller further up (a fixed_cursor inside another) is not shared.
+_cursors = threading.local()
+
+
+def _cursor(conn: psycopg.Connection[Any], kind: type) -> tuple[psycopg.Cursor[Any], bool]:
+    """A cursor of `kind` on `conn`, and whether it is this thread's kept one (else a new one to close)."""
+    if getattr(_cursors, "conn", None) is not conn:  # a new connection (or a first call): start afresh
+        _cursors.conn, _cursors.kept, _cursors.busy = conn, {}, set()
+    kept: dict[type, psycopg.Cursor[Any]] = _cursors.kept
+    busy: set[type] = _cursors.busy
+    if kind in busy:
+        return _new_cursor(conn, kind), False
+    cursor = kept.get(kind)
+    if cursor is None or cursor.closed:
+        cursor = kept[kind] = _new_cursor(conn, kind)
+    busy.add(kind)
+    return cursor, True
+
+
+def _new_cursor(conn: psycopg.Connection[Any], kind: type) -> psycopg.Cursor[Any]:
+    cursor: psycopg.Cursor[Any] = kind(conn)
+    cursor.adapters.register_loader(_TIMESTAMPTZ_OID, _timestamptz_loader())
+    return cursor
 
 
 _ONLY_WHEN_ASKED = 2**31 - 1
@@ -87,7 +117,7 @@ def generic_plans() -> Iterator[None]:
     if connection.vendor != "postgresql":
         yield
         return
-    with connection.cursor() as cursor:
+    with fixed_cursor() as cursor:
         cursor.execute(_GENERIC_PLANS)
     _generic.on = True
     try:
