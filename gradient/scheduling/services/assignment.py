@@ -183,6 +183,7 @@ def request_builds(
     tried: list[uuid.UUID],
     lost: set[int] | None = None,
     session_ids: Sequence[uuid.UUID] | None = None,
+    finishing: Sequence[int] | None = None,
 ) -> list[Assignment | None]:
     """Answer a batch of RequestJob{build}, one entry per request (a worker with several free slots asks
     once per slot), in one transaction that this entry owns: the workers read together, the pending
@@ -193,14 +194,24 @@ def request_builds(
     the index of every request left unanswered after its claims lost (work there was, taken by others).
     `session_ids`, one per request when known: a request of a session that is no longer its worker's
     open one is left unanswered. Every claim holds only while the session it goes to is open (the
-    claim statement checks it on the session's locked row)."""
+    claim statement checks it on the session's locked row). `finishing`, one per request when known:
+    how many of its worker's open builds have ended on the worker, their JobCompleted or JobFailed
+    sent before the request and not applied yet: their slots count as free (the worker asks only for a
+    free slot; the report batch applies those ends beside this claim instead of before it)."""
     answers: list[Assignment | None] = [None] * len(worker_ids)
     chosen: set[str] = set()
     try:
         # Its statements read and write rows by their keys: planned once per connection.
         with transaction.atomic(durable=True), setsql.generic_plans():
             _request_builds(
-                worker_ids, answers, chosen, now, tried, lost if lost is not None else set(), session_ids
+                worker_ids,
+                answers,
+                chosen,
+                now,
+                tried,
+                lost if lost is not None else set(),
+                session_ids,
+                finishing,
             )
     finally:
         with _claiming_lock:
@@ -223,6 +234,7 @@ def _request_builds(
     tried: list[uuid.UUID],
     lost: set[int],
     session_ids: Sequence[uuid.UUID] | None,
+    finishing: Sequence[int] | None,
 ) -> None:
     states, open_builds = selectors.workers_of_batch(worker_ids)
     held = selectors.workers_held(list(states), JobKind.BUILD)
@@ -238,7 +250,8 @@ def _request_builds(
         if session_ids is not None and session_ids[index] != state.session_id:
             continue  # asked by a session closed since: its worker has another now (or none)
         counts = open_builds.get(worker_id, selectors.OpenBuilds())
-        if counts.running + planned.get(worker_id, 0) >= max(1, state.worker.max_concurrent_builds):
+        running = max(0, counts.running - (finishing[index] if finishing is not None else 0))
+        if running + planned.get(worker_id, 0) >= max(1, state.worker.max_concurrent_builds):
             full.append(worker_id)
             continue
         if worker_id in held:
@@ -663,17 +676,27 @@ ASK_AGAIN = AskAgain()
 
 
 def hand_out_builds(
-    *, worker_ids: Sequence[uuid.UUID], now: datetime, session_ids: Sequence[uuid.UUID] | None = None
+    *,
+    worker_ids: Sequence[uuid.UUID],
+    now: datetime,
+    session_ids: Sequence[uuid.UUID] | None = None,
+    finishing: Sequence[int] | None = None,
 ) -> list[AssignJob | AskAgain | None]:
     """A batch of RequestJob{build} from any sessions of this process (the dispatcher's): the AssignJob
     of each, ASK_AGAIN for one whose claims lost, or None for one left unanswered, once the batch's
     claims committed. A claim whose commit went unheard is handed out as in hand_out. `session_ids`:
-    the session that asked each (request_builds)."""
+    the session that asked each, and `finishing`, its worker's builds whose end is on its way
+    (request_builds)."""
     tried: list[uuid.UUID] = []
     lost: set[int] = set()
     try:
         handed = request_builds(
-            worker_ids=worker_ids, now=now, tried=tried, lost=lost, session_ids=session_ids
+            worker_ids=worker_ids,
+            now=now,
+            tried=tried,
+            lost=lost,
+            session_ids=session_ids,
+            finishing=finishing,
         )
     except (OperationalError, InterfaceError):
         return list(_unheard_or_raise(worker_ids, tried))

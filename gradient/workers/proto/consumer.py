@@ -269,6 +269,18 @@ _DISCONNECT_CAUSES = {
 }
 
 
+def _finishing(pending: list[tuple[asyncio.Future[Any], Message]]) -> int:
+    """How many builds the queued reports not applied yet end: a build job's JobCompleted or JobFailed,
+    or its AssignJob declined."""
+    ended = 0
+    for _, message in pending:
+        if isinstance(message, (JobCompleted, JobFailed)) or (
+            isinstance(message, AssignJobResponse) and not message.accepted
+        ):
+            ended += message.job_id.startswith("build:")
+    return ended
+
+
 def _is_eval_result(message: Message) -> bool:
     return isinstance(message, JobUpdate) and isinstance(message.update, EvalResult)
 
@@ -545,8 +557,10 @@ class WorkerConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]  # channels 
     async def _run_inbox(self, session: SessionRef) -> None:
         # Reports are queued for the report batcher without waiting for each one's result (they apply in
         # order, and a report waits for nothing but its batch); any other message first waits until
-        # what was queued before it has been applied: a RequestJob right after a JobCompleted must see
-        # that slot free.
+        # what was queued before it has been applied, but a RequestJob{build}: it goes to the claim
+        # batcher at once, saying how many of the worker's builds have ended in the reports still on
+        # their way (those slots are free: the worker asks only for a free one), so a hand-out waits
+        # for one commit, the claim's, not for the report batch's first.
         pending: list[tuple[asyncio.Future[Any], Message]] = []
         while self._inbox or pending:
             if not self._inbox:
@@ -563,6 +577,10 @@ class WorkerConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]  # channels 
                         session_id=session.session_id, worker_id=session.worker_id, now=timezone.now()
                     )
                     pending.append((batcher_for(jobloop.reports_batch).enqueue(session, message), message))
+                elif isinstance(message, RequestJob) and message.kind == "build":
+                    if pending and not await self._settle_done(session, pending):
+                        return
+                    await self._dispatch(handler, session, message, finishing=_finishing(pending))
                 else:
                     if pending and not await self._settle(session, pending):
                         return
@@ -576,6 +594,14 @@ class WorkerConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]  # channels 
     @staticmethod
     def _pipelined(message: Message) -> bool:
         return isinstance(message, BATCHED) and not _is_eval_result(message)
+
+    async def _settle_done(
+        self, session: SessionRef, pending: list[tuple[asyncio.Future[Any], Message]]
+    ) -> bool:
+        """_settle for the queued reports already applied; the others stay pending."""
+        done = [p for p in pending if p[0].done()]
+        pending[:] = [p for p in pending if not p[0].done()]
+        return await self._settle(session, done) if done else not self.closing
 
     async def _settle(self, session: SessionRef, pending: list[tuple[asyncio.Future[Any], Message]]) -> bool:
         """Wait for the queued reports' results; a report that failed on our side ends the session as any
@@ -669,7 +695,9 @@ class WorkerConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]  # channels 
         if _server_draining:
             await self._send(Draining())
 
-    async def _dispatch(self, handler: Handler, session: SessionRef, message: Message) -> None:
+    async def _dispatch(
+        self, handler: Handler, session: SessionRef, message: Message, finishing: int = 0
+    ) -> None:
         presence.note_seen(session_id=session.session_id, worker_id=session.worker_id, now=timezone.now())
         if isinstance(message, WorkerMetrics):  # the heartbeat: in memory, no database, no thread
             jobloop.worker_metrics(session=session, message=message)
@@ -683,11 +711,12 @@ class WorkerConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]  # channels 
                 replies: list[ServerMessage] = []
             elif isinstance(message, RequestJob) and message.kind == "build":
                 claims = batcher_for(jobloop.request_builds_batch, CLAIM_WINDOW_SECS, lanes.CLAIMS)
-                handed = await claims.submit(session, message)
+                request = jobloop.BuildRequest(message, finishing)
+                handed = await claims.submit(session, request)
                 for _ in range(ASK_AGAIN_BATCHES):  # its claims lost to another process's: once more
                     if handed is not jobloop.ASK_AGAIN:
                         break
-                    handed = await claims.submit(session, message)
+                    handed = await claims.submit(session, request)
                 replies = [handed] if isinstance(handed, AssignJob) else []
             else:
                 lane = (

@@ -19,6 +19,8 @@ assignment_id is not the job's open assignment on this worker changes nothing.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import logging
 from collections.abc import Sequence
 
@@ -125,8 +127,18 @@ def request_job(*, session: SessionRef, message: RequestJob) -> list[ServerMessa
 ASK_AGAIN = assignment.ASK_AGAIN
 
 
+@dataclass(frozen=True, slots=True)
+class BuildRequest:
+    """A RequestJob{build} for the claim batcher, with how many of its worker's builds are finishing:
+    their JobCompleted or JobFailed sent before it and still on their way to the database (the report
+    batch applies them beside this claim, not before it)."""
+
+    message: RequestJob
+    finishing: int = 0
+
+
 def request_builds_batch(
-    batch: Sequence[tuple[SessionRef, RequestJob]],
+    batch: Sequence[tuple[SessionRef, BuildRequest]],
 ) -> list[AssignJob | assignment.AskAgain | None]:
     """RequestJob{build} from any sessions of this process, collected for a few milliseconds by the
     consumer's claim batcher: claimed together in one transaction (assignment.hand_out_builds); one
@@ -136,6 +148,7 @@ def request_builds_batch(
         worker_ids=[session.worker_id for session, _ in batch],
         now=timezone.now(),
         session_ids=[session.session_id for session, _ in batch],
+        finishing=[request.finishing for _, request in batch],
     )
 
 

@@ -1,0 +1,126 @@
+"""A RequestJob{build} right after the JobCompleted that freed its slot is claimed beside that report's
+batch, not after it: the hand-out waits for one commit (the claim's), and the slot the report frees
+counts as free already. A worker that asks while its slots are all taken still gets nothing."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from typing import Any
+
+import pytest
+from channels.db import database_sync_to_async
+from channels.testing import WebsocketCommunicator
+from django.utils import timezone
+
+from gradient.core.protocol import JobCompleted, RequestJob
+from gradient.scheduling.models import BuildStatus, DerivationBuild, DispatchedJob, EvaluationStatus
+from gradient.scheduling.services import graph
+from gradient.workers.models import WorkerSession
+from gradient.workers.proto import consumer as consumer_module
+from gradient.workers.proto import jobloop
+from gradient.workers.services import SessionRef
+from tests.factories import EvaluationFactory, ProjectFactory
+from tests.scheduling_helpers import drv
+from tests.support.proto import CAPABILITIES, TIMEOUT, assigned, finish, handshake
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@database_sync_to_async
+def _setup(make_worker: Any) -> tuple[str, str]:
+    project = ProjectFactory(name="p")
+    worker, token = make_worker(projects=("p",))
+    evaluation = EvaluationFactory(project=project, status=EvaluationStatus.BUILDING)
+    graph.ingest_eval_result(evaluation=evaluation, derivations=[drv("a"), drv("b")], now=timezone.now())
+    assert DerivationBuild.objects.filter(status=BuildStatus.QUEUED).count() == 2
+    return str(worker.id), token
+
+
+def _finished(assign: dict[str, Any]) -> list[dict[str, Any]]:
+    ids = {"job_id": assign["job_id"], "assignment_id": assign["assignment_id"]}
+    spec = assign["job"]["builds"][0]
+    outputs = [{"name": o["name"], "path": o["path"], "nar_size": 4096} for o in spec["outputs"]]
+    return [
+        {"type": "AssignJobResponse", **ids, "accepted": True, "reason": None},
+        {"type": "JobUpdate", **ids, "update": {"kind": "building", "build_id": spec["build_id"]}},
+        {
+            "type": "JobUpdate",
+            **ids,
+            "update": {
+                "kind": "build_output",
+                "build_id": spec["build_id"],
+                "outputs": outputs,
+                "substituted": False,
+            },
+        },
+        {"type": "JobCompleted", **ids, "elapsed_ms": 10},
+    ]
+
+
+async def test_the_next_request_is_claimed_while_the_completion_before_it_is_still_being_applied(
+    make_worker: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    worker_id, token = await _setup(make_worker)
+    release = threading.Event()
+    held: list[int] = []
+    real = jobloop.reports_batch
+
+    def slow_reports(batch: Any) -> Any:
+        if any(isinstance(message, JobCompleted) for _, message in batch):
+            held.append(len(batch))
+            assert release.wait(TIMEOUT * 2)  # the JobCompleted's batch waits until the test lets it go
+        return real(batch)
+
+    monkeypatch.setattr(jobloop, "reports_batch", slow_reports)
+    comm, _ = await handshake(worker_id, token)
+    await comm.send_json_to({**CAPABILITIES, "max_concurrent_builds": 1})  # one build slot
+    first = await assigned(comm, "build")
+    for frame in _finished(first):
+        await comm.send_json_to(frame)
+    try:
+        second = await assigned(comm, "build")  # answered while the JobCompleted is held
+        assert held, "the JobCompleted's batch was being applied"
+        assert second["job_id"] != first["job_id"]
+        rows = await database_sync_to_async(
+            lambda: {d.job_id: d.finished_at for d in DispatchedJob.objects.all()}
+        )()
+        assert rows[first["job_id"]] is None and rows[second["job_id"]] is None, "claimed beside, not after"
+    finally:
+        release.set()
+    await _completed(comm, first)
+    await finish(comm)
+
+
+async def _completed(comm: WebsocketCommunicator, assign: dict[str, Any]) -> None:
+    """Once the held batch went through, the first build is Completed (its report was applied)."""
+    import asyncio
+
+    build_id = uuid.UUID(assign["job_id"].removeprefix("build:"))
+    for _ in range(int(TIMEOUT * 20)):
+        status = await database_sync_to_async(lambda: DerivationBuild.objects.get(id=build_id).status)()
+        if status == BuildStatus.COMPLETED:
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"build {build_id} stayed {status}")
+
+
+@database_sync_to_async
+def _session_ref(worker_id: str) -> SessionRef:
+    session = WorkerSession.objects.get(worker_id=worker_id, closed_at__isnull=True)
+    return SessionRef(session_id=session.id, worker_id=session.worker_id)
+
+
+async def test_a_worker_whose_slot_is_taken_and_not_finishing_gets_nothing_more(make_worker: Any) -> None:
+    worker_id, token = await _setup(make_worker)
+    comm, _ = await handshake(worker_id, token)
+    await comm.send_json_to({**CAPABILITIES, "max_concurrent_builds": 1})  # one build slot
+    await assigned(comm, "build")
+    session = await _session_ref(worker_id)
+    request = RequestJob(kind="build")
+    batch = database_sync_to_async(jobloop.request_builds_batch)
+    assert await batch([(session, jobloop.BuildRequest(request, finishing=0))]) == [None]
+    [handed] = await batch([(session, jobloop.BuildRequest(request, finishing=1))])
+    assert handed is not None and handed.job_id.startswith("build:"), "its build's end on the way frees it"
+    await finish(comm)
+    assert consumer_module.CLAIM_WINDOW_SECS > 0
