@@ -19,10 +19,9 @@ assignment_id is not the job's open assignment on this worker changes nothing.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import logging
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from django.utils import timezone
 
