@@ -89,6 +89,9 @@ def _logs() -> list[tuple[str, int, bool, str]]:
     GRADIENT_BUILD_LOG_MAX_BYTES=20_000,
     GRADIENT_BUILD_LOG_MAX_BYTES_PER_BUILD=50_000,
     GRADIENT_BUILD_LOG_MAX_BYTES_PER_WORKER_HOUR=0,
+    # Eight tries of one build by one worker, each cancelled: past the free cancels they would count as
+    # failed attempts (test_scheduling_repeated_cancels); here only the log cap is asked about.
+    GRADIENT_BUILD_FREE_CANCELS=100,
 )
 async def test_take_log_cancel_in_a_loop_stores_at_most_the_builds_cap_of_all_its_tries(
     make_worker: Any,

@@ -124,3 +124,38 @@ async def test_a_worker_whose_slot_is_taken_and_not_finishing_gets_nothing_more(
     assert handed is not None and handed.job_id.startswith("build:"), "its build's end on the way frees it"
     await finish(comm)
     assert consumer_module.CLAIM_WINDOW_SECS > 0
+
+
+@database_sync_to_async
+def _one_build(make_worker: Any) -> tuple[str, str]:
+    project = ProjectFactory(name="q")
+    worker, token = make_worker(projects=("q",))
+    evaluation = EvaluationFactory(project=project, status=EvaluationStatus.BUILDING)
+    graph.ingest_eval_result(evaluation=evaluation, derivations=[drv("only")], now=timezone.now())
+    return str(worker.id), token
+
+
+async def test_a_build_put_back_by_the_report_before_the_request_is_handed_out_again(
+    make_worker: Any,
+) -> None:
+    worker_id, token = await _one_build(make_worker)
+    comm, _ = await handshake(worker_id, token)
+    await comm.send_json_to({**CAPABILITIES, "max_concurrent_builds": 1})
+    first = await assigned(comm, "build")
+    ids = {"job_id": first["job_id"], "assignment_id": first["assignment_id"]}
+    await comm.send_json_to({"type": "AssignJobResponse", **ids, "accepted": True, "reason": None})
+    # Cancelled on the worker (no attempt spent): the one build goes back to the queue, and the request
+    # right behind the cancel, claimed before the cancel was applied and left unanswered, is asked again.
+    await comm.send_json_to(
+        {
+            "type": "JobFailed",
+            **ids,
+            "error": "stopped",
+            "kind": "canceled",
+            "missing_paths": None,
+            "elapsed_ms": 1,
+        }
+    )
+    again = await assigned(comm, "build")
+    assert again["job_id"] == first["job_id"] and again["assignment_id"] != first["assignment_id"]
+    await finish(comm)

@@ -580,7 +580,14 @@ class WorkerConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]  # channels 
                 elif isinstance(message, RequestJob) and message.kind == "build":
                     if pending and not await self._settle_done(session, pending):
                         return
-                    await self._dispatch(handler, session, message, finishing=_finishing(pending))
+                    if pending:
+                        if await self._dispatch(handler, session, message, finishing=_finishing(pending)):
+                            continue
+                        # Unanswered: a report on its way may put a build back (a cancel, a failure
+                        # requeued without spending an attempt); asked again once they are applied.
+                        if not await self._settle(session, pending):
+                            return
+                    await self._dispatch(handler, session, message)
                 else:
                     if pending and not await self._settle(session, pending):
                         return
@@ -697,12 +704,14 @@ class WorkerConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]  # channels 
 
     async def _dispatch(
         self, handler: Handler, session: SessionRef, message: Message, finishing: int = 0
-    ) -> None:
+    ) -> bool:
+        """Handle one message and send its replies; False only for a RequestJob{build} left unanswered."""
         presence.note_seen(session_id=session.session_id, worker_id=session.worker_id, now=timezone.now())
         if isinstance(message, WorkerMetrics):  # the heartbeat: in memory, no database, no thread
             jobloop.worker_metrics(session=session, message=message)
             await self._renew_group(session)
-            return
+            return True
+        answered = True
         try:
             if self._pipelined(message):
                 result = await batcher_for(jobloop.reports_batch).submit(session, message)
@@ -718,6 +727,7 @@ class WorkerConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]  # channels 
                         break
                     handed = await claims.submit(session, request)
                 replies = [handed] if isinstance(handed, AssignJob) else []
+                answered = bool(replies)
             else:
                 lane = (
                     lanes.OFFERS
@@ -731,12 +741,13 @@ class WorkerConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]  # channels 
             # Our failure, not the worker's: no 400. Close; the worker reconnects and its jobs requeue.
             log.exception("handling %s from worker %s failed", tag_of(type(message)), session.worker_id)
             await self._close(1011, "internal error")
-            return
+            return True
         for reply in replies:
             await self._send(reply)
         if isinstance(message, WorkerCapabilities):
             self._build_slots = message.max_concurrent_builds
             self._offer_soon(session, message)
+        return answered
 
     async def _renew_group(self, session: SessionRef) -> None:
         now = time.monotonic()
