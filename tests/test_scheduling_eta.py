@@ -17,9 +17,29 @@ def test_median_of_odd_and_even_samples_and_of_none() -> None:
 
 
 def test_the_typical_duration_rests_on_the_derivation_then_the_project_then_the_default() -> None:
-    assert eta.typical_duration([100.0, 300.0, 200.0], [5.0], 600.0) == eta.Typical(200.0, "derivation")
-    assert eta.typical_duration([], [5.0, 7.0], 600.0) == eta.Typical(6.0, "project")
+    got = eta.typical_duration([100.0, 300.0, 200.0], [5.0], 600.0)
+    assert got == eta.Typical(200.0, "derivation", 100.0, 300.0)
+    assert eta.typical_duration([], [5.0, 7.0], 600.0) == eta.Typical(6.0, "project", 5.0, 7.0)
     assert eta.typical_duration([], [], 600.0) == eta.Typical(600.0, "default")
+
+
+def test_without_history_and_without_a_default_the_start_is_unknown() -> None:
+    typical = eta.typical_duration([], [], 0.0)
+    assert typical.basis == "none"
+    got = eta.queue_estimate(now=NOW, ahead=0, slots=4, busy=0, typical=typical)
+    assert got == eta.NO_ESTIMATE and got.expected_start is None and got.expected_finish is None
+
+
+def test_the_range_is_the_same_arithmetic_over_the_samples_spread() -> None:
+    samples = [float(s) for s in range(10, 110, 10)]  # 10..100 s: p10 10, median 55, p90 90
+    typical = eta.typical_duration(samples, [], 600.0)
+    assert (typical.low, typical.secs, typical.high) == (10.0, 55.0, 90.0)
+    got = eta.queue_estimate(now=NOW, ahead=1, slots=1, busy=1, typical=typical)
+    assert got.earliest_start == NOW + timedelta(seconds=15)  # 1.5 x 10 s
+    assert got.expected_start == NOW + timedelta(seconds=82.5)
+    assert got.latest_start == NOW + timedelta(seconds=135)
+    default = eta.queue_estimate(now=NOW, ahead=1, slots=1, busy=1, typical=eta.Typical(100.0, "default"))
+    assert default.earliest_start == default.expected_start == default.latest_start
 
 
 def test_a_job_starts_now_while_a_free_slot_is_left_for_it() -> None:
@@ -43,7 +63,11 @@ def test_no_slot_means_no_estimate() -> None:
 
 def test_the_expected_finish_is_one_typical_duration_after_the_start() -> None:
     got = eta.queue_estimate(now=NOW, ahead=1, slots=1, busy=1, typical=eta.Typical(100.0, "project"))
-    assert got == eta.Estimate(NOW + timedelta(seconds=150), NOW + timedelta(seconds=250), "project")
+    assert (got.expected_start, got.expected_finish, got.basis) == (
+        NOW + timedelta(seconds=150),
+        NOW + timedelta(seconds=250),
+        "project",
+    )
 
 
 def test_the_longest_chain_counts_builds_on_the_critical_path() -> None:

@@ -69,6 +69,9 @@ class QueueStanding:
     expected_start: datetime | None
     expected_finish: datetime | None
     basis: eta.Basis
+    # The start's range (decisions.eta): the console shows it; REST carries the fields above only.
+    earliest_start: datetime | None = None
+    latest_start: datetime | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -236,6 +239,8 @@ def _standing(now: datetime, position: int, slots: Slots, typical: eta.Typical) 
         expected_start=estimate.expected_start,
         expected_finish=estimate.expected_finish,
         basis=estimate.basis,
+        earliest_start=estimate.earliest_start,
+        latest_start=estimate.latest_start,
     )
 
 
@@ -344,6 +349,8 @@ def evaluation_expected_finish(evaluation: Evaluation, now: datetime) -> datetim
         .values_list("started_at", "finished_at")[:HISTORY_SAMPLE]
     )
     typical = eta.typical_duration([], durations, float(settings.GRADIENT_ETA_DEFAULT_BUILD_SECS))
+    if typical.basis == "none":
+        return None
     return eta.evaluation_finish(
         now=now, remaining=len(remaining), chain=chain, slots=slots, typical_secs=typical.secs
     )

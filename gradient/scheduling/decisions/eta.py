@@ -7,7 +7,8 @@ starts now when `ahead < free`, else after `0.5 + (ahead - free) // slots` typic
 
 The typical duration is the median of past attempts: of the same derivation name and system when
 there are any (basis `derivation`), else of the project's builds (`project`), else a configured default
-(`default`). With no slot that can run the job there is no estimate at all (`none`).
+(`default`). With no slot that can run the job, or no history and no default (a default of 0 turns it
+off), there is no estimate at all (`none`): the job's start is unknown.
 """
 
 from __future__ import annotations
@@ -26,6 +27,18 @@ BASES: tuple[Basis, ...] = ("derivation", "project", "default", "none")
 class Typical:
     secs: float
     basis: Basis
+    # The spread of the same sample (its 10th and 90th percentiles): the estimate's range. A default
+    # has no spread (low = high = secs): the console says it rests on no history instead.
+    low_secs: float | None = None
+    high_secs: float | None = None
+
+    @property
+    def low(self) -> float:
+        return self.secs if self.low_secs is None else self.low_secs
+
+    @property
+    def high(self) -> float:
+        return self.secs if self.high_secs is None else self.high_secs
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,6 +46,9 @@ class Estimate:
     expected_start: datetime | None
     expected_finish: datetime | None
     basis: Basis
+    # The range of the start: the same arithmetic with the sample's 10th and 90th percentiles.
+    earliest_start: datetime | None = None
+    latest_start: datetime | None = None
 
 
 NO_ESTIMATE = Estimate(expected_start=None, expected_finish=None, basis="none")
@@ -46,16 +62,34 @@ def median(values: Sequence[float]) -> float | None:
     return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2.0
 
 
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """The nearest-rank q-quantile (0 < q <= 1) of `values`; None without values."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
+
+
+def _typical(values: Sequence[float], basis: Basis) -> Typical | None:
+    m = median(values)
+    if m is None:
+        return None
+    return Typical(m, basis, percentile(values, 0.1), percentile(values, 0.9))
+
+
 def typical_duration(
     derivation_secs: Sequence[float], project_secs: Sequence[float], default_secs: float
 ) -> Typical:
     """The duration a job is taken to last, and what that rests on: the first of the derivation's own
-    past attempts, the project's, or the default that has any."""
-    if (m := median(derivation_secs)) is not None:
-        return Typical(m, "derivation")
-    if (m := median(project_secs)) is not None:
-        return Typical(m, "project")
-    return Typical(max(0.0, default_secs), "default")
+    past attempts, the project's, or the default that has any; `none` without history and with no
+    default (0 or less)."""
+    if (t := _typical(derivation_secs, "derivation")) is not None:
+        return t
+    if (t := _typical(project_secs, "project")) is not None:
+        return t
+    if default_secs <= 0:
+        return Typical(0.0, "none")
+    return Typical(default_secs, "default")
 
 
 def start_delay_secs(*, ahead: int, slots: int, busy: int, typical_secs: float) -> float:
@@ -68,14 +102,22 @@ def start_delay_secs(*, ahead: int, slots: int, busy: int, typical_secs: float) 
 
 
 def queue_estimate(*, now: datetime, ahead: int, slots: int, busy: int, typical: Typical) -> Estimate:
-    """A waiting job's expected start and end; NO_ESTIMATE when no slot can run it."""
-    if slots <= 0:
+    """A waiting job's expected start and end; NO_ESTIMATE when no slot can run it or nothing to go on."""
+    if slots <= 0 or typical.basis == "none":
         return NO_ESTIMATE
-    start = now + timedelta(
-        seconds=start_delay_secs(ahead=ahead, slots=slots, busy=busy, typical_secs=typical.secs)
-    )
+
+    def start(secs: float) -> datetime:
+        return now + timedelta(
+            seconds=start_delay_secs(ahead=ahead, slots=slots, busy=busy, typical_secs=secs)
+        )
+
+    expected = start(typical.secs)
     return Estimate(
-        expected_start=start, expected_finish=start + timedelta(seconds=typical.secs), basis=typical.basis
+        expected_start=expected,
+        expected_finish=expected + timedelta(seconds=typical.secs),
+        basis=typical.basis,
+        earliest_start=start(typical.low),
+        latest_start=start(typical.high),
     )
 
 
