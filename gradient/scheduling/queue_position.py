@@ -132,7 +132,10 @@ def build_position(build: DerivationBuild, now: datetime, projects: Iterable[uui
     return ahead + 1
 
 
-def _connected_workers() -> list[tuple[Worker, frozenset[uuid.UUID]]]:
+Connected = list[tuple[Worker, frozenset[uuid.UUID]]]
+
+
+def connected_workers() -> Connected:
     """Active workers with an open session that is not draining, with their projects."""
     workers = list(
         Worker.objects.filter(
@@ -157,12 +160,12 @@ def _open_counts(worker_ids: list[uuid.UUID], kind: JobKind) -> dict[uuid.UUID, 
     return dict(rows)
 
 
-def build_slots(build: DerivationBuild, projects: set[uuid.UUID]) -> Slots:
+def build_slots(build: DerivationBuild, projects: set[uuid.UUID], workers: Connected | None = None) -> Slots:
     """The build slots of connected workers that may run the build (architecture, features, project),
-    and how many of them hold an open build assignment."""
+    and how many of them hold an open build assignment. `workers`: connected_workers() read already."""
     capable = [
         w
-        for w, served in _connected_workers()
+        for w, served in (connected_workers() if workers is None else workers)
         if selectors.worker_can_build(w, build.system, list(build.required_features or []))
         and may_take(served, projects)
     ]
@@ -213,15 +216,18 @@ def build_typical(build: DerivationBuild, projects: set[uuid.UUID]) -> eta.Typic
     return eta.typical_duration(derivation, project, float(settings.GRADIENT_ETA_DEFAULT_BUILD_SECS))
 
 
-def build_queue(build: DerivationBuild, now: datetime) -> QueueStanding | None:
-    """Where a Queued build stands; None for a build in any other status."""
+def build_queue(
+    build: DerivationBuild, now: datetime, workers: Connected | None = None
+) -> QueueStanding | None:
+    """Where a Queued build stands; None for a build in any other status. `workers`: the connected
+    workers when the caller reads many builds' standing at once (the ETA pass)."""
     if build.status != BuildStatus.QUEUED:
         return None
     projects = build_projects(build)
     return _standing(
         now,
         build_position(build, now, projects),
-        build_slots(build, projects),
+        build_slots(build, projects, workers),
         build_typical(build, projects),
     )
 
@@ -281,7 +287,7 @@ def evaluation_slots(evaluation: Evaluation) -> Slots:
     steps = jobs.eval_steps(evaluation, split=selectors.has_idle_eval_only_worker())
     capable = [
         w
-        for w, served in _connected_workers()
+        for w, served in connected_workers()
         if selectors.worker_can_run_eval_steps(w, steps) and may_take(served, [evaluation.project_id])
     ]
     open_counts = _open_counts([w.id for w in capable], JobKind.EVAL)
@@ -333,7 +339,7 @@ def evaluation_expected_finish(evaluation: Evaluation, now: datetime) -> datetim
     systems = {s for _, s in remaining}
     slots = sum(
         max(1, w.max_concurrent_builds)
-        for w, served in _connected_workers()
+        for w, served in connected_workers()
         if w.can_build
         and may_take(served, [evaluation.project_id])
         and any(s == BUILTIN_SYSTEM or s in (w.architectures or []) for s in systems)
