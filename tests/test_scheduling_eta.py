@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
+import pytest
+
 from gradient.scheduling.decisions import eta
 
 NOW = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
@@ -47,13 +49,30 @@ def test_a_job_starts_now_while_a_free_slot_is_left_for_it() -> None:
     assert eta.start_delay_secs(ahead=2, slots=4, busy=1, typical_secs=100.0) == 0.0
 
 
-def test_busy_slots_are_halfway_through_and_slots_turn_over_in_waves() -> None:
+def test_busy_slots_are_halfway_through_and_the_slots_turn_over_as_a_pool() -> None:
     delay = eta.start_delay_secs
     assert delay(ahead=0, slots=1, busy=1, typical_secs=100.0) == 50.0
     assert delay(ahead=1, slots=1, busy=1, typical_secs=100.0) == 150.0
-    assert delay(ahead=1, slots=2, busy=2, typical_secs=100.0) == 50.0
-    assert delay(ahead=2, slots=2, busy=2, typical_secs=100.0) == 150.0
+    # Two busy slots halfway through: they free every 50 s on average.
+    assert delay(ahead=1, slots=2, busy=2, typical_secs=100.0) == 75.0
+    assert delay(ahead=2, slots=2, busy=2, typical_secs=100.0) == 125.0
     assert delay(ahead=3, slots=1, busy=0, typical_secs=100.0) == 250.0
+    assert delay(ahead=1000, slots=20, busy=20, typical_secs=1.0) == pytest.approx(50.025)
+
+
+def test_the_jobs_ahead_last_their_mean_and_the_job_its_own_typical_time() -> None:
+    own = eta.Typical(10.0, "derivation")
+    pool = eta.mean_duration([100.0, 200.0, 300.0], "project")
+    assert pool is not None and (pool.secs, pool.low, pool.high) == (200.0, 100.0, 300.0)
+    got = eta.queue_estimate(now=NOW, ahead=3, slots=2, busy=2, typical=own, ahead_typical=pool)
+    assert got.expected_start == NOW + timedelta(seconds=350)  # 200 x 3.5 / 2
+    assert got.expected_finish == NOW + timedelta(seconds=360)  # then its own 10 s
+    assert (got.earliest_start, got.latest_start) == (
+        NOW + timedelta(seconds=175),
+        NOW + timedelta(seconds=525),
+    )
+    assert got.basis == "derivation"
+    assert eta.mean_duration([], "project") is None
 
 
 def test_no_slot_means_no_estimate() -> None:

@@ -268,6 +268,10 @@ def test_a_builds_eta_falls_as_the_jobs_ahead_of_it_finish(setup) -> None:  # ty
         assert a is not None and build_id_of(a) == str(expected_id)
         delays.append(delay())
         build(worker.id, a)
+        # Each took 100 s (the project's builds now say what the ones ahead last: their mean).
+        BuildAttempt.objects.filter(build_id=expected_id).update(
+            started_at=F("finished_at") - timedelta(seconds=100)
+        )
     delays.append(delay())  # nothing ahead, the slot free: now
     assert delays == [250.0, 250.0, 150.0, 50.0, 0.0]
 

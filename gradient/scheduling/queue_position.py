@@ -56,6 +56,8 @@ from gradient.workers.models import Worker
 HISTORY_SAMPLE = 20
 """How many of the latest ended attempts (of a derivation, of a project) the typical duration is the
 median of."""
+AHEAD_SAMPLE = 200
+"""How many of the projects' latest ended attempts the jobs ahead are taken to last the mean of."""
 
 _ENDED_OK = (BuildAttemptOutcome.BUILT, BuildAttemptOutcome.SUBSTITUTED)
 
@@ -216,6 +218,24 @@ def build_typical(build: DerivationBuild, projects: set[uuid.UUID]) -> eta.Typic
     return eta.typical_duration(derivation, project, float(settings.GRADIENT_ETA_DEFAULT_BUILD_SECS))
 
 
+def ahead_typical(projects: set[uuid.UUID]) -> eta.Typical | None:
+    """What the jobs ahead and running are taken to last: the mean of the latest ended tries of the
+    projects' builds (the pool turns over at the mean, not at this build's own duration); None without
+    any."""
+    if not projects:
+        return None
+    of_project = EvaluationBuild.objects.filter(
+        build_id=OuterRef("build_id"), evaluation__project_id__in=list(projects)
+    )
+    durations = _secs(
+        BuildAttempt.objects.filter(finished_at__isnull=False, outcome__in=_ENDED_OK)
+        .filter(Exists(of_project))
+        .order_by("-finished_at")
+        .values_list("started_at", "finished_at")[:AHEAD_SAMPLE]
+    )
+    return eta.mean_duration(durations, "project")
+
+
 def build_queue(
     build: DerivationBuild, now: datetime, workers: Connected | None = None
 ) -> QueueStanding | None:
@@ -229,13 +249,17 @@ def build_queue(
         build_position(build, now, projects),
         build_slots(build, projects, workers),
         build_typical(build, projects),
+        ahead_typical(projects),
     )
 
 
-def _standing(now: datetime, position: int, slots: Slots, typical: eta.Typical) -> QueueStanding:
-    """Where a waiting job stands, from its position, the slots that can run it and its typical time."""
+def _standing(
+    now: datetime, position: int, slots: Slots, typical: eta.Typical, ahead: eta.Typical | None = None
+) -> QueueStanding:
+    """Where a waiting job stands, from its position, the slots that can run it, its typical time and
+    that of the jobs ahead."""
     estimate = eta.queue_estimate(
-        now=now, ahead=position - 1, slots=slots.total, busy=slots.busy, typical=typical
+        now=now, ahead=position - 1, slots=slots.total, busy=slots.busy, typical=typical, ahead_typical=ahead
     )
     return QueueStanding(
         position=position,

@@ -1,9 +1,11 @@
 """When a waiting job is expected to start and end: plain arithmetic over counts and past durations.
 
-The model is deliberately simple (spec/rest.md "Where a waiting job stands"): every job takes the
-typical duration; the slots that can run the job turn over in waves; a busy slot is taken to be
-halfway through its job. So a job with `ahead` jobs before it and `free = slots - busy` idle slots
-starts now when `ahead < free`, else after `0.5 + (ahead - free) // slots` typical durations.
+The model is deliberately simple (spec/rest.md "Where a waiting job stands"): the slots that can run the
+job are a pool that turns over at `slots / d` jobs a second, `d` the mean duration of the jobs it runs
+(the jobs ahead: its project's recent builds, else the job's own typical duration), a busy slot halfway
+through its job. So a job with `ahead` jobs before it and `free = slots - busy` idle slots starts now
+when `ahead < free`, else after `d * (ahead - free + 0.5) / slots`; it ends one typical duration of its
+own later. (With one slot: half of the running job, then each job ahead in full.)
 
 The typical duration is the median of past attempts: of the same derivation name and system when
 there are any (basis `derivation`), else of the project's builds (`project`), else a configured default
@@ -93,32 +95,51 @@ def typical_duration(
 
 
 def start_delay_secs(*, ahead: int, slots: int, busy: int, typical_secs: float) -> float:
-    """How long until a job with `ahead` jobs before it starts on `slots` slots, `busy` of them taken
-    (see the module's docstring). Precondition: slots > 0."""
+    """How long until a job with `ahead` jobs before it starts on `slots` slots, `busy` of them taken,
+    the jobs ahead and running lasting `typical_secs` on average (see the module's docstring).
+    Precondition: slots > 0."""
     free = max(0, slots - min(busy, slots))
     if ahead < free:
         return 0.0
-    return typical_secs * (0.5 + (ahead - free) // slots)
+    return typical_secs * (ahead - free + 0.5) / slots
 
 
-def queue_estimate(*, now: datetime, ahead: int, slots: int, busy: int, typical: Typical) -> Estimate:
-    """A waiting job's expected start and end; NO_ESTIMATE when no slot can run it or nothing to go on."""
+def queue_estimate(
+    *,
+    now: datetime,
+    ahead: int,
+    slots: int,
+    busy: int,
+    typical: Typical,
+    ahead_typical: Typical | None = None,
+) -> Estimate:
+    """A waiting job's expected start and end; NO_ESTIMATE when no slot can run it or nothing to go on.
+    `typical`: the job's own duration; `ahead_typical`: that of the jobs ahead and running (their mean
+    and its spread; the job's own when None or without basis)."""
     if slots <= 0 or typical.basis == "none":
         return NO_ESTIMATE
+    pool = typical if ahead_typical is None or ahead_typical.basis == "none" else ahead_typical
 
     def start(secs: float) -> datetime:
         return now + timedelta(
             seconds=start_delay_secs(ahead=ahead, slots=slots, busy=busy, typical_secs=secs)
         )
 
-    expected = start(typical.secs)
+    expected = start(pool.secs)
     return Estimate(
         expected_start=expected,
         expected_finish=expected + timedelta(seconds=typical.secs),
         basis=typical.basis,
-        earliest_start=start(typical.low),
-        latest_start=start(typical.high),
+        earliest_start=start(pool.low),
+        latest_start=start(pool.high),
     )
+
+
+def mean_duration(values: Sequence[float], basis: Basis) -> Typical | None:
+    """The mean of past durations (what a pool of slots turns over at) with the sample's p10/p90."""
+    if not values:
+        return None
+    return Typical(sum(values) / len(values), basis, percentile(values, 0.1), percentile(values, 0.9))
 
 
 def longest_chain(edges: Sequence[tuple[str, str]], nodes: Sequence[str]) -> int:
