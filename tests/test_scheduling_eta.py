@@ -62,8 +62,7 @@ def test_busy_slots_are_halfway_through_and_the_slots_turn_over_as_a_pool() -> N
 
 def test_the_jobs_ahead_last_their_mean_and_the_job_its_own_typical_time() -> None:
     own = eta.Typical(10.0, "derivation")
-    pool = eta.mean_duration([100.0, 200.0, 300.0], "project")
-    assert pool is not None and (pool.secs, pool.low, pool.high) == (200.0, 100.0, 300.0)
+    pool = eta.Typical(200.0, "project", 100.0, 300.0)
     got = eta.queue_estimate(now=NOW, ahead=3, slots=2, busy=2, typical=own, ahead_typical=pool)
     assert got.expected_start == NOW + timedelta(seconds=350)  # 200 x 3.5 / 2
     assert got.expected_finish == NOW + timedelta(seconds=360)  # then its own 10 s
@@ -72,7 +71,6 @@ def test_the_jobs_ahead_last_their_mean_and_the_job_its_own_typical_time() -> No
         NOW + timedelta(seconds=525),
     )
     assert got.basis == "derivation"
-    assert eta.mean_duration([], "project") is None
 
 
 def test_no_slot_means_no_estimate() -> None:
@@ -102,3 +100,15 @@ def test_an_evaluation_finishes_after_its_critical_path_or_its_work_over_the_slo
     assert finish(now=NOW, remaining=4, chain=3, slots=8, typical_secs=60.0) == NOW + timedelta(minutes=3)
     assert finish(now=NOW, remaining=0, chain=0, slots=0, typical_secs=60.0) == NOW
     assert finish(now=NOW, remaining=3, chain=1, slots=0, typical_secs=60.0) is None
+
+
+def test_a_slot_turns_over_at_the_mean_duration_plus_the_hand_out_gap() -> None:
+    # Worker a: 0-10, 11-21 (gap 1 s), then idle for a minute: 81-91 (not a hand-out gap). Worker b:
+    # 0-20, 23-33 (gap 3 s).
+    tries = [("a", 0.0, 10.0), ("a", 11.0, 21.0), ("a", 81.0, 91.0), ("b", 0.0, 20.0), ("b", 23.0, 33.0)]
+    got = eta.slot_turnover(tries, "project")
+    assert got is not None and got.basis == "project"
+    assert got.secs == pytest.approx(12.0 + 2.0)  # mean duration 12 s, mean gap 2 s
+    assert (got.low, got.high) == (12.0, 22.0)  # p10 and p90 of the durations, plus the gap
+    assert eta.slot_turnover([("a", 0.0, 5.0)], "project") == eta.Typical(5.0, "project", 5.0, 5.0)
+    assert eta.slot_turnover([], "project") is None

@@ -534,6 +534,15 @@ class BuildAttempt(models.Model):
                 violation_error_message="A shared build has at most one running attempt.",
             ),
         ]
+        indexes = [
+            # The latest ended tries, newest first (queue_position's history of a project: what the jobs
+            # ahead last). Only ended tries: the claim's insert (finished_at NULL) writes no entry.
+            models.Index(
+                fields=["-finished_at"],
+                name="idx-build_attempt-ended",
+                condition=Q(finished_at__isnull=False),
+            ),
+        ]
 
     def __str__(self) -> str:
         worker = self.worker

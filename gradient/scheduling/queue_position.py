@@ -219,21 +219,23 @@ def build_typical(build: DerivationBuild, projects: set[uuid.UUID]) -> eta.Typic
 
 
 def ahead_typical(projects: set[uuid.UUID]) -> eta.Typical | None:
-    """What the jobs ahead and running are taken to last: the mean of the latest ended tries of the
-    projects' builds (the pool turns over at the mean, not at this build's own duration); None without
-    any."""
+    """What each job ahead and running takes of a slot: from the latest ended tries of the projects'
+    builds, their mean duration plus the mean hand-out gap between a worker's tries (the pool turns
+    over at that, not at this build's own duration; decisions.eta.slot_turnover); None without any."""
     if not projects:
         return None
     of_project = EvaluationBuild.objects.filter(
         build_id=OuterRef("build_id"), evaluation__project_id__in=list(projects)
     )
-    durations = _secs(
+    rows = (
         BuildAttempt.objects.filter(finished_at__isnull=False, outcome__in=_ENDED_OK)
         .filter(Exists(of_project))
         .order_by("-finished_at")
-        .values_list("started_at", "finished_at")[:AHEAD_SAMPLE]
+        .values_list("worker_id", "started_at", "finished_at")[:AHEAD_SAMPLE]
     )
-    return eta.mean_duration(durations, "project")
+    return eta.slot_turnover(
+        [(w, begin.timestamp(), end.timestamp()) for w, begin, end in rows if end is not None], "project"
+    )
 
 
 def build_queue(

@@ -16,7 +16,7 @@ off), there is no estimate at all (`none`): the job's start is unknown.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Literal
@@ -135,11 +135,36 @@ def queue_estimate(
     )
 
 
-def mean_duration(values: Sequence[float], basis: Basis) -> Typical | None:
-    """The mean of past durations (what a pool of slots turns over at) with the sample's p10/p90."""
-    if not values:
+HANDOUT_GAP_MAX_SECS = 5.0
+"""A worker's gap between the end of one try and the start of its next longer than this is idleness
+(nothing to run), not the cost of a hand-out."""
+
+
+def slot_turnover(tries: Sequence[tuple[Hashable, float, float]], basis: Basis) -> Typical | None:
+    """What a slot spends on each job: the mean of the tries' durations plus the mean gap between a
+    worker's try and its next one in the sample (the hand-out: the worker's report, its RequestJob,
+    the claim; short gaps only). `tries`: (worker, start, end) in seconds of any epoch. p10/p90 of the
+    durations, shifted by the same gap, are its range."""
+    if not tries:
         return None
-    return Typical(sum(values) / len(values), basis, percentile(values, 0.1), percentile(values, 0.9))
+    durations = [end - start for _, start, end in tries]
+    by_worker: dict[Hashable, list[tuple[float, float]]] = {}
+    for worker, start, end in tries:
+        by_worker.setdefault(worker, []).append((start, end))
+    gaps = []
+    for spans in by_worker.values():
+        spans.sort()
+        for (_, end), (next_start, _) in zip(spans, spans[1:], strict=False):
+            if 0.0 <= next_start - end <= HANDOUT_GAP_MAX_SECS:
+                gaps.append(next_start - end)
+    gap = sum(gaps) / len(gaps) if gaps else 0.0
+    low, high = percentile(durations, 0.1), percentile(durations, 0.9)
+    return Typical(
+        sum(durations) / len(durations) + gap,
+        basis,
+        None if low is None else low + gap,
+        None if high is None else high + gap,
+    )
 
 
 def longest_chain(edges: Sequence[tuple[str, str]], nodes: Sequence[str]) -> int:

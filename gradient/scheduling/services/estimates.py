@@ -11,12 +11,14 @@ waits first) and one statement to settle those that started.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import Exists, OuterRef, Q
+from django.utils import timezone
 
 from gradient.core.vocab import BuildStatus
 from gradient.scheduling import queue_position
@@ -34,9 +36,11 @@ class EstimatePassResult:
     dropped: int
 
 
-def start_estimates_record(*, now: datetime, limit: int) -> int:
+def start_estimates_record(*, now: datetime, limit: int, clock: Callable[[], datetime] | None = None) -> int:
     """Estimate the start of up to `limit` Queued builds not yet estimated in their current wait, the
-    latest waits first (an estimate made late in a wait says little). Returns how many were written."""
+    latest waits first (an estimate made late in a wait says little). Returns how many were written.
+    `clock`: the time of each estimate when a run takes long enough for the queue to move meanwhile
+    (the pass's); without it every estimate is made at `now`."""
     estimated = StartEstimate.objects.filter(build_id=OuterRef("pk"), waiting_since=OuterRef("queued_at"))
     builds = list(
         DerivationBuild.objects.filter(status=BuildStatus.QUEUED, queued_at__isnull=False)
@@ -48,7 +52,8 @@ def start_estimates_record(*, now: datetime, limit: int) -> int:
     workers = queue_position.connected_workers()
     rows = []
     for build in builds:
-        standing = queue_position.build_queue(build, now, workers)
+        at = now if clock is None else max(now, clock())
+        standing = queue_position.build_queue(build, at, workers)
         if standing is None:
             continue
         assert build.queued_at is not None
@@ -56,7 +61,7 @@ def start_estimates_record(*, now: datetime, limit: int) -> int:
             StartEstimate(
                 build_id=build.id,
                 waiting_since=build.queued_at,
-                estimated_at=now,
+                estimated_at=at,
                 position=standing.position,
                 expected_start=standing.expected_start,
                 basis=standing.basis,
@@ -118,7 +123,9 @@ def start_estimate_pass(*, now: datetime) -> EstimatePassResult:
     """The ETA pass: settle what started, then estimate the builds newly waiting."""
     with transaction.atomic(durable=True):
         settled, dropped = start_estimates_settle(now=now)
-    recorded = start_estimates_record(now=now, limit=int(settings.GRADIENT_ETA_ESTIMATES_PER_PASS))
+    recorded = start_estimates_record(
+        now=now, limit=int(settings.GRADIENT_ETA_ESTIMATES_PER_PASS), clock=timezone.now
+    )
     return EstimatePassResult(recorded=recorded, settled=settled, dropped=dropped)
 
 
