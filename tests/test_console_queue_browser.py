@@ -80,7 +80,7 @@ def test_the_overviews_first_in_line_leads_to_a_build_that_says_when_it_starts(
     expect(rows.nth(1)).to_contain_text("in 30 min 0 s")  # 1.5 of its 1 200 s typical: hello first
     expect(page.locator("#ov-running")).to_contain_text("gcc-13.2")
     expect(page.locator("#ov-eta-errors")).to_contain_text(
-        "off by 1 min 15 s (p50), 1 min 15 s (p90) over 1 builds"
+        "off by 1 min 15 s (p50), 1 min 15 s (p90) over 1 build handed out"
     )
     page.screenshot(path=str(SHOTS / "console-overview-queue.png"), full_page=True)
 
