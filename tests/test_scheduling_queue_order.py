@@ -174,3 +174,30 @@ def test_positions_and_hand_outs_follow_the_simulated_order(pinned_pool) -> None
             left = [r for r in left if r.id != expected[0].id]
 
     check()
+
+
+def test_the_embedded_modes_count_compares_the_features_itself(pinned_pool) -> None:  # type: ignore[no-untyped-def]
+    """SQLite has no JSON containment: build_position compares the required features in Python there.
+    The same builds, counted both ways, stand in the same places."""
+    now = timezone.now()
+    specs = [
+        Spec("x86_64-linux", big, frozenset({0}), wait, prioritized)
+        for big, wait, prioritized in [
+            (True, 3000, False),
+            (False, 1800, False),
+            (True, 600, True),
+            (False, 60, False),
+            (False, 20 * 86400, False),
+        ]
+    ]
+    rows = queue_builds(specs, now)
+    projects = queue_builds.projects  # type: ignore[attr-defined]
+    on_postgresql = [read_position(r, now, projects) for r in rows]
+    here = [
+        queue_position.build_position(
+            DerivationBuild.objects.get(id=r.id), now, {projects[0].id}, features_in_db=False
+        )
+        for r in rows
+    ]
+    assert here == on_postgresql == [simulated_position(rows, r, now) for r in rows]
+    assert len(set(here)) > 2  # the features did put some builds out of others' way

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.conf import settings
+from django.db import connection
 from django.db.models import Case, Count, Exists, F, OuterRef, Q, QuerySet, Value, When
 from django.db.models.functions import Coalesce, Greatest, Substr
 
@@ -107,8 +108,18 @@ def build_projects(build: DerivationBuild) -> set[uuid.UUID]:
     )
 
 
-def build_position(build: DerivationBuild, now: datetime, projects: Iterable[uuid.UUID]) -> int:
-    """The build's 1-based place in the hand-out order (see the module's docstring): one count."""
+def build_position(
+    build: DerivationBuild,
+    now: datetime,
+    projects: Iterable[uuid.UUID],
+    *,
+    features_in_db: bool | None = None,
+) -> int:
+    """The build's 1-based place in the hand-out order (see the module's docstring): one count.
+    `features_in_db`: compare the required features in the statement (PostgreSQL's JSON containment;
+    the default there) or here (the embedded SQLite mode has none)."""
+    if features_in_db is None:
+        features_in_db = connection.vendor == "postgresql"
     cap = _cap_time(now)
     start = max(build.queued_at or build.created_at, cap)
     wanted = EvaluationBuild.objects.filter(
@@ -117,10 +128,12 @@ def build_position(build: DerivationBuild, now: datetime, projects: Iterable[uui
         evaluation__status__in=EVALUATION_ACTIVE,
         evaluation__project_id__in=list(projects),
     )
-    ahead = (
-        DerivationBuild.objects.filter(status=BuildStatus.QUEUED, system=build.system)
-        .filter(required_features__contained_by=list(build.required_features or []))
-        .filter(Q(retry_at__isnull=True) | Q(retry_at__lte=now))
+    features = list(build.required_features or [])
+    queued = DerivationBuild.objects.filter(status=BuildStatus.QUEUED, system=build.system)
+    if features_in_db:
+        queued = queued.filter(required_features__contained_by=features)
+    before = (
+        queued.filter(Q(retry_at__isnull=True) | Q(retry_at__lte=now))
         .filter(selectors._no_member(DerivationBuild))
         .filter(Exists(wanted))
         .annotate(
@@ -129,9 +142,13 @@ def build_position(build: DerivationBuild, now: datetime, projects: Iterable[uui
         )
         .filter(_before(build.prioritized, start, build.id))
         .exclude(id=build.id)
-        .count()
     )
-    return ahead + 1
+    if features_in_db:
+        return before.count() + 1
+    # Without containment on JSON the features are compared here (the embedded mode's queues are small).
+    return 1 + sum(
+        1 for f in before.values_list("required_features", flat=True) if set(f or []) <= set(features)
+    )
 
 
 Connected = list[tuple[Worker, frozenset[uuid.UUID]]]
