@@ -111,3 +111,26 @@ def test_an_unknown_estimate_is_written_down_and_never_counted(settings) -> None
     result = estimates.start_estimate_pass(now=now + timedelta(seconds=5))
     assert (result.settled, result.dropped) == (0, 1)
     assert estimates.start_estimate_errors(now=now).count == 0
+
+
+def test_the_eta_task_runs_the_pass_and_old_estimates_go() -> None:
+    from gradient.scheduling.tasks import eta_pass
+
+    project = ProjectFactory()
+    connected_worker([project])
+    _, (waiting, done) = queued(project, drv("waiting"), drv("done"))
+    long_ago = timezone.now() - timedelta(days=8)
+    StartEstimate.objects.create(
+        build_id=done.id,
+        waiting_since=long_ago,
+        estimated_at=long_ago,
+        position=1,
+        expected_start=long_ago,
+        basis="default",
+        started_at=long_ago + timedelta(seconds=5),
+        error_secs=5.0,
+    )
+    result = eta_pass()
+    assert result == {"recorded": 2, "settled": 0, "dropped": 1}  # both waits estimated; the old one gone
+    assert set(StartEstimate.objects.values_list("build_id", flat=True)) == {waiting.id, done.id}
+    assert not StartEstimate.objects.filter(estimated_at__lt=timezone.now() - timedelta(days=7)).exists()
