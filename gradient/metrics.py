@@ -30,7 +30,7 @@ from rest_framework.views import APIView
 from gradient.clusters.models import ClusterJob
 from gradient.core.vocab import BuildStatus, ClusterStatus, EvaluationStatus, JobKind
 from gradient.runtime import metrics as totals
-from gradient.scheduling.models import DerivationBuild, DispatchedJob, Evaluation
+from gradient.scheduling.models import DerivationBuild, DispatchedJob, Evaluation, StartEstimate
 from gradient.workers.models import WorkerSession
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -109,6 +109,8 @@ class ServiceCollector(Collector):
             by_kind=True,
         )
 
+        yield _eta_error_histogram()
+
         recorded = totals.totals()
         yield _pass_histogram(recorded)
         lost = CounterMetricFamily(
@@ -155,6 +157,28 @@ def _rows_histogram(
         counts.append(("+Inf", float(row.get("n") or 0)))
         total = row.get("total")
         family.add_metric(labels, counts, sum_value=total.total_seconds() if total else 0.0)
+    return family
+
+
+ETA_ERROR_BUCKETS = (1.0, 5.0, 15.0, 30.0, 60.0, 300.0, 900.0, 1800.0, 3600.0, 7200.0, 21600.0)
+
+
+def _eta_error_histogram() -> HistogramMetricFamily:
+    """|actual - expected| start of the builds handed out after the ETA pass estimated them
+    (services.estimates): from the rows, like the histograms above (kept 7 days)."""
+    aggregates: dict[str, Any] = {
+        f"le_{i}": Count("id", filter=Q(error_secs__lte=bound)) for i, bound in enumerate(ETA_ERROR_BUCKETS)
+    }
+    row = StartEstimate.objects.filter(error_secs__isnull=False).aggregate(
+        n=Count("id"), total=Sum("error_secs"), **aggregates
+    )
+    family = HistogramMetricFamily(
+        "gradient_eta_error_seconds",
+        "How far each estimated start of a waiting build was from its hand-out, once it started.",
+    )
+    counts = [(repr(bound), float(row.get(f"le_{i}") or 0)) for i, bound in enumerate(ETA_ERROR_BUCKETS)]
+    counts.append(("+Inf", float(row.get("n") or 0)))
+    family.add_metric([], counts, sum_value=float(row.get("total") or 0.0))
     return family
 
 

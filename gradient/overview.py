@@ -17,7 +17,7 @@ from django.utils import timezone
 from gradient.clusters.decisions.matcher import IDLE_SLOT_TTL_SECS
 from gradient.clusters.decisions.waiting_text import describe_cluster_waiting
 from gradient.clusters.models import ClusterJob, ClusterReservation
-from gradient.console import drv_name, duration, since
+from gradient.console import between, drv_name, duration, since
 from gradient.core.vocab import (
     BUILD_LASTING_FAILURE,
     BuildStatus,
@@ -27,8 +27,10 @@ from gradient.core.vocab import (
     JobKind,
 )
 from gradient.recovery.models import PassState
+from gradient.scheduling import queue_position
 from gradient.scheduling.decisions.waiting import describe
 from gradient.scheduling.models import DerivationBuild, DispatchedJob, Evaluation
+from gradient.scheduling.services.estimates import start_estimate_errors
 from gradient.scheduling.services.waiting import waiting_counts
 from gradient.workers.models import IdleSlot, WorkerSession
 
@@ -150,10 +152,58 @@ def _running(now: datetime) -> list[dict[str, Any]]:
                 "worker_url": reverse("admin:workers_worker_change", args=[row.worker_id]),
                 "since": _iso(row.dispatched_at),
                 "for": since(row.dispatched_at, now),
+                # Waited and running apart: queued to handed out, then handed out to now.
+                "waited": between(row.queued_at, row.dispatched_at) if row.queued_at else "-",
                 "member": row.cluster_attempt_id is not None,
             }
         )
     return running
+
+
+HEAD_SHOWN = 5
+
+
+def _queue_head(now: datetime) -> list[dict[str, Any]]:
+    """The builds first in line (prioritized, then the longest waits): where each stands in the order
+    of the workers that can run it (queue_position), and when it is expected to start. A few queries
+    each, for HEAD_SHOWN of them."""
+    builds = DerivationBuild.objects.filter(status=BuildStatus.QUEUED).order_by(
+        "-prioritized", "queued_at", "id"
+    )
+    workers = queue_position.connected_workers()
+    head = []
+    for b in builds[:HEAD_SHOWN]:
+        standing = queue_position.build_queue(b, now, workers)
+        if standing is None:
+            continue
+        start = standing.expected_start
+        head.append(
+            {
+                "name": drv_name(b.drv_path),
+                "url": reverse("admin:scheduling_derivationbuild_change", args=[b.id]),
+                "prioritized": b.prioritized,
+                "position": standing.position,
+                "ahead": standing.ahead,
+                "slots": standing.slots,
+                "busy": standing.busy,
+                "expected_start": _iso(start),
+                "starts": "unknown"
+                if start is None
+                else ("now" if start <= now else f"in {since(now, start)}"),
+                "waited": since(b.queued_at, now),
+            }
+        )
+    return head
+
+
+def _estimate_errors(now: datetime) -> dict[str, Any]:
+    """How far the start estimates of the builds handed out over the last day were (services.estimates)."""
+    errors = start_estimate_errors(now=now)
+    return {
+        "count": errors.count,
+        "p50": duration(errors.p50_secs) if errors.p50_secs is not None else "-",
+        "p90": duration(errors.p90_secs) if errors.p90_secs is not None else "-",
+    }
 
 
 def _oldest_wait(now: datetime) -> dict[str, str]:
@@ -243,6 +293,8 @@ def overview_snapshot(*, now: datetime) -> dict[str, Any]:
         "workers": _workers(),
         "running": _running(now),
         "oldest_wait": _oldest_wait(now),
+        "queue_head": _queue_head(now),
+        "estimate_errors": _estimate_errors(now),
         "last_hour": _last_hour(now),
         "passes": _passes(now),
         "recent_failures": _recent_failures(now),

@@ -45,6 +45,9 @@ PASSES: tuple[PassSpec, ...] = (
     PassSpec("worker-liveness", "gradient.workers.tasks.worker_liveness_pass", _worker_liveness_interval),
     PassSpec("cluster-dispatch", "gradient.clusters.tasks.dispatch_pass", _pass_interval),
     PassSpec("build-log-seal", "gradient.scheduling.tasks.build_log_seal_pass", _pass_interval),
+    PassSpec(
+        "eta", "gradient.scheduling.tasks.eta_pass", lambda: float(settings.GRADIENT_ETA_PASS_INTERVAL_SECS)
+    ),
 )
 
 

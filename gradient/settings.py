@@ -309,6 +309,10 @@ GRADIENT_EVAL_MESSAGES_MAX_BYTES = _env_int("GRADIENT_EVAL_MESSAGES_MAX_BYTES", 
 # has ended yet (spec/rest.md "Where a waiting job stands"; gradient.scheduling.queue_position).
 GRADIENT_ETA_DEFAULT_BUILD_SECS = _env_int("GRADIENT_ETA_DEFAULT_BUILD_SECS", 600)
 GRADIENT_ETA_DEFAULT_EVAL_SECS = _env_int("GRADIENT_ETA_DEFAULT_EVAL_SECS", 300)
+# The ETA pass (services.estimates): how often it writes down newly waiting builds' expected start and
+# settles those handed out since (0 turns it off), and how many builds it estimates per run at most.
+GRADIENT_ETA_PASS_INTERVAL_SECS = _env_int("GRADIENT_ETA_PASS_INTERVAL_SECS", 10)
+GRADIENT_ETA_ESTIMATES_PER_PASS = _env_int("GRADIENT_ETA_ESTIMATES_PER_PASS", 200)
 GRADIENT_SCHEDULING_POLICY = os.environ.get("GRADIENT_SCHEDULING_POLICY", "resource-aware")
 # The hand-out path (docs/workers.md): database threads of one serve process for handshakes, closes and
 # the presence flush ("sessions"), RequestJob and report batches ("hot"), and offers ("offers"); the most

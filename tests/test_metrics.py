@@ -38,6 +38,8 @@ FAMILIES = {
     "gradient_builds": "gauge",
     "gradient_build_duration_seconds": "histogram",
     "gradient_queue_wait_seconds": "histogram",
+    # Issue 33's, beside the spec's ("at least these families"): the start estimate's error.
+    "gradient_eta_error_seconds": "histogram",
 }
 
 
@@ -172,6 +174,7 @@ def test_the_grafana_dashboard_plots_only_the_families_served() -> None:
         "gradient_pass_duration_seconds",
         "gradient_build_duration_seconds",
         "gradient_queue_wait_seconds",
+        "gradient_eta_error_seconds",
     )
     served |= {f"{h}_{s}" for h in histograms for s in ("bucket", "sum", "count")}
     assert used and used <= served, used - served

@@ -8,6 +8,7 @@ from datetime import datetime, timedelta
 
 import pytest
 from django.contrib.auth.models import User
+from django.db.models import F
 from django.utils import timezone
 from rest_framework.test import APIClient
 
@@ -17,7 +18,7 @@ from gradient.scheduling.decisions.scoring import Candidate, WorkerView, rank
 from gradient.scheduling.models import BuildAttempt, DerivationBuild, Evaluation, EvaluationStatus
 from gradient.scheduling.services import graph
 from tests.factories import DerivationBuildFactory, EvaluationFactory, ProjectFactory, connected_worker
-from tests.scheduling_helpers import ask, build_id_of, drv
+from tests.scheduling_helpers import ask, build, build_id_of, drv
 from tests.support.rest import client
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -233,3 +234,126 @@ def test_positions_are_the_ranking_of_a_worker_without_scores(setup, seed) -> No
     expected = {s.job_id: i + 1 for i, s in enumerate(ranked)}
     got = {b.job_key: queue_position.build_position(b, now, [project.id]) for b in fresh}
     assert got == expected
+
+
+def ended_try(name: str, secs: float, *, hash_char: str = "z") -> None:
+    """An earlier, ended try of a derivation of `name` (another store hash) that took `secs`."""
+    earlier = DerivationBuildFactory(drv_path=f"/nix/store/{hash_char * 32}-{name}.drv", status="Completed")
+    ended = timezone.now() - timedelta(hours=1)
+    BuildAttempt.objects.create(
+        build=earlier,
+        number=1,
+        outcome=BuildAttemptOutcome.BUILT,
+        started_at=ended - timedelta(seconds=secs),
+        finished_at=ended,
+    )
+
+
+def test_a_builds_eta_falls_as_the_jobs_ahead_of_it_finish(setup) -> None:  # type: ignore[no-untyped-def]
+    project, _, _ = setup
+    worker = connected_worker([project])  # one build slot
+    _, (b1, b2, b3, last) = queued(project, drv("one"), drv("two"), drv("three"), drv("last"))
+    ended_try("last", 100.0)
+
+    def delay() -> float:
+        now = timezone.now()
+        standing = queue_position.build_queue(DerivationBuild.objects.get(id=last.id), now)
+        assert standing is not None and standing.basis == "derivation"
+        assert standing.expected_start is not None
+        return (standing.expected_start - now).total_seconds()
+
+    delays = [delay()]  # 3 ahead, the slot free: the first takes it, two turn over, then half of one
+    for expected_id in (b1.id, b2.id, b3.id):
+        a = ask(worker.id)
+        assert a is not None and build_id_of(a) == str(expected_id)
+        delays.append(delay())
+        build(worker.id, a)
+        # Each took 100 s (the project's builds now say what the ones ahead last: their mean).
+        BuildAttempt.objects.filter(build_id=expected_id).update(
+            started_at=F("finished_at") - timedelta(seconds=100)
+        )
+    delays.append(delay())  # nothing ahead, the slot free: now
+    assert delays == [250.0, 250.0, 150.0, 50.0, 0.0]
+
+
+def building(project, *derivations):  # type: ignore[no-untyped-def]
+    """A Building evaluation of `project` whose graph is these derivations."""
+    evaluation = Evaluation.objects.create(
+        project=project, repository="sim:x", commit="1", status=EvaluationStatus.BUILDING
+    )
+    graph.ingest_eval_result(evaluation=evaluation, derivations=list(derivations), now=timezone.now())
+    evaluation.refresh_from_db()
+    assert evaluation.status == EvaluationStatus.BUILDING
+    return evaluation
+
+
+def test_an_evaluations_expected_finish_follows_its_critical_path(setup, settings) -> None:  # type: ignore[no-untyped-def]
+    project, _, _ = setup
+    settings.GRADIENT_ETA_DEFAULT_BUILD_SECS = 60
+    worker = connected_worker([project], max_concurrent_builds=8)
+    # A chain c1 <- c2 <- c3 <- c4 and two builds on their own: 4 builds one after another on 8 slots.
+    evaluation = building(
+        project, drv("c1"), drv("c2", "c1"), drv("c3", "c2"), drv("c4", "c3"), drv("s1"), drv("s2")
+    )
+
+    def minutes_left() -> float:
+        now = timezone.now()
+        finish = queue_position.evaluation_expected_finish(evaluation, now)
+        assert finish is not None
+        return (finish - now).total_seconds() / 60
+
+    assert minutes_left() == 4.0
+    handed = {}
+    while (a := ask(worker.id)) is not None:
+        handed[build_id_of(a)] = a
+    names = {str(b.id): b.name for b in DerivationBuild.objects.filter(id__in=[*handed])}
+    assert sorted(names.values()) == ["c1", "s1", "s2"]
+    for build_id, a in handed.items():
+        build(worker.id, a)
+        # Each try took 60 s, as the default said: the project's history keeps the typical time.
+        BuildAttempt.objects.filter(build_id=build_id).update(
+            started_at=F("finished_at") - timedelta(seconds=60)
+        )
+    # The chain's head and the two on their own are built: three builds left, one after another.
+    assert minutes_left() == 3.0
+    for _ in range(3):
+        (a,) = [a for a in [ask(worker.id)] if a is not None]
+        build(worker.id, a)
+        BuildAttempt.objects.filter(build_id=build_id_of(a)).update(
+            started_at=F("finished_at") - timedelta(seconds=60)
+        )
+        assert minutes_left() == float(
+            len(
+                DerivationBuild.objects.filter(
+                    evaluation_links__evaluation_id=evaluation.id,
+                    status__in=["Created", "Queued", "Building"],
+                )
+            )
+        )
+
+
+def test_the_work_over_few_slots_outweighs_a_short_critical_path(setup, settings) -> None:  # type: ignore[no-untyped-def]
+    project, _, _ = setup
+    settings.GRADIENT_ETA_DEFAULT_BUILD_SECS = 60
+    connected_worker([project], max_concurrent_builds=2)
+    evaluation = building(project, *(drv(f"w{i}") for i in range(6)), drv("top", "w0"))
+    now = timezone.now()
+    # A chain of 2, but 7 builds on 2 slots: 4 waves.
+    assert queue_position.evaluation_expected_finish(evaluation, now) == now + timedelta(minutes=4)
+
+
+def test_unknown_without_history_and_without_a_default(setup, settings) -> None:  # type: ignore[no-untyped-def]
+    project, member, _ = setup
+    settings.GRADIENT_ETA_DEFAULT_BUILD_SECS = 0
+    connected_worker([project])
+    evaluation, (waiting,) = queued(project, drv("neverbuilt"))
+    got = queue_of(client(member), waiting)
+    assert got is not None and (got["position"], got["slots"]) == (1, 1)
+    assert (got["expected_start"], got["expected_finish"], got["basis"]) == (None, None, "none")
+    assert (
+        queue_position.evaluation_expected_finish(Evaluation.objects.get(id=evaluation.id), timezone.now())
+        is None
+    )
+    ended_try("neverbuilt", 30.0)  # one try of its name ended: now there is a basis
+    got = queue_of(client(member), waiting)
+    assert got is not None and got["basis"] == "derivation" and got["expected_start"] is not None

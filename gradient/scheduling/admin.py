@@ -31,11 +31,13 @@ from gradient.core.vocab import (
     BuildStatus,
     EvaluationKind,
     EvaluationStatus,
+    JobKind,
 )
 from gradient.names import NameCheckedForm
 from gradient.records.admin import RecordTimelineMixin
 from gradient.scheduling import selectors
 from gradient.scheduling.admin_logs import BuildLogMixin, FailedBuildLogsMixin
+from gradient.scheduling.admin_queue import build_standing, evaluation_expected_end, evaluation_standing
 from gradient.scheduling.admin_waiting import WaitingReasonFilter, waiting_for, waiting_for_brief
 from gradient.scheduling.models import (
     BuildAttempt,
@@ -215,6 +217,8 @@ class EvaluationAdmin(FailedBuildLogsMixin, RecordTimelineMixin, OperatedAdmin):
         "project",
         "status",
         "progress",
+        "where_it_stands",
+        "expected_end",
         waiting_for,
         "next_step",
         "failed_builds",
@@ -227,6 +231,8 @@ class EvaluationAdmin(FailedBuildLogsMixin, RecordTimelineMixin, OperatedAdmin):
         "created",
         "finished",
         "took",
+        "waited",
+        "evaluated",
         "created_by",
         "warnings_list",
         "errors_list",
@@ -247,7 +253,44 @@ class EvaluationAdmin(FailedBuildLogsMixin, RecordTimelineMixin, OperatedAdmin):
         fields = list(super().get_fields(request, obj))
         if obj is not None and obj.status != EvaluationStatus.WAITING:
             fields = [f for f in fields if f not in (waiting_for, "next_step")]
+        if obj is None or obj.status != EvaluationStatus.QUEUED:
+            fields = [f for f in fields if f != "where_it_stands"]
+        if obj is None or obj.status != EvaluationStatus.BUILDING:
+            fields = [f for f in fields if f != "expected_end"]
         return fields
+
+    @admin.display(description="where it stands")
+    def where_it_stands(self, obj: Evaluation) -> SafeString | str:
+        return evaluation_standing(obj)
+
+    @admin.display(description="expected to end")
+    def expected_end(self, obj: Evaluation) -> SafeString | str:
+        return evaluation_expected_end(obj)
+
+    def _eval_jobs(self, obj: Evaluation) -> list[DispatchedJob]:
+        return list(
+            DispatchedJob.objects.filter(evaluation_id=obj.id, kind=JobKind.EVAL)
+            .only("dispatched_at", "finished_at")
+            .order_by("dispatched_at")
+        )
+
+    # Waited and evaluated apart (as a build's waited and built): its duration above runs from its
+    # creation to its end, builds included.
+    @admin.display(description="waited")
+    def waited(self, obj: Evaluation) -> str:
+        """From its creation to its first hand-out (to now while it is still Queued)."""
+        jobs = self._eval_jobs(obj)
+        if not jobs:
+            return since(obj.created_at) if obj.status == EvaluationStatus.QUEUED else "-"
+        return between(obj.created_at, max(jobs[0].dispatched_at, obj.created_at))
+
+    @admin.display(description="evaluated")
+    def evaluated(self, obj: Evaluation) -> str:
+        """Its latest evaluation job, from its hand-out to its end (so far, while it runs)."""
+        jobs = self._eval_jobs(obj)
+        if not jobs:
+            return "-"
+        return between(jobs[-1].dispatched_at, jobs[-1].finished_at or timezone.now())
 
     @admin.display(description="warnings")
     def warnings_list(self, obj: Evaluation) -> SafeString | str:
@@ -485,6 +528,7 @@ class DerivationBuildAdmin(BuildLogMixin, RecordTimelineMixin, OperatedAdmin):
         "features",
         "status",
         "why_it_waits",
+        "where_it_stands",
         "is_prioritized",
         "attempts",
         "max_attempts",
@@ -556,8 +600,14 @@ class DerivationBuildAdmin(BuildLogMixin, RecordTimelineMixin, OperatedAdmin):
         fields = super().get_fields(request, obj)
         # A build that is building, done or failed does not wait: no empty "why it waits" row.
         if obj is None or not selectors.build_waiting_text(obj):
-            return [f for f in fields if f != "why_it_waits"]
+            fields = [f for f in fields if f != "why_it_waits"]
+        if obj is None or obj.status != BuildStatus.QUEUED:
+            fields = [f for f in fields if f != "where_it_stands"]
         return fields
+
+    @admin.display(description="where it stands")
+    def where_it_stands(self, obj: DerivationBuild) -> SafeString | str:
+        return build_standing(obj)
 
 
 @admin.register(DispatchedJob)

@@ -124,7 +124,8 @@ class QueueSerializer(serializers.Serializer[Any]):
     basis = serializers.ChoiceField(
         choices=["derivation", "project", "default", "none"],
         help_text="What the estimate rests on: past tries of the same derivation, of the project, the "
-        "configured default, or nothing (no slot can run it; the times are null).",
+        "configured default, or nothing (no slot can run it, or no history and no default; the times are "
+        "null).",
     )
 
 

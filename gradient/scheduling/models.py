@@ -534,6 +534,15 @@ class BuildAttempt(models.Model):
                 violation_error_message="A shared build has at most one running attempt.",
             ),
         ]
+        indexes = [
+            # The latest ended tries, newest first (queue_position's history of a project: what the jobs
+            # ahead last). Only ended tries: the claim's insert (finished_at NULL) writes no entry.
+            models.Index(
+                fields=["-finished_at"],
+                name="idx-build_attempt-ended",
+                condition=Q(finished_at__isnull=False),
+            ),
+        ]
 
     def __str__(self) -> str:
         worker = self.worker
@@ -725,3 +734,37 @@ class BuildLogChunk(models.Model):
 
     def __str__(self) -> str:
         return f"{self.log_id}@{self.start}"
+
+
+class StartEstimate(models.Model):
+    """A waiting build's expected start as the ETA pass first saw it in one wait (issue 33), and, once
+    the build is handed out, when it really started: the error of past estimates, shown on the overview
+    and as gradient_eta_error_seconds. One per wait (a build queued again is estimated again)."""
+
+    build = models.ForeignKey(DerivationBuild, on_delete=models.CASCADE, related_name="start_estimates")
+    waiting_since = models.DateTimeField(help_text="The build's queued_at: which wait this estimates.")
+    estimated_at = models.DateTimeField()
+    position = models.PositiveIntegerField()
+    expected_start = models.DateTimeField(null=True, blank=True, help_text="Null: no basis (unknown).")
+    basis = models.CharField(max_length=16)
+    started_at = models.DateTimeField(null=True, blank=True, help_text="Its first hand-out after it.")
+    error_secs = models.FloatField(null=True, blank=True, help_text="|started_at - expected_start|.")
+
+    class Meta:
+        db_table = "start_estimate"
+        constraints = [
+            models.UniqueConstraint(
+                fields=["build", "waiting_since"],
+                name="start_estimate-one-per-wait",
+                violation_error_message="This wait of the build is estimated already.",
+            ),
+        ]
+        indexes = [
+            models.Index(
+                fields=["estimated_at"], name="idx-start_estimate-open", condition=Q(started_at__isnull=True)
+            ),
+            models.Index(fields=["started_at"], name="idx-start_estimate-started"),
+        ]
+
+    def __str__(self) -> str:
+        return f"estimate of {self.build_id} at {self.estimated_at:%Y-%m-%d %H:%M:%S}"

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.conf import settings
+from django.db import connection
 from django.db.models import Case, Count, Exists, F, OuterRef, Q, QuerySet, Value, When
 from django.db.models.functions import Coalesce, Greatest, Substr
 
@@ -56,6 +57,8 @@ from gradient.workers.models import Worker
 HISTORY_SAMPLE = 20
 """How many of the latest ended attempts (of a derivation, of a project) the typical duration is the
 median of."""
+AHEAD_SAMPLE = 200
+"""How many of the projects' latest ended attempts the jobs ahead are taken to last the mean of."""
 
 _ENDED_OK = (BuildAttemptOutcome.BUILT, BuildAttemptOutcome.SUBSTITUTED)
 
@@ -69,6 +72,9 @@ class QueueStanding:
     expected_start: datetime | None
     expected_finish: datetime | None
     basis: eta.Basis
+    # The start's range (decisions.eta): the console shows it; REST carries the fields above only.
+    earliest_start: datetime | None = None
+    latest_start: datetime | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,8 +108,18 @@ def build_projects(build: DerivationBuild) -> set[uuid.UUID]:
     )
 
 
-def build_position(build: DerivationBuild, now: datetime, projects: Iterable[uuid.UUID]) -> int:
-    """The build's 1-based place in the hand-out order (see the module's docstring): one count."""
+def build_position(
+    build: DerivationBuild,
+    now: datetime,
+    projects: Iterable[uuid.UUID],
+    *,
+    features_in_db: bool | None = None,
+) -> int:
+    """The build's 1-based place in the hand-out order (see the module's docstring): one count.
+    `features_in_db`: compare the required features in the statement (PostgreSQL's JSON containment;
+    the default there) or here (the embedded SQLite mode has none)."""
+    if features_in_db is None:
+        features_in_db = connection.vendor == "postgresql"
     cap = _cap_time(now)
     start = max(build.queued_at or build.created_at, cap)
     wanted = EvaluationBuild.objects.filter(
@@ -112,10 +128,12 @@ def build_position(build: DerivationBuild, now: datetime, projects: Iterable[uui
         evaluation__status__in=EVALUATION_ACTIVE,
         evaluation__project_id__in=list(projects),
     )
-    ahead = (
-        DerivationBuild.objects.filter(status=BuildStatus.QUEUED, system=build.system)
-        .filter(required_features__contained_by=list(build.required_features or []))
-        .filter(Q(retry_at__isnull=True) | Q(retry_at__lte=now))
+    features = list(build.required_features or [])
+    queued = DerivationBuild.objects.filter(status=BuildStatus.QUEUED, system=build.system)
+    if features_in_db:
+        queued = queued.filter(required_features__contained_by=features)
+    before = (
+        queued.filter(Q(retry_at__isnull=True) | Q(retry_at__lte=now))
         .filter(selectors._no_member(DerivationBuild))
         .filter(Exists(wanted))
         .annotate(
@@ -124,12 +142,19 @@ def build_position(build: DerivationBuild, now: datetime, projects: Iterable[uui
         )
         .filter(_before(build.prioritized, start, build.id))
         .exclude(id=build.id)
-        .count()
     )
-    return ahead + 1
+    if features_in_db:
+        return before.count() + 1
+    # Without containment on JSON the features are compared here (the embedded mode's queues are small).
+    return 1 + sum(
+        1 for f in before.values_list("required_features", flat=True) if set(f or []) <= set(features)
+    )
 
 
-def _connected_workers() -> list[tuple[Worker, frozenset[uuid.UUID]]]:
+Connected = list[tuple[Worker, frozenset[uuid.UUID]]]
+
+
+def connected_workers() -> Connected:
     """Active workers with an open session that is not draining, with their projects."""
     workers = list(
         Worker.objects.filter(
@@ -154,12 +179,12 @@ def _open_counts(worker_ids: list[uuid.UUID], kind: JobKind) -> dict[uuid.UUID, 
     return dict(rows)
 
 
-def build_slots(build: DerivationBuild, projects: set[uuid.UUID]) -> Slots:
+def build_slots(build: DerivationBuild, projects: set[uuid.UUID], workers: Connected | None = None) -> Slots:
     """The build slots of connected workers that may run the build (architecture, features, project),
-    and how many of them hold an open build assignment."""
+    and how many of them hold an open build assignment. `workers`: connected_workers() read already."""
     capable = [
         w
-        for w, served in _connected_workers()
+        for w, served in (connected_workers() if workers is None else workers)
         if selectors.worker_can_build(w, build.system, list(build.required_features or []))
         and may_take(served, projects)
     ]
@@ -210,23 +235,50 @@ def build_typical(build: DerivationBuild, projects: set[uuid.UUID]) -> eta.Typic
     return eta.typical_duration(derivation, project, float(settings.GRADIENT_ETA_DEFAULT_BUILD_SECS))
 
 
-def build_queue(build: DerivationBuild, now: datetime) -> QueueStanding | None:
-    """Where a Queued build stands; None for a build in any other status."""
+def ahead_typical(projects: set[uuid.UUID]) -> eta.Typical | None:
+    """What each job ahead and running takes of a slot: from the latest ended tries of the projects'
+    builds, their mean duration plus the mean hand-out gap between a worker's tries (the pool turns
+    over at that, not at this build's own duration; decisions.eta.slot_turnover); None without any."""
+    if not projects:
+        return None
+    of_project = EvaluationBuild.objects.filter(
+        build_id=OuterRef("build_id"), evaluation__project_id__in=list(projects)
+    )
+    rows = (
+        BuildAttempt.objects.filter(finished_at__isnull=False, outcome__in=_ENDED_OK)
+        .filter(Exists(of_project))
+        .order_by("-finished_at")
+        .values_list("worker_id", "started_at", "finished_at")[:AHEAD_SAMPLE]
+    )
+    return eta.slot_turnover(
+        [(w, begin.timestamp(), end.timestamp()) for w, begin, end in rows if end is not None], "project"
+    )
+
+
+def build_queue(
+    build: DerivationBuild, now: datetime, workers: Connected | None = None
+) -> QueueStanding | None:
+    """Where a Queued build stands; None for a build in any other status. `workers`: the connected
+    workers when the caller reads many builds' standing at once (the ETA pass)."""
     if build.status != BuildStatus.QUEUED:
         return None
     projects = build_projects(build)
     return _standing(
         now,
         build_position(build, now, projects),
-        build_slots(build, projects),
+        build_slots(build, projects, workers),
         build_typical(build, projects),
+        ahead_typical(projects),
     )
 
 
-def _standing(now: datetime, position: int, slots: Slots, typical: eta.Typical) -> QueueStanding:
-    """Where a waiting job stands, from its position, the slots that can run it and its typical time."""
+def _standing(
+    now: datetime, position: int, slots: Slots, typical: eta.Typical, ahead: eta.Typical | None = None
+) -> QueueStanding:
+    """Where a waiting job stands, from its position, the slots that can run it, its typical time and
+    that of the jobs ahead."""
     estimate = eta.queue_estimate(
-        now=now, ahead=position - 1, slots=slots.total, busy=slots.busy, typical=typical
+        now=now, ahead=position - 1, slots=slots.total, busy=slots.busy, typical=typical, ahead_typical=ahead
     )
     return QueueStanding(
         position=position,
@@ -236,6 +288,8 @@ def _standing(now: datetime, position: int, slots: Slots, typical: eta.Typical) 
         expected_start=estimate.expected_start,
         expected_finish=estimate.expected_finish,
         basis=estimate.basis,
+        earliest_start=estimate.earliest_start,
+        latest_start=estimate.latest_start,
     )
 
 
@@ -276,7 +330,7 @@ def evaluation_slots(evaluation: Evaluation) -> Slots:
     steps = jobs.eval_steps(evaluation, split=selectors.has_idle_eval_only_worker())
     capable = [
         w
-        for w, served in _connected_workers()
+        for w, served in connected_workers()
         if selectors.worker_can_run_eval_steps(w, steps) and may_take(served, [evaluation.project_id])
     ]
     open_counts = _open_counts([w.id for w in capable], JobKind.EVAL)
@@ -328,7 +382,7 @@ def evaluation_expected_finish(evaluation: Evaluation, now: datetime) -> datetim
     systems = {s for _, s in remaining}
     slots = sum(
         max(1, w.max_concurrent_builds)
-        for w, served in _connected_workers()
+        for w, served in connected_workers()
         if w.can_build
         and may_take(served, [evaluation.project_id])
         and any(s == BUILTIN_SYSTEM or s in (w.architectures or []) for s in systems)
@@ -344,6 +398,8 @@ def evaluation_expected_finish(evaluation: Evaluation, now: datetime) -> datetim
         .values_list("started_at", "finished_at")[:HISTORY_SAMPLE]
     )
     typical = eta.typical_duration([], durations, float(settings.GRADIENT_ETA_DEFAULT_BUILD_SECS))
+    if typical.basis == "none":
+        return None
     return eta.evaluation_finish(
         now=now, remaining=len(remaining), chain=chain, slots=slots, typical_secs=typical.secs
     )

@@ -9,6 +9,7 @@ from celery import shared_task
 from django.utils import timezone
 
 from gradient.runtime.passes import pass_run
+from gradient.scheduling.services.estimates import start_estimate_pass
 from gradient.scheduling.services.logs import build_log_seal_pass as run_build_log_seal
 from gradient.scheduling.services.passes import assignment_pass as run_assignment_pass
 from gradient.scheduling.services.passes import build_resync_pass as run_build_resync
@@ -39,3 +40,10 @@ def build_log_seal_pass() -> int | None:
     return pass_run(
         name="build-log-seal", body=lambda: run_build_log_seal(now=timezone.now()), lease_secs=300
     )
+
+
+@shared_task(name="gradient.scheduling.tasks.eta_pass")
+def eta_pass() -> dict[str, Any] | None:
+    """Every GRADIENT_ETA_PASS_INTERVAL_SECS: newly waiting builds' expected start written down, and
+    the started ones' error settled (services.estimates)."""
+    return pass_run(name="eta", body=lambda: asdict(start_estimate_pass(now=timezone.now())), lease_secs=120)

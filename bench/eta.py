@@ -1,0 +1,369 @@
+"""How good the start estimates are (issue 33): a simulated fleet takes a queue of builds whose durations
+come from a fixed distribution per derivation, the ETA pass estimates each build's start while it waits,
+and the estimate is compared with the hand-out.
+
+    .venv/bin/python bench/eta.py [--builds 2000] [--workers 20] [--names 40] [--history 10]
+                                  [--min-ms 200] [--max-ms 2000] [--spread 0.3] [--min-wait 2]
+
+1. The tables reset (BENCH_DATABASE_URL, default postgres://postgres@127.0.0.1:5432/gradient_bench:
+   point it at a database of your own when another bench runs), one project, --workers workers.
+2. --names derivation names (`pkg00`, ...), each with a median duration drawn log-uniformly between
+   --min-ms and --max-ms; a build's duration is that median times a log-normal factor (sigma --spread),
+   drawn once per build (seed --seed). History: --history ended tries per name, drawn the same way, on
+   an old Completed evaluation of the project (what the estimates rest on).
+3. One `serve` (in-process passes, the in-memory channel layer; the ETA pass of serve itself off:
+   this process runs it) and --workers reference workers (the `sim` executor, one build slot each, an
+   idle RequestJob every second) in --worker-procs processes; each sim worker builds a derivation for
+   the duration drawn for it (the table is handed to the worker processes; the sim executor otherwise
+   reads a duration from the store name, which would make every build a name of its own).
+4. Once every worker is connected, --builds Queued builds of those names (in a random order, queued a
+   microsecond apart) in one Building evaluation; this process runs the ETA pass
+   (services.estimates.start_estimate_pass, every --pass-secs) until every build has been handed out.
+5. Each estimate that a hand-out settled: its error |actual - expected| start as a fraction of the
+   actual wait from the estimate (handed out - estimated at). Waits shorter than --min-wait seconds are
+   left out of the fraction (a build handed out 0.1 s after its estimate said "now" is 100 % off);
+   their count is printed.
+
+Printed: the configuration, how many builds were estimated before their hand-out, the absolute error
+p50/p90 in seconds, the relative error by basis, and the last line
+`eta: start estimate error p50 <x> % p90 <y> % over <n> builds` (the issue's target: p50 <= 25 %).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import random
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import (  # noqa: E402
+    ROOT,
+    describe_machine,
+    log_dir,
+    percentile,
+    reset_tables,
+    service_env,
+    setup_django,
+    wait_for,
+)
+
+
+@dataclass
+class EtaConfig:
+    builds: int = 2000
+    workers: int = 20
+    names: int = 40
+    history: int = 10
+    min_ms: int = 200
+    max_ms: int = 2000
+    spread: float = 0.3
+    min_wait: float = 2.0
+    pass_secs: float = 0.5
+    worker_procs: int = 2
+    seed: int = 1
+    timeout: float = 1800.0
+
+
+def _draw(rng: random.Random, median_ms: float, spread: float) -> int:
+    return max(1, round(median_ms * math.exp(rng.gauss(0.0, spread))))
+
+
+def _seed(config: EtaConfig) -> tuple[Any, list[tuple[str, str]], dict[str, int]]:
+    """The project, its workers and the history; returns the project, the workers' credentials and the
+    durations (ms) of the builds to come by drv path, whose rows `_queue` writes."""
+    from django.utils import timezone
+
+    from gradient.core.vocab import BuildAttemptOutcome, EvaluationStatus
+    from gradient.scheduling.models import BuildAttempt, DerivationBuild, Evaluation, EvaluationBuild
+    from gradient.scheduling.services.projects import project_create
+    from gradient.workers.services import worker_register
+
+    reset_tables()
+    rng = random.Random(config.seed)
+    project = project_create(name="eta")
+    credentials = []
+    for i in range(config.workers):
+        worker, token = worker_register(name=f"eta-{i}", projects=[project])
+        credentials.append((str(worker.id), token))
+    lo, hi = math.log(config.min_ms), math.log(config.max_ms)
+    medians = {f"pkg{k:02d}": math.exp(rng.uniform(lo, hi)) for k in range(config.names)}
+
+    now = timezone.now()
+    old = Evaluation.objects.create(
+        project=project, repository="sim:history", commit="eta", status=EvaluationStatus.COMPLETED
+    )
+    history = []
+    for name, median in medians.items():
+        for h in range(config.history):
+            history.append((f"/nix/store/{'h' * 28}{h:04d}-{name}.drv", _draw(rng, median, config.spread)))
+    built = DerivationBuild.objects.bulk_create(
+        [
+            DerivationBuild(
+                drv_path=path, system="x86_64-linux", status="Completed", outputs=[], finished_at=now
+            )
+            for path, _ in history
+        ]
+    )
+    EvaluationBuild.objects.bulk_create([EvaluationBuild(evaluation=old, build=b) for b in built])
+    ended = now - timedelta(hours=1)
+    BuildAttempt.objects.bulk_create(
+        [
+            BuildAttempt(
+                build=b,
+                number=1,
+                outcome=BuildAttemptOutcome.BUILT,
+                started_at=ended - timedelta(milliseconds=ms) - timedelta(seconds=i),
+                finished_at=ended - timedelta(seconds=i),
+            )
+            for i, (b, (_, ms)) in enumerate(zip(built, history, strict=True))
+        ]
+    )
+    names = list(medians)
+    durations = {}
+    for i in range(config.builds):
+        name = rng.choice(names)
+        durations[f"/nix/store/{i:032d}-{name}.drv"] = _draw(rng, medians[name], config.spread)
+    return project, credentials, durations
+
+
+def _queue(project: Any, durations: dict[str, int]) -> None:
+    from django.db import transaction
+    from django.utils import timezone
+
+    from gradient.core.vocab import EvaluationStatus
+    from gradient.scheduling.models import DerivationBuild, Evaluation, EvaluationBuild
+
+    now = timezone.now()
+    with transaction.atomic():
+        evaluation = Evaluation.objects.create(
+            project=project, repository="sim:eta", commit="eta", status=EvaluationStatus.BUILDING
+        )
+        builds = DerivationBuild.objects.bulk_create(
+            [
+                DerivationBuild(
+                    drv_path=path,
+                    system="x86_64-linux",
+                    status="Queued",
+                    queued_at=now + timedelta(microseconds=i),
+                    outputs=[{"name": "out", "path": path.removesuffix(".drv")}],
+                )
+                for i, path in enumerate(durations)
+            ]
+        )
+        EvaluationBuild.objects.bulk_create([EvaluationBuild(evaluation=evaluation, build=b) for b in builds])
+
+
+def _open_sessions() -> int:
+    from gradient.workers.models import WorkerSession
+
+    return WorkerSession.objects.filter(closed_at__isnull=True).count()
+
+
+def _left() -> int:
+    from gradient.core.vocab import BuildStatus
+    from gradient.scheduling.models import DerivationBuild
+
+    return DerivationBuild.objects.filter(status=BuildStatus.QUEUED).count()
+
+
+@dataclass
+class _Host:
+    process: subprocess.Popen[bytes]
+    out: Path
+
+
+def _start_hosts(config: EtaConfig, credentials: list[tuple[str, str]], url: str, logs: Path) -> list[_Host]:
+    workers = [(url, wid, token) for wid, token in credentials]
+    procs = max(1, min(config.worker_procs, len(workers)))
+    hosts = []
+    for p in range(procs):
+        spec = logs / f"eta-host-{p}.json"
+        out = logs / f"eta-host-{p}.out.json"
+        out.unlink(missing_ok=True)
+        spec.write_text(
+            json.dumps({"workers": workers[p::procs], "slots": 1, "build_ms": 1, "idle_request_secs": 1.0})
+        )
+        with open(logs / f"eta-host-{p}.log", "wb") as log:
+            process = subprocess.Popen(
+                [
+                    sys.executable,
+                    str(Path(__file__).resolve()),
+                    "--host",
+                    str(spec),
+                    str(out),
+                    str(logs / "eta-durations.json"),
+                ],
+                cwd=ROOT,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        hosts.append(_Host(process, out))
+    return hosts
+
+
+def _stop_hosts(hosts: list[_Host]) -> list[str]:
+    for host in hosts:
+        if host.process.poll() is None:
+            host.process.send_signal(signal.SIGTERM)
+    errors = []
+    for host in hosts:
+        try:
+            host.process.wait(60)
+        except subprocess.TimeoutExpired:
+            host.process.kill()
+            host.process.wait(10)
+        if host.out.exists():
+            errors.extend(json.loads(host.out.read_text()).get("errors", []))
+    return errors
+
+
+def host_main(spec_path: str, out_path: str, durations_path: str) -> None:
+    """bench/fleet.py's worker host, the sim executor building each derivation for its drawn time."""
+    from gradient.workers.executors import sim
+
+    durations: dict[str, int] = json.loads(Path(durations_path).read_text())
+    parse = sim.parse_store_name
+
+    def drawn(drv_path: str) -> tuple[str, int | None, str | None]:
+        name, _, fail = parse(drv_path)
+        return name, durations.get(drv_path), fail
+
+    sim.parse_store_name = drawn  # type: ignore[assignment]
+    import fleet
+
+    fleet.host_main(spec_path, out_path)
+
+
+def report(config: EtaConfig, elapsed: float, errors: list[str]) -> None:
+    from gradient.scheduling.models import DerivationBuild, StartEstimate
+
+    settled = list(
+        StartEstimate.objects.filter(error_secs__isnull=False).values_list(
+            "estimated_at", "expected_start", "started_at", "error_secs", "basis", "position"
+        )
+    )
+    estimated = StartEstimate.objects.count()
+    unknown = StartEstimate.objects.filter(expected_start__isnull=True).count()
+    fractions: list[float] = []
+    by_basis: dict[str, list[float]] = {}
+    short = 0
+    for at, _, started, error, basis, _ in settled:
+        wait = (started - at).total_seconds()
+        if wait < config.min_wait:
+            short += 1
+            continue
+        fractions.append(100.0 * error / wait)
+        by_basis.setdefault(basis, []).append(100.0 * error / wait)
+    absolute = [e for _, _, _, e, _, _ in settled]
+    waits = [(s - a).total_seconds() for a, _, s, _, _, _ in settled]
+    print(
+        f"eta bench: {config.builds} builds of {config.names} derivation names on {config.workers} workers "
+        f"(sim, one slot each); medians {config.min_ms}-{config.max_ms} ms log-uniform, spread sigma "
+        f"{config.spread}; history {config.history} tries a name; the ETA pass every {config.pass_secs:g} s"
+    )
+    handed = DerivationBuild.objects.filter(status="Completed").count() - config.names * config.history
+    print(f"  builds completed: {handed} in {elapsed:.1f} s")
+    print(
+        f"  estimated while waiting: {estimated} ({unknown} without a basis); settled by a hand-out: "
+        f"{len(settled)}; waits shorter than {config.min_wait:g} s left out of the fraction: {short}"
+    )
+    if waits:
+        print(
+            f"  actual wait from the estimate: p50 {percentile(waits, 50):.1f} s, "
+            f"p90 {percentile(waits, 90):.1f} s, max {max(waits):.1f} s"
+        )
+    if absolute:
+        print(
+            f"  |actual - expected| start: p50 {percentile(absolute, 50):.2f} s, "
+            f"p90 {percentile(absolute, 90):.2f} s"
+        )
+    for basis, values in sorted(by_basis.items()):
+        print(
+            f"  basis {basis}: p50 {percentile(values, 50):.1f} %, p90 {percentile(values, 90):.1f} % "
+            f"over {len(values)}"
+        )
+    for error in errors[:5]:
+        print(f"  error: {error}")
+    p50 = percentile(fractions, 50) if fractions else float("nan")
+    p90 = percentile(fractions, 90) if fractions else float("nan")
+    print(f"eta: start estimate error p50 {p50:.1f} % p90 {p90:.1f} % over {len(fractions)} builds")
+
+
+def run(config: EtaConfig, database_url: str) -> None:
+    from django.db import close_old_connections
+    from django.utils import timezone
+
+    from gradient.scheduling.services.estimates import start_estimate_pass
+    from tests.support.processes import serve
+
+    project, credentials, durations = _seed(config)
+    logs = log_dir()
+    (logs / "eta-durations.json").write_text(json.dumps(durations))
+    env = service_env(database_url, None, GRADIENT_ETA_PASS_INTERVAL_SECS="0")
+    errors: list[str] = []
+    with contextlib.ExitStack() as stack:
+        server = stack.enter_context(serve(env, logs, extra_args=["--log-level", "warning"]))
+        hosts = _start_hosts(config, credentials, server.ws_url, logs)
+        try:
+            wait_for(lambda: _open_sessions() >= config.workers, timeout=120, what="worker sessions")
+            _queue(project, durations)
+            started = time.monotonic()
+            while _left() > 0:
+                if time.monotonic() - started > config.timeout:
+                    errors.append(f"not finished within {config.timeout:.0f} s")
+                    break
+                tick = time.monotonic()
+                start_estimate_pass(now=timezone.now())
+                close_old_connections()
+                time.sleep(max(0.0, config.pass_secs - (time.monotonic() - tick)))
+            # The last ones handed out: settled by one more pass once their claims are in.
+            time.sleep(1.0)
+            start_estimate_pass(now=timezone.now())
+            elapsed = time.monotonic() - started
+            wait_for(lambda: _running() == 0, timeout=120, what="the last builds")
+        finally:
+            errors.extend(_stop_hosts(hosts))
+    report(config, elapsed, errors)
+
+
+def _running() -> int:
+    from gradient.core.vocab import BuildStatus
+    from gradient.scheduling.models import DerivationBuild
+
+    return DerivationBuild.objects.filter(status=BuildStatus.BUILDING).count()
+
+
+def main() -> None:
+    if len(sys.argv) == 5 and sys.argv[1] == "--host":
+        host_main(sys.argv[2], sys.argv[3], sys.argv[4])
+        return
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    defaults = EtaConfig()
+    for name, value in vars(defaults).items():
+        parser.add_argument(f"--{name.replace('_', '-')}", type=type(value), default=value)
+    args = parser.parse_args()
+    config = EtaConfig(**vars(args))
+    if min(config.builds, config.workers, config.names, config.history) < 1:
+        parser.error("--builds, --workers, --names and --history must be >= 1")
+    url = setup_django()
+    print(f"machine: {describe_machine()}")
+    print(f"database: {url}")
+    run(config, url)
+
+
+if __name__ == "__main__":
+    main()
