@@ -145,3 +145,20 @@ def test_a_session_closed_while_its_claim_is_uncommitted_waits_for_it_and_hands_
     row = DispatchedJob.objects.get(job_id=build_key(build.id))
     assert row.finished_at is not None, "the close handed back the job claimed for its session"
     assert DerivationBuild.objects.get(id=build.id).status == BuildStatus.QUEUED
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_idle_slot_is_recorded_when_unanswered_and_cleared_once_answered() -> None:
+    from gradient.workers.models import IdleSlot
+
+    project = ProjectFactory()
+    evaluation = EvaluationFactory(project=project, status=EvaluationStatus.BUILDING)
+    worker = connected_worker([project])
+    assert request_builds(worker_ids=[worker.id], now=timezone.now(), tried=[]) == [None]
+    assert IdleSlot.objects.filter(worker=worker, kind=JobKind.BUILD).exists()
+    assert (worker.id, JobKind.BUILD) in assignment._idle_recorded
+    graph.ingest_eval_result(evaluation=evaluation, derivations=[drv("late")], now=timezone.now())
+    [answer] = request_builds(worker_ids=[worker.id], now=timezone.now(), tried=[])
+    assert answer is not None
+    assert not IdleSlot.objects.filter(worker=worker).exists()
+    assert (worker.id, JobKind.BUILD) not in assignment._idle_recorded, "nothing left to delete next time"
