@@ -128,3 +128,27 @@ def test_a_thread_reuses_its_cursor_statement_after_statement_but_never_one_in_u
     with fixed_cursor() as fresh:
         fresh.execute("SELECT 4")
         assert fresh is not first and fresh.fetchone() == (4,)
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("literal", [True, False])
+def test_the_generic_plan_settings_hold_from_the_blocks_first_fixed_statement_to_its_end(
+    literal: bool,
+) -> None:
+    from django.db import connection, transaction
+
+    if connection.vendor != "postgresql":
+        pytest.skip("plan settings are PostgreSQL's")
+    read = "SELECT current_setting('plan_cache_mode'), current_setting('enable_seqscan'), %s::int"
+    with transaction.atomic(), setsql.generic_plans():
+        with fixed_cursor(literal=literal) as cursor:  # the block's first: the settings come with it
+            cursor.execute(read, [7])
+            assert cursor.fetchall() == [("force_generic_plan", "off", 7)]
+            cursor.execute(read, [8])  # and the cursor goes on as itself
+            assert cursor.fetchall() == [("force_generic_plan", "off", 8)]
+        with fixed_cursor(literal=not literal) as cursor:
+            cursor.execute(read, [9])
+            assert cursor.fetchone() == ("force_generic_plan", "off", 9)
+    with fixed_cursor() as cursor:  # they ended with the transaction
+        cursor.execute(read, [10])
+        assert cursor.fetchone() == ("auto", "on", 10)

@@ -55,6 +55,19 @@ def fixed_cursor(*, literal: bool = False) -> Iterator[Any]:
         kind = psycopg.ClientCursor if literal else _PreparingCursor if generic else psycopg.Cursor
         cursor, kept = _cursor(conn, kind)
         try:
+            if generic and _generic.pending:
+                _generic.pending = False
+                if isinstance(cursor, psycopg.ClientCursor):  # literal: the settings go in front of
+                    yield _SettingsFirst(cursor)  # this statement, in its round trip
+                    return
+                plain, plain_kept = _cursor(conn, psycopg.Cursor)
+                try:
+                    plain.execute(_GENERIC_PLANS)
+                finally:
+                    if plain_kept:
+                        _cursors.busy.discard(psycopg.Cursor)
+                    else:
+                        plain.close()
             yield cursor
         finally:
             if kept:
@@ -117,16 +130,38 @@ def generic_plans() -> Iterator[None]:
     if connection.vendor != "postgresql":
         yield
         return
-    with fixed_cursor() as cursor:
-        cursor.execute(_GENERIC_PLANS)
-    _generic.on = True
+    # Sent with the block's first fixed-text statement (in its round trip when that one is `literal`, as
+    # a claim batch's first read is), not on their own: nothing before it is prepared.
+    _generic.on, _generic.pending = True, True
     try:
         yield
     finally:
-        _generic.on = False
+        _generic.on = _generic.pending = False
 
 
 _generic = threading.local()
+
+
+class _SettingsFirst:
+    """A client-side cursor whose first statement is sent after the generic-plan settings, in one simple
+    query (two statements, one round trip); its results are the statement's. Everything else is the
+    cursor's."""
+
+    def __init__(self, cursor: psycopg.ClientCursor[Any]) -> None:
+        self._cursor = cursor
+        self._first = True
+
+    def execute(self, query: Any, params: Any = None, **kwargs: Any) -> Any:
+        if not self._first:
+            return self._cursor.execute(query, params, **kwargs)
+        self._first = False
+        text = self._cursor.mogrify(query, params)  # client-side binding, as the cursor's own execute
+        self._cursor.execute(f"{_GENERIC_PLANS}; {text}")
+        self._cursor.nextset()
+        return self._cursor
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._cursor, name)
 
 
 # Both for the rest of the transaction, in one round trip. A generic plan is made once per connection
