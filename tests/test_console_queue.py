@@ -153,3 +153,14 @@ def test_the_overview_shows_the_first_in_line_and_the_last_days_estimate_error(o
     html = operator.get(reverse("console-overview")).content.decode()
     assert 'id="ov-head"' in html and 'id="ov-eta-errors"' in html
     assert JobKind.BUILD.value in {r["kind"] for r in snapshot["running"]}
+
+
+def test_why_it_waits_counts_the_builds_ahead_as_where_it_stands_does(operator: Client) -> None:
+    project = ProjectFactory()
+    # An older Queued build no worker of this one's kind takes (another system): ahead of it by age in
+    # the whole queue, not in its workers' order.
+    _, (arm, x86) = queued(project, drv("arm", system="aarch64-linux"), drv("x86"))
+    connected_worker([project], architectures=["x86_64-linux"])
+    text = page(operator, DerivationBuild.objects.get(id=x86.id))
+    assert "1 connected worker can build it; 0 queued builds ahead of it" in text
+    assert "1 queued build ahead of it" not in text

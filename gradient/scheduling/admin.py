@@ -35,7 +35,7 @@ from gradient.core.vocab import (
 )
 from gradient.names import NameCheckedForm
 from gradient.records.admin import RecordTimelineMixin
-from gradient.scheduling import selectors
+from gradient.scheduling import queue_position, selectors
 from gradient.scheduling.admin_logs import BuildLogMixin, FailedBuildLogsMixin
 from gradient.scheduling.admin_queue import build_standing, evaluation_expected_end, evaluation_standing
 from gradient.scheduling.admin_waiting import WaitingReasonFilter, waiting_for, waiting_for_brief
@@ -594,7 +594,12 @@ class DerivationBuildAdmin(BuildLogMixin, RecordTimelineMixin, OperatedAdmin):
 
     @admin.display(description="why it waits")
     def why_it_waits(self, obj: DerivationBuild) -> str:
-        return selectors.build_waiting_text(obj)
+        # The builds ahead counted as the "where it stands" row beside it counts them (its workers'
+        # hand-out order), so the two never disagree.
+        standing = (
+            queue_position.build_queue(obj, timezone.now()) if obj.status == BuildStatus.QUEUED else None
+        )
+        return selectors.build_waiting_text(obj, ahead=standing.ahead if standing is not None else None)
 
     def get_fields(self, request, obj=None):  # type: ignore[no-untyped-def]
         fields = super().get_fields(request, obj)

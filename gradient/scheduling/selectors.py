@@ -679,8 +679,10 @@ def build_capable_workers(build: DerivationBuild) -> int:
     return len(build_capable_worker_ids(build))
 
 
-def build_waiting_text(build: DerivationBuild) -> str:
-    """Why a pending build is not running, in words ("" once it runs or ended)."""
+def build_waiting_text(build: DerivationBuild, ahead: int | None = None) -> str:
+    """Why a pending build is not running, in words ("" once it runs or ended). `ahead`: the builds
+    ahead of it in its workers' hand-out order (queue_position, which the console shows beside it);
+    without it, the Queued builds prioritized or older than it."""
     if build.drv_lost_at is not None:
         return "its .drv is lost: it waits for a DrvRecovery evaluation to restore it"
     if build.status == BuildStatus.CREATED:
@@ -703,7 +705,7 @@ def build_waiting_text(build: DerivationBuild) -> str:
             f"every connected worker that can build it ({capable}) holds a seat reserved for a waiting "
             "cluster: it gets no single build until the reservation ends"
         )
-    ahead = build_queue_position(build)
+    ahead = build_queue_position(build) if ahead is None else ahead
     reserved = f" ({held} of them reserved for a waiting cluster)" if held else ""
     return (
         f"{capable} connected worker{'s' if capable != 1 else ''} can build it{reserved}; "
