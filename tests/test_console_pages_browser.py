@@ -6,7 +6,6 @@ overrides); docs/operators.md shows them. Skipped without Chromium or Playwright
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -27,26 +26,15 @@ from tests.factories import (
     WorkerFactory,
     WorkerSessionFactory,
 )
-from tests.test_console_browser import CHROMIUM, PATIENCE_MS, SHOTS, sign_in, sync_api
+from tests.test_console_browser import CHROMIUM, SHOTS, page, sign_in, sync_api
+
+__all__ = ["page"]  # the browser fixture of the console's tests
 
 pytestmark = [
     pytest.mark.e2e,
     pytest.mark.django_db(transaction=True),
     pytest.mark.skipif(CHROMIUM is None, reason="needs Chromium (apt-get install chromium)"),
 ]
-
-
-@pytest.fixture
-def page(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
-    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")  # as in test_console_browser
-    SHOTS.mkdir(parents=True, exist_ok=True)
-    with sync_api.sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=["--no-sandbox"])
-        context = browser.new_context(viewport={"width": 1400, "height": 1000})
-        context.set_default_timeout(PATIENCE_MS)
-        sync_api.expect.set_options(timeout=PATIENCE_MS)
-        yield context.new_page()
-        browser.close()
 
 
 def _shot(page: Any, name: str) -> None:

@@ -5,7 +5,6 @@ Skipped without Chromium or Playwright."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -15,7 +14,9 @@ from django.utils import timezone
 from gradient.scheduling.models import StartEstimate
 from tests.factories import DerivationBuildFactory, ProjectFactory, connected_worker
 from tests.scheduling_helpers import ask, drv
-from tests.test_console_browser import CHROMIUM, PATIENCE_MS, SHOTS, sign_in, sync_api
+from tests.test_console_browser import CHROMIUM, SHOTS, page, sign_in, sync_api
+
+__all__ = ["page"]  # the browser fixture of the console's tests
 from tests.test_console_queue import tries
 from tests.test_scheduling_queue_position import queued
 
@@ -30,19 +31,6 @@ def named(name: str, n: int) -> dict[str, Any]:
     """A derivation whose store name has dashes and dots, as real ones do (drv() pads the name)."""
     path = f"/nix/store/{str(n) * 32}-{name}"
     return {**drv(f"d{n}"), "drv_path": f"{path}.drv", "outputs": [{"name": "out", "path": path}]}
-
-
-@pytest.fixture
-def page(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
-    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")  # as in test_console_browser
-    SHOTS.mkdir(parents=True, exist_ok=True)
-    with sync_api.sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=["--no-sandbox"])
-        context = browser.new_context(viewport={"width": 1400, "height": 1000})
-        context.set_default_timeout(PATIENCE_MS)
-        sync_api.expect.set_options(timeout=PATIENCE_MS)
-        yield context.new_page()
-        browser.close()
 
 
 def test_the_overviews_first_in_line_leads_to_a_build_that_says_when_it_starts(
