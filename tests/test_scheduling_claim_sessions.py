@@ -156,9 +156,7 @@ def test_an_idle_slot_is_recorded_when_unanswered_and_cleared_once_answered() ->
     worker = connected_worker([project])
     assert request_builds(worker_ids=[worker.id], now=timezone.now(), tried=[]) == [None]
     assert IdleSlot.objects.filter(worker=worker, kind=JobKind.BUILD).exists()
-    assert (worker.id, JobKind.BUILD) in assignment._idle_recorded
     graph.ingest_eval_result(evaluation=evaluation, derivations=[drv("late")], now=timezone.now())
     [answer] = request_builds(worker_ids=[worker.id], now=timezone.now(), tried=[])
     assert answer is not None
     assert not IdleSlot.objects.filter(worker=worker).exists()
-    assert (worker.id, JobKind.BUILD) not in assignment._idle_recorded, "nothing left to delete next time"
