@@ -63,8 +63,8 @@ def reset_tables() -> None:
         cursor.execute(
             "TRUNCATE dispatched_job, build_attempt, evaluation_build, derivation_build_dependency, "
             "derivation_build, cluster_member, cluster_attempt, cluster_job, evaluation, idle_slot, "
-            "sent_candidate, candidate_score, worker_session, worker_project, worker, project, "
-            "record_entry, job_record, cached_path, pass_state, server_boot CASCADE"
+            "sent_candidate, sent_offer, sent_list, candidate_score, worker_session, worker_project, "
+            "worker, project, record_entry, job_record, cached_path, pass_state, server_boot CASCADE"
         )
 
 

@@ -8,7 +8,7 @@ import msgspec
 import pytest
 from django.utils import timezone
 
-from gradient.scheduling.models import DerivationBuild, EvaluationStatus, SentCandidate
+from gradient.scheduling.models import DerivationBuild, EvaluationStatus, SentCandidate, SentList, SentOffer
 from gradient.scheduling.services import graph
 from gradient.scheduling.services import offers as offer_service
 from gradient.scheduling.services.offers import forget_sent
@@ -177,9 +177,9 @@ def test_workers_alike_sent_nothing_yet_share_one_first_offer_and_each_remembers
     made: list[object] = []
     real = offer_service._diffed_candidates
 
-    def counted(state: Any, *args: Any) -> Any:
+    def counted(state: Any, *args: Any, **kwargs: Any) -> Any:
         made.append(state.id)
-        return real(state, *args)
+        return real(state, *args, **kwargs)
 
     monkeypatch.setattr(offer_service, "_diffed_candidates", counted)
     fleet = [connected_worker([project]) for _ in range(3)]
@@ -190,9 +190,15 @@ def test_workers_alike_sent_nothing_yet_share_one_first_offer_and_each_remembers
     for offer in offered:
         assert offer == offered[0] and {c["job_id"] for c in offer[0]["candidates"]} == keys
     assert made == [fleet[0].id], "made once for the three"
+    [listed] = SentList.objects.all()
+    assert listed.job_ids == [c["job_id"] for c in offered[0][0]["candidates"]], "stored once, in order"
+    assert not SentCandidate.objects.exists(), "no row per worker and key"
     for w in fleet:  # each worker's sent set is what it was sent: its next delta is empty
-        assert set(SentCandidate.objects.filter(worker=w).values_list("job_id", flat=True)) == keys
+        assert offer_service.sent_keys(w.id) == keys
         assert job_offers(worker_id=w.id, now=timezone.now()) == []
+        # That delta wrote the keys still Queued as the worker's own rows.
+        assert set(SentCandidate.objects.filter(worker=w).values_list("job_id", flat=True)) == keys
+        assert not SentOffer.objects.filter(worker=w).exists()
     assert made[1:] == [w.id for w in fleet], "a worker sent something already gets its own delta"
     assert job_offers(worker_id=stranger.id, now=timezone.now()) == [], "another shape: its own offer"
     assert made[-1] == stranger.id
@@ -200,3 +206,45 @@ def test_workers_alike_sent_nothing_yet_share_one_first_offer_and_each_remembers
     late = connected_worker([project])
     [offer] = job_offers(worker_id=late.id, now=timezone.now())
     assert {c["job_id"] for c in offer["candidates"]} == keys and made[-1] == late.id, "too old: made again"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_shared_first_offer_is_one_list_and_forgetting_a_key_or_claiming_it_acts_on_it() -> None:
+    """What a worker sent the shared first offer was sent is the list's keys: returning one of them to
+    the pool takes it out of the list (the next delta offers it again), a claimed one is not written as
+    the worker's row at its first delta, RescoreWait sees when the list was sent, and a new session
+    starts with nothing sent."""
+    from gradient.scheduling.services.assignment import _offered_passes_ago
+
+    project = ProjectFactory()
+    evaluation = EvaluationFactory(project=project, status=EvaluationStatus.BUILDING)
+    graph.ingest_eval_result(
+        evaluation=evaluation, derivations=[drv("a"), drv("b"), drv("c")], now=timezone.now()
+    )
+    first, second, third = (connected_worker([project]) for _ in range(3))
+    sent_at = timezone.now()
+    for w in (first, second, third):
+        job_offers(worker_id=w.id, now=sent_at)
+    keys = {b.job_key for b in DerivationBuild.objects.all()}
+    assert SentList.objects.count() == 1 and SentOffer.objects.count() == 3
+    assert not SentCandidate.objects.exists()
+    a, b, c = sorted(keys)
+    times = offer_service.sent_times(second.id, [a, b, "build:00000000-0000-0000-0000-000000000000"])
+    assert times.keys() == {a, b} and all(t == sent_at for t in times.values())
+    assert _offered_passes_ago(second.id, [a], sent_at) == {a: 0}
+
+    forget_sent(a)  # back in the pool: out of the list
+    assert a not in SentList.objects.get().job_ids
+    [again] = job_offers(worker_id=first.id, now=timezone.now())
+    assert [x["job_id"] for x in again["candidates"]] == [a]
+    assert offer_service.sent_keys(first.id) == keys
+
+    claimed = ask(second.id)  # second is sent {b, c} now (a was forgotten); it claims the best of all
+    assert claimed is not None
+    delta = job_offers(worker_id=second.id, now=timezone.now())
+    assert [x["job_id"] for offer in delta for x in offer["candidates"]] == sorted({a} - {claimed.job_key})
+    rows = set(SentCandidate.objects.filter(worker=second).values_list("job_id", flat=True))
+    assert claimed.job_key not in rows and rows == keys - {claimed.job_key}
+
+    offer_service.forget_worker_offers(third.id)  # a new session of it
+    assert offer_service.sent_keys(third.id) == set()

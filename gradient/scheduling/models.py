@@ -587,6 +587,41 @@ class SentCandidate(models.Model):
         return f"{self.job_id} sent to {self.worker_id}"
 
 
+class SentList(models.Model):
+    """A first offer shared by workers alike (offers._shared_first_offer: a fleet connecting at once to
+    a deep queue is sent the same up to 1 000 candidates), stored once: the job keys, in order. Each
+    worker sent it has a SentOffer pointing here instead of a SentCandidate row per key; its first
+    delta writes the keys still Queued as its own rows. Returning a job to the pool takes its key out
+    of every list (offers.forget_sent). A list no worker points at goes after a minute."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    job_ids = models.JSONField(default=list, help_text="The job keys offered, in the offer's order.")
+    made_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        db_table = "sent_list"
+
+    def __str__(self) -> str:
+        return f"first offer of {len(self.job_ids)} made at {self.made_at:%H:%M:%S}"
+
+
+class SentOffer(models.Model):
+    """A worker sent a shared first offer (SentList) and no delta since: its sent set is the list's keys
+    plus its SentCandidate rows, until its next delta or full list writes them as rows."""
+
+    worker = models.OneToOneField(
+        "workers.Worker", on_delete=models.CASCADE, primary_key=True, related_name="sent_offer"
+    )
+    sent_list = models.ForeignKey(SentList, on_delete=models.CASCADE, related_name="offers")
+    sent_at = models.DateTimeField(default=timezone.now, help_text="When this worker was sent the list.")
+
+    class Meta:
+        db_table = "sent_offer"
+
+    def __str__(self) -> str:
+        return f"first offer sent to {self.worker_id}"
+
+
 class CandidateScore(models.Model):
     """A worker's RequestJobChunk answer for one candidate: what it would have to fetch."""
 

@@ -36,9 +36,9 @@ from gradient.scheduling.decisions.scoring import (
     score,
     wait_cap_secs,
 )
-from gradient.scheduling.models import CandidateScore, DerivationBuild, Evaluation, SentCandidate
+from gradient.scheduling.models import CandidateScore, DerivationBuild, Evaluation
 from gradient.scheduling.selectors import PRESELECT
-from gradient.scheduling.services import lifecycle
+from gradient.scheduling.services import lifecycle, offers
 from gradient.scheduling.services.claims import BuildClaim
 from gradient.scheduling.services.lifecycle import ClaimTerms
 from gradient.workers.models import IdleSlot
@@ -72,9 +72,7 @@ def _offered_passes_ago(worker_id: uuid.UUID, job_keys: list[str], now: datetime
     if not job_keys:
         return {}
     interval = max(1.0, float(settings.GRADIENT_SCHEDULER_PASS_INTERVAL_SECS))
-    rows = SentCandidate.objects.filter(worker_id=worker_id, job_id__in=job_keys).values_list(
-        "job_id", "sent_at"
-    )
+    rows = offers.sent_times(worker_id, job_keys).items()
     return {job_id: int(max(0.0, (now - sent_at).total_seconds()) // interval) for job_id, sent_at in rows}
 
 

@@ -3,6 +3,10 @@
 The server remembers per worker which candidates it sent (sent_candidate). Each offer resets that set
 to the candidates visible now, so a claimed, finished or aborted job drops out; returning a job to the
 pool deletes its rows (forget_sent), which puts it into the next delta.
+
+A first offer shared by workers alike (a fleet connecting at once) is stored once (sent_list), each
+worker pointing at it (sent_offer) instead of a row per key; the worker's next delta or full list
+writes the keys still Queued as its own rows (_materialize). Its sent set is both, until then.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import connection, transaction
@@ -26,7 +30,14 @@ from gradient.core.protocol import JobCandidate, JobListChunk, JobOffer
 from gradient.core.vocab import BUILD_UNFINISHED, EVALUATION_TERMINAL, BuildStatus, JobKeyKind
 from gradient.runtime.setsql import fixed_cursor
 from gradient.scheduling import jobs, selectors
-from gradient.scheduling.models import CandidateScore, DerivationBuild, Evaluation, SentCandidate
+from gradient.scheduling.models import (
+    CandidateScore,
+    DerivationBuild,
+    Evaluation,
+    SentCandidate,
+    SentList,
+    SentOffer,
+)
 from gradient.workers.models import WorkerSession
 
 PAGE_SIZE = 1000
@@ -35,6 +46,103 @@ PAGE_SIZE = 1000
 def forget_sent(job_key: str) -> None:
     """Return a job to the pool: clear its sent flag for every worker, so the next offer includes it."""
     SentCandidate.objects.filter(job_id=job_key).delete()
+    if connection.vendor == "postgresql":  # the shared first offers holding it (few rows)
+        with connection.cursor() as cursor:
+            cursor.execute(_FORGET_LISTED, [job_key, job_key])
+        return
+    for listed in SentList.objects.all():
+        if job_key in listed.job_ids:
+            listed.job_ids = [k for k in listed.job_ids if k != job_key]
+            listed.save(update_fields=["job_ids"])
+
+
+_FORGET_LISTED = f"UPDATE {SentList._meta.db_table} SET job_ids = job_ids - %s WHERE job_ids ? %s"  # noqa: S608
+
+
+def sent_keys(worker_id: uuid.UUID) -> set[str]:
+    """The worker's sent set: its rows, and the keys of the shared first offer it was sent, if any."""
+    keys = set(SentCandidate.objects.filter(worker_id=worker_id).values_list("job_id", flat=True))
+    listed = (
+        SentOffer.objects.filter(worker_id=worker_id).values_list("sent_list__job_ids", flat=True).first()
+    )
+    return keys | set(listed or [])
+
+
+def sent_times(worker_id: uuid.UUID, job_keys: list[str]) -> dict[str, datetime]:
+    """When each of `job_keys` that the worker was sent was sent to it (RescoreWait)."""
+    if not job_keys:
+        return {}
+    if connection.vendor == "postgresql":  # a scoring worker's every RequestJob: one statement
+        with fixed_cursor() as cursor:
+            cursor.execute(_SENT_TIMES, {"w": worker_id, "keys": job_keys})
+            return {job_id: sent_at for job_id, sent_at in cursor.fetchall()}
+    found = dict(
+        SentCandidate.objects.filter(worker_id=worker_id, job_id__in=job_keys).values_list(
+            "job_id", "sent_at"
+        )
+    )
+    offer = SentOffer.objects.filter(worker_id=worker_id).select_related("sent_list").first()
+    if offer is not None:
+        wanted = set(job_keys)
+        for key in offer.sent_list.job_ids:
+            if key in wanted:
+                found.setdefault(key, offer.sent_at)
+    return found
+
+
+_SENT_TIMES = """
+SELECT job_id, sent_at FROM sent_candidate WHERE worker_id = %(w)s AND job_id = ANY(%(keys)b::text[])
+UNION ALL
+SELECT k.key, o.sent_at FROM sent_offer o JOIN sent_list l ON l.id = o.sent_list_id
+    CROSS JOIN LATERAL jsonb_array_elements_text(l.job_ids) AS k(key)
+WHERE o.worker_id = %(w)s AND k.key = ANY(%(keys)b::text[])
+"""
+
+
+def _materialize(worker_id: uuid.UUID) -> bool:
+    """Write the shared first offer the worker was sent, if any, as its own sent rows (the keys of builds
+    still Queued and of evaluations: the delta drops what it can no longer see anyway) and drop its
+    pointer. True when the worker has a sent set (rows or such an offer)."""
+    if connection.vendor == "postgresql":  # every delta: one statement
+        with fixed_cursor() as cursor:
+            cursor.execute(_MATERIALIZE, {"w": worker_id, "prefix": JobKeyKind.BUILD.prefix})
+            row = cursor.fetchone()
+            return bool(row and row[0])
+    offer = SentOffer.objects.filter(worker_id=worker_id).select_related("sent_list").first()
+    if offer is not None:
+        prefix = JobKeyKind.BUILD.prefix
+        listed = offer.sent_list.job_ids
+        builds = [k for k in listed if k.startswith(prefix)]
+        queued = {
+            f"{prefix}{i}"
+            for i in DerivationBuild.objects.filter(
+                id__in=[k[len(prefix) :] for k in builds], status=BuildStatus.QUEUED
+            ).values_list("id", flat=True)
+        }
+        keep = [k for k in listed if not k.startswith(prefix) or k in queued]
+        SentCandidate.objects.bulk_create(
+            [SentCandidate(worker_id=worker_id, job_id=k, sent_at=offer.sent_at) for k in keep],
+            ignore_conflicts=True,
+        )
+        offer.delete()
+        return True
+    return SentCandidate.objects.filter(worker_id=worker_id).exists()
+
+
+_MATERIALIZE = """
+WITH moved AS (
+    DELETE FROM sent_offer WHERE worker_id = %(w)s RETURNING sent_list_id, sent_at
+), written AS (
+    INSERT INTO sent_candidate (worker_id, job_id, sent_at)
+    SELECT %(w)s, k.key, m.sent_at FROM moved m JOIN sent_list l ON l.id = m.sent_list_id
+        CROSS JOIN LATERAL jsonb_array_elements_text(l.job_ids) AS k(key)
+    WHERE left(k.key, length(%(prefix)s)) <> %(prefix)s OR EXISTS (
+        SELECT 1 FROM derivation_build b
+        WHERE b.id = substr(k.key, length(%(prefix)s) + 1)::uuid AND b.status = 'Queued')
+    ON CONFLICT DO NOTHING
+)
+SELECT EXISTS (SELECT 1 FROM moved) OR EXISTS (SELECT 1 FROM sent_candidate WHERE worker_id = %(w)s)
+"""
 
 
 def forget_scores(job_key: str) -> None:
@@ -183,6 +291,7 @@ def job_list(*, worker_id: uuid.UUID, now: datetime) -> list[JobListChunk]:
         if state is None:
             return []
         candidates = candidates_for_worker(state, now)
+        SentOffer.objects.filter(worker_id=worker_id).delete()  # the sent set is exactly these now
         _reset_sent(worker_id, {c.job_id for c in candidates}, now)
     pages = _pages(candidates)
     return [JobListChunk(candidates=page, is_final=i == len(pages) - 1) for i, page in enumerate(pages)]
@@ -206,6 +315,7 @@ def job_offers(*, worker_id: uuid.UUID, now: datetime) -> list[JobOffer]:
         if connection.vendor == "postgresql":
             fresh = _fresh_candidates(state, now, limit)
         else:  # the embedded database: the whole diff in Python, fine at its scale
+            _materialize(worker_id)
             candidates = candidates_for_worker(state, now)
             before = set(SentCandidate.objects.filter(worker_id=worker_id).values_list("job_id", flat=True))
             fresh = [c for c in candidates if c.job_id not in before][:limit]
@@ -222,7 +332,10 @@ def job_offers(*, worker_id: uuid.UUID, now: datetime) -> list[JobOffer]:
 # offers lane, while the hand-outs began). A job claimed meanwhile drops out of the worker's sent set
 # at its next delta, as it would had it been claimed right after the offer.
 SHARED_FIRST_OFFER_SECS = 1.0
-_first_offers: dict[tuple[object, ...], tuple[float, list[JobCandidate]]] = {}
+_first_offers: dict[tuple[object, ...], tuple[float, list[JobCandidate], uuid.UUID]] = {}
+# A shared first offer no worker points at any more is deleted once this old (its workers had their
+# first delta; the lists made by any process's offers in the last SHARED_FIRST_OFFER_SECS stay).
+SENT_LIST_KEEP_SECS = 60.0
 
 
 def _offer_shape(state: selectors.WorkerState, limit: int) -> tuple[object, ...]:
@@ -240,17 +353,33 @@ def _offer_shape(state: selectors.WorkerState, limit: int) -> tuple[object, ...]
 
 
 def _shared_first_offer(state: selectors.WorkerState, now: datetime, limit: int) -> list[JobCandidate]:
+    """The first offer of workers of this one's shape, made once a second; stored once (SentList), each
+    worker sent it pointing at it (SentOffer): a fleet of 100 connecting to a deep queue wrote 100 000
+    sent_candidate rows (~10 ms of PostgreSQL each worker) while the hand-outs began."""
     shape = _offer_shape(state, limit)
     tick = time.monotonic()
     kept = _first_offers.get(shape)
-    if kept is not None and tick - kept[0] < SHARED_FIRST_OFFER_SECS:
-        fresh = kept[1]
-        _remember_sent(state.id, [c.job_id for c in fresh], now)
+    # Kept only if its transaction committed: one that rolled back left no list to point at.
+    if (
+        kept is not None
+        and tick - kept[0] < SHARED_FIRST_OFFER_SECS
+        and SentList.objects.filter(id=kept[2]).exists()
+    ):
+        SentOffer.objects.create(worker_id=state.id, sent_list_id=kept[2], sent_at=now)
+        return kept[1]
+    fresh = _diffed_candidates(
+        state, SentCandidate.objects.filter(worker_id=state.id), now, limit, remember=False
+    )
+    if not fresh:
         return fresh
-    fresh = _diffed_candidates(state, SentCandidate.objects.filter(worker_id=state.id), now, limit)
+    SentList.objects.filter(
+        made_at__lt=now - timedelta(seconds=SENT_LIST_KEEP_SECS), offers__isnull=True
+    ).delete()
+    listed = SentList.objects.create(job_ids=[c.job_id for c in fresh], made_at=now)
+    SentOffer.objects.create(worker_id=state.id, sent_list=listed, sent_at=now)
     if len(_first_offers) >= 64:  # shapes are few; never let them pile up
         _first_offers.clear()
-    _first_offers[shape] = (tick, fresh)
+    _first_offers[shape] = (tick, fresh, listed.id)
     return fresh
 
 
@@ -264,14 +393,20 @@ def _fresh_candidates(state: selectors.WorkerState, now: datetime, limit: int) -
     sent = SentCandidate.objects.filter(worker_id=state.id)
     if state.draining:
         sent.delete()
+        SentOffer.objects.filter(worker_id=state.id).delete()
         return []
-    if not sent.exists():
+    if not _materialize(state.id):
         return _shared_first_offer(state, now, limit)
     return _diffed_candidates(state, sent, now, limit)
 
 
 def _diffed_candidates(
-    state: selectors.WorkerState, sent: QuerySet[SentCandidate], now: datetime, limit: int
+    state: selectors.WorkerState,
+    sent: QuerySet[SentCandidate],
+    now: datetime,
+    limit: int,
+    *,
+    remember: bool = True,
 ) -> list[JobCandidate]:
     evaluations = _offerable_evaluations(state)
     sent_evals = set(sent.filter(job_id__startswith=JobKeyKind.EVAL.prefix).values_list("job_id", flat=True))
@@ -297,7 +432,8 @@ def _diffed_candidates(
     made, _ = _build_candidates(list(rows.values()), [])
     made.update(recent)
     fresh.extend(made[i] for i in fresh_ids if i in made)
-    _remember_sent(state.id, [c.job_id for c in fresh], now)
+    if remember:
+        _remember_sent(state.id, [c.job_id for c in fresh], now)
     return fresh
 
 
@@ -380,3 +516,4 @@ def candidate_scores_store(
 def forget_worker_offers(worker_id: uuid.UUID) -> None:
     """A worker's session opened or ended: it has been offered nothing (its next offer is a full one)."""
     SentCandidate.objects.filter(worker_id=worker_id).delete()
+    SentOffer.objects.filter(worker_id=worker_id).delete()
