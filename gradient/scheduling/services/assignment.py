@@ -266,7 +266,10 @@ def _request_builds(
     with _claiming_lock:
         busy = set(_claiming)
     _rank_each(asking, pool, policy, now, len(busy))
-    won = _claim_choices(asking, answers, pool, policy, now, tried, busy, chosen)
+    # The idle slots of the workers served or full go; those of the asking workers go with the first
+    # claim statement (those left unanswered are recorded again below).
+    clear = full + [a.state.id for a in asking]
+    won = _claim_choices(asking, answers, pool, policy, now, tried, busy, chosen, clear)
     kept = queue_book.book()
     behind = [a for a in asking if answers[a.index] is None and a.shared is not None]
     if kept is not None and behind:
@@ -276,10 +279,10 @@ def _request_builds(
             kept.forget((*_shape(a.state), wait_cap_secs(pool) is None))
             a.shared, a.at = None, 0
         _rank_each(behind, pool, policy, now, len(busy))
-        won += _claim_choices(behind, answers, pool, policy, now, tried, busy | chosen, chosen)
+        won += _claim_choices(behind, answers, pool, policy, now, tried, busy | chosen, chosen, clear)
     lost.update(a.index for a in asking if answers[a.index] is None and a.lost)
     idle.extend(a.state.id for a in asking if answers[a.index] is None)
-    _clear_idle_slots(full + won, JobKind.BUILD)
+    _clear_idle_slots(clear, JobKind.BUILD)  # no claim statement took them: nothing was chosen
     _record_idle_slots(idle, JobKind.BUILD, now)
 
 
@@ -445,11 +448,13 @@ def _claim_choices(
     tried: list[uuid.UUID],
     busy: set[str],
     chosen: set[str],
+    clear: list[uuid.UUID],
 ) -> list[uuid.UUID]:
     """Claim each request's best free choice, all in one statement; the requests whose claim lost try
     their next choice, up to CLAIM_ROUNDS rounds. `busy`: builds other batches are claiming now;
-    `chosen` collects this batch's choices (while it runs, the other batches pass over them). Fills
-    `answers`; returns the workers served."""
+    `chosen` collects this batch's choices (while it runs, the other batches pass over them); `clear`,
+    workers whose idle slots the first claim statement deletes (emptied once it has). Fills `answers`;
+    returns the workers served."""
     taken: set[str] = set(busy)
     waiting = list(asking)
     served: list[uuid.UUID] = []
@@ -494,7 +499,9 @@ def _claim_choices(
                 session_id=a.state.session_id,
             )
             claims.append((a, choice, claim, job))
-        won = lifecycle.claim_builds(claims=[c for _, _, c, _ in claims], now=claimed_at)
+        won = lifecycle.claim_builds(claims=[c for _, _, c, _ in claims], now=claimed_at, idle_cleared=clear)
+        if claims:  # the statement took them
+            clear.clear()
         if (kept := queue_book.book()) is not None:
             # Claimed, or lost (taken elsewhere, no longer Queued or wanted): out of the book either way.
             kept.gone(_build_id(c.job_id) for _, c in chosen_now)

@@ -71,6 +71,7 @@ from gradient.scheduling.services.claims import (
     claim_builds_statement,
 )
 from gradient.scheduling.services.offers import forget_scores, forget_scores_of, forget_sent
+from gradient.workers.models import IdleSlot
 
 EVAL_PHASES: dict[type[JobUpdateKind], EvaluationStatus] = {
     Fetching: EvaluationStatus.FETCHING,
@@ -185,7 +186,13 @@ def build_claim(
     )
 
 
-def claim_builds(*, claims: Sequence[BuildClaim], now: datetime, skip_locked: bool = True) -> set[uuid.UUID]:
+def claim_builds(
+    *,
+    claims: Sequence[BuildClaim],
+    now: datetime,
+    skip_locked: bool = True,
+    idle_cleared: Sequence[uuid.UUID] = (),
+) -> set[uuid.UUID]:
     """Claim and start a batch of shared builds, each for its worker, inside the caller's transaction:
     THE claim-and-start of a shared build (a RequestJob batch, a single claim, a cluster's seat). Each
     claim wins or loses alone; a won build is Building with one more attempt and its BuildAttempt row,
@@ -196,12 +203,16 @@ def claim_builds(*, claims: Sequence[BuildClaim], now: datetime, skip_locked: bo
     `skip_locked`: a batch of RequestJobs loses a build another transaction holds at once (the request
     takes its next choice); a claim of one given build (claim_build: a cluster's seat) waits for that
     transaction instead, taking its locks in the order every other claim does (the assignment row, then
-    the build's), so that it never deadlocks with one: claim by claim, each in a savepoint."""
+    the build's), so that it never deadlocks with one: claim by claim, each in a savepoint.
+    `idle_cleared`: workers whose idle build slots go with the claims (a RequestJob batch's: in the
+    claim statement on PostgreSQL, by the caller elsewhere)."""
     if not claims:
         return set()
     if connection.vendor == "postgresql" and skip_locked:
-        won = set(claim_builds_statement(claims=claims, now=now))
+        won = set(claim_builds_statement(claims=claims, now=now, idle_cleared=idle_cleared))
     else:
+        if idle_cleared:
+            IdleSlot.objects.filter(worker_id__in=list(idle_cleared), kind=JobKind.BUILD).delete()
         won = {c.assignment_id for c in claims if _claim_build_alone(c, now)}
     # The claimed builds stay in the workers' sent sets as rows until each worker's next delta deletes
     # the rows of builds no longer visible (offers._fresh_candidates): a delete of one row per worker
