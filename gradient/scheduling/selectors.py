@@ -39,6 +39,7 @@ from gradient.scheduling.decisions.scoring import LARGE_TRANSFER_BYTES, PoolView
 from gradient.scheduling.decisions.waiting import unbuildable_deadline, what_happens_next
 from gradient.scheduling.models import (
     CachedPath,
+    CandidateScore,
     DerivationBuild,
     DerivationBuildDependency,
     DispatchedJob,
@@ -126,15 +127,29 @@ class OpenBuilds:
 def workers_of_batch(
     worker_ids: Sequence[uuid.UUID], now: datetime | None = None
 ) -> tuple[dict[uuid.UUID, WorkerState], dict[uuid.UUID, OpenBuilds]]:
-    """worker_states and open_builds_of together, for a batch of RequestJobs: on PostgreSQL one
-    statement of fixed text (every batch asks; building the ORM's three took longer than running
-    them), elsewhere the two functions."""
+    """worker_states and open_builds_of together, for a batch of RequestJobs (workers_scored_of_batch
+    without the scores)."""
+    states, open_builds, _ = workers_scored_of_batch(worker_ids, now)
+    return states, open_builds
+
+
+# A worker's own RequestJobChunk answers: job key -> (missing NAR size, missing count).
+Scores = dict[str, tuple[int, int]]
+
+
+def workers_scored_of_batch(
+    worker_ids: Sequence[uuid.UUID], now: datetime | None = None
+) -> tuple[dict[uuid.UUID, WorkerState], dict[uuid.UUID, OpenBuilds], dict[uuid.UUID, Scores]]:
+    """worker_states, open_builds_of and the workers' scores (worker_scores) together, for a batch of
+    RequestJobs: on PostgreSQL one statement of fixed text (every batch asks; building the ORM's three
+    took longer than running them, and each was a round trip), elsewhere the three functions."""
     if connection.vendor != "postgresql":
         found = worker_states(worker_ids, now)
-        return found, open_builds_of(list(found))
+        return found, open_builds_of(list(found)), worker_scores(list(found))
     now = now or timezone.now()
     states: dict[uuid.UUID, WorkerState] = {}
     open_builds: dict[uuid.UUID, OpenBuilds] = {}
+    scores: dict[uuid.UUID, Scores] = {}
     # Planned with its values each time: a generic plan made while dispatched_job was nearly empty counted
     # each worker's open builds on its index of every assignment (3.7 against 0.5 ms a batch).
     with fixed_cursor(literal=True) as cursor:
@@ -146,8 +161,10 @@ def workers_of_batch(
                 "large": LARGE_TRANSFER_BYTES,
             },
         )
-        for session_id, draining, projects, running, large, *values in cursor.fetchall():
+        for session_id, draining, projects, running, large, jobs, sizes, counts, *values in cursor.fetchall():
             worker = setsql.from_row(Worker, _WORKER_NAMES, values)
+            if jobs:
+                scores[worker.id] = dict(zip(jobs, zip(sizes, counts, strict=True), strict=True))
             states[worker.id] = WorkerState(
                 worker=scoring_metrics(worker, now),
                 session_id=session_id,
@@ -156,19 +173,34 @@ def workers_of_batch(
             )
             if running:
                 open_builds[worker.id] = OpenBuilds(running, large)
-    return states, open_builds
+    return states, open_builds, scores
+
+
+def worker_scores(worker_ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, Scores]:
+    """The workers' own RequestJobChunk answers: worker -> job key -> (missing NAR size, count)."""
+    out: dict[uuid.UUID, Scores] = {}
+    if not worker_ids:
+        return out
+    rows = CandidateScore.objects.filter(worker_id__in=list(worker_ids)).values_list(
+        "worker_id", "job_id", "missing_nar_size", "missing_count"
+    )
+    for worker_id, job_id, size, count in rows:
+        out.setdefault(worker_id, {})[job_id] = (size, count)
+    return out
 
 
 _WORKER_NAMES = tuple(f.attname for f in Worker._meta.concrete_fields)
 _WORKERS_OF_BATCH = (
     "SELECT s.id, s.draining, "  # noqa: S608 (column names from the model, no input)
     "(SELECT array_agg(wp.project_id) FROM worker_project wp WHERE wp.worker_id = w.id), "
-    "o.running, o.large, "
+    "o.running, o.large, sc.jobs, sc.sizes, sc.counts, "
     + ", ".join(f"w.{f.column}" for f in Worker._meta.concrete_fields)
     + " FROM worker_session s JOIN worker w ON w.id = s.worker_id"
     " CROSS JOIN LATERAL (SELECT count(*) AS running,"
     " count(*) FILTER (WHERE d.missing_nar_size >= %(large)s) AS large FROM dispatched_job d"
     " WHERE d.worker_id = w.id AND d.finished_at IS NULL AND d.kind = %(build)s) o"
+    " CROSS JOIN LATERAL (SELECT array_agg(cs.job_id) AS jobs, array_agg(cs.missing_nar_size) AS sizes,"
+    " array_agg(cs.missing_count) AS counts FROM candidate_score cs WHERE cs.worker_id = w.id) sc"
     " WHERE s.worker_id = ANY(%(ids)s::uuid[]) AND s.closed_at IS NULL AND w.active"
 )
 
