@@ -277,15 +277,33 @@ _HELD = (
     "EXISTS (SELECT 1 FROM eval_ingest i WHERE i.assignment_id = b.ingest_id AND i.decided_at IS NULL "
     "AND (SELECT d.finished_at FROM dispatched_job d WHERE d.id = i.assignment_id) IS NULL OFFSET 0)"
 )
-# An output `o` cached for the project (one parameter, its id): cached_for's condition.
-_CACHED_FOR = (
-    "(EXISTS (SELECT 1 FROM cached_path c WHERE c.path = o->>'path' AND c.confirmed OFFSET 0) "
-    "OR EXISTS (SELECT 1 FROM cached_path_claim k WHERE k.path = o->>'path' AND k.project_id = %s "
-    "OFFSET 0))"
-)
+
+
+def _cached_for_sql(project: str) -> str:
+    """An output `o` cached for the project `project` (SQL: a parameter or a column): cached_for's
+    condition."""
+    return (
+        "(EXISTS (SELECT 1 FROM cached_path c WHERE c.path = o->>'path' AND c.confirmed OFFSET 0) "  # noqa: S608 (constants)
+        "OR EXISTS (SELECT 1 FROM cached_path_claim k WHERE k.path = o->>'path' "
+        f"AND k.project_id = {project} OFFSET 0))"
+    )
+
+
+# An output `o` cached for the project (one parameter, its id).
+_CACHED_FOR = _cached_for_sql("%s")
 _ALL_CACHED = (
     "jsonb_array_length(b.outputs) > 0 AND NOT EXISTS (SELECT 1 FROM jsonb_array_elements(b.outputs) o "  # noqa: S608 (constants)
     f"WHERE NOT {_CACHED_FOR} OFFSET 0)"
+)
+# A build `b` an active evaluation of another project than the deciding one needs built: an output of
+# it not cached for that project (two parameters: the active statuses, the deciding project's id).
+# services.tenants.substitutable's rule (decisions.derivations.needed_built_elsewhere), in SQL: each of
+# the build's links by the link index, its evaluation by its primary key (statistics-proof as above).
+_NEEDED_BUILT_ELSEWHERE = (
+    "EXISTS (SELECT 1 FROM evaluation_build l CROSS JOIN LATERAL (SELECT ev.project_id FROM evaluation ev "  # noqa: S608 (constants)
+    "WHERE ev.id = l.evaluation_id AND ev.status = ANY(%s) AND ev.project_id <> %s OFFSET 0) ev "
+    "WHERE l.build_id = b.id AND EXISTS (SELECT 1 FROM jsonb_array_elements(b.outputs) o "
+    f"WHERE NOT {_cached_for_sql('ev.project_id')} OFFSET 0) OFFSET 0)"
 )
 # A build `b` with an output not cached for the project (one parameter, its id): what reopen_unconfirmed
 # reopens of the Substituted builds (services.known too, as it links a known closure).
@@ -381,16 +399,30 @@ def _write_status(
 
 
 def _substitute_cached(r: Scope, project_id: uuid.UUID, now: datetime) -> list[Any]:
-    """The pending builds of `r` whose every output is cached for the project become Substituted;
-    returns their ids."""
+    """The pending builds of `r` whose every output is cached for the project become Substituted, but
+    those an active evaluation of another project needs built (protocol.md, "Tenants": that evaluation
+    would reopen it, and the next claim substitute it again, at the back of the queue each time; left
+    pending it is built once, for everyone). Returns their ids."""
     if connection.vendor != "postgresql":
+        from gradient.scheduling.services import tenants  # it reads cached_for from here
+
         ids = list(
             DerivationBuild.objects.filter(id__in=r.ids(), status__in=BUILD_PENDING).values_list(
                 "id", flat=True
             )
         )
-        return substitute_cached_builds(build_ids=ids, project_id=project_id, now=now)
-    cached = _pick(r, f"b.status = ANY(%s) AND {_ALL_CACHED}", [[s.value for s in BUILD_PENDING], project_id])
+        allowed = tenants.substitutable(build_ids=ids, project_id=project_id)
+        return substitute_cached_builds(build_ids=allowed, project_id=project_id, now=now)
+    cached = _pick(
+        r,
+        f"b.status = ANY(%s) AND {_ALL_CACHED} AND NOT {_NEEDED_BUILT_ELSEWHERE}",
+        [
+            [s.value for s in BUILD_PENDING],
+            project_id,
+            [s.value for s in EVALUATION_ACTIVE],
+            project_id,
+        ],
+    )
     return _write_status(cached, expect=BUILD_PENDING, status=BuildStatus.SUBSTITUTED, now=now, finished=True)
 
 

@@ -1,0 +1,112 @@
+"""The ingest path's decision (graph.decide_builds, over what a part brought) keeps the tenants' rule
+that the heal already keeps (services.tenants, decisions.derivations.needed_built_elsewhere; protocol.md,
+"Tenants"): one project's cached claim does not substitute a pending build that an active evaluation of
+another project, without that word, needs built. Otherwise that evaluation reopens it, the next claim
+substitutes it again, and the build goes to the back of the queue each time."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.utils import timezone
+
+from gradient.scheduling.models import DerivationBuild, Evaluation, EvaluationStatus
+from gradient.scheduling.services import graph
+from gradient.scheduling.services.assignment import Assignment
+from tests.factories import ProjectFactory
+from tests.scheduling_helpers import ask, build, build_id_of, drv, evaluating, report, update
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def _evaluating(project_name: str) -> tuple[Evaluation, Any, Assignment]:
+    return evaluating(ProjectFactory(name=project_name))
+
+
+def _part(worker: Any, a: Assignment, derivations: list[dict[str, Any]], **extra: Any) -> Any:
+    return update(worker.id, a, kind="eval_result", derivations=derivations, warnings=[], errors=[], **extra)
+
+
+def _claimed(d: dict[str, Any]) -> dict[str, Any]:
+    """`d` with its output said to be in the reporting worker's cache."""
+    return {**d, "cached_outputs": [{"path": d["outputs"][0]["path"], "nar_size": 1}]}
+
+
+def _row(d: dict[str, Any]) -> DerivationBuild:
+    return DerivationBuild.objects.get(drv_path=d["drv_path"])
+
+
+def _build_all(worker: Any) -> list[str]:
+    built = []
+    while (a := ask(worker.id)) is not None:
+        built.append(DerivationBuild.objects.get(id=build_id_of(a)).drv_path)
+        build(worker.id, a)
+    return built
+
+
+def test_one_projects_part_leaves_pending_what_another_projects_streaming_evaluation_needs_built() -> None:
+    q, p = drv("iq"), drv("ip", "iq")
+    # B's first part names P, whose input Q is still to come: P waits, linked to B.
+    b_eval, b_worker, b_job = _evaluating("ingest-b")
+    assert _part(b_worker, b_job, [p], is_final=False).accepted
+    assert _row(p).status == "Created"
+
+    # A's worker brings Q and says P is in its cache: P's graph changes with A's part, so A's part decides
+    # it. B needs P built and has no such word: P stays pending (it was Substituted here, for B to reopen).
+    a_eval, a_worker, a_job = _evaluating("ingest-a")
+    outcome = _part(a_worker, a_job, [q, _claimed(p)])
+    assert outcome.accepted
+    assert _row(p).status == "Created" and _row(q).status == "Queued"
+    report(a_worker.id, a_job, "JobCompleted", elapsed_ms=5)
+
+    # B's final part brings Q: P waits on Q, is built once after it, and both evaluations complete.
+    assert _part(b_worker, b_job, [q]).accepted
+    report(b_worker.id, b_job, "JobCompleted", elapsed_ms=5)
+    assert _build_all(b_worker) == [q["drv_path"], p["drv_path"]]
+    for evaluation in (a_eval, b_eval):
+        evaluation.refresh_from_db()
+        assert evaluation.status == EvaluationStatus.COMPLETED, evaluation.status
+    assert _row(p).status == "Completed"
+
+
+def test_a_claim_substitutes_a_build_nobody_else_needs_built_on_the_ingest_path() -> None:
+    """The rule holds back only what another project's active evaluation needs built: a build only the
+    claiming project needs, or one the other project's finished evaluation needed, is Substituted."""
+    q, p = drv("jq"), drv("jp", "jq")
+    b_eval, b_worker, b_job = _evaluating("ended-b")
+    assert _part(b_worker, b_job, [p], is_final=False).accepted
+    # B's evaluation ends (an operator's cancel, say): it needs nothing any more.
+    Evaluation.objects.filter(id=b_eval.id).update(status=EvaluationStatus.ABORTED)
+
+    _, a_worker, a_job = _evaluating("ended-a")
+    assert _part(a_worker, a_job, [q, _claimed(p)]).accepted
+    assert _row(p).status == "Substituted"
+
+
+def test_the_decision_of_a_part_and_of_a_whole_result_both_keep_the_rule() -> None:
+    """decide_builds (a part's scope) and decide_evaluation_graph (a whole result's links) share the
+    substitution: each leaves the build pending while B needs it, and substitutes it once B has the word
+    too."""
+    from gradient.scheduling.models import CachedPathClaim
+
+    p = drv("kp")
+    b_eval, b_worker, b_job = _evaluating("both-b")
+    assert _part(b_worker, b_job, [p], is_final=False).accepted
+    a_eval, a_worker, a_job = _evaluating("both-a")
+    assert _part(a_worker, a_job, [_claimed(p)]).accepted
+    assert _row(p).status == "Queued"  # B's, without inputs: queued with B's part
+    p_id = _row(p).id
+    now = timezone.now()
+    assert graph.decide_builds(build_ids=[p_id], project_id=a_eval.project_id, now=now).substituted == 0
+    assert (
+        graph.decide_evaluation_graph(
+            evaluation_id=a_eval.id, project_id=a_eval.project_id, now=now
+        ).substituted
+        == 0
+    )
+    assert _row(p).status == "Queued"
+    # B's side says so too (a worker of B confirmed the path): nothing holds it back any more.
+    CachedPathClaim.objects.create(path=p["outputs"][0]["path"], project_id=b_eval.project_id, created_at=now)
+    assert graph.decide_builds(build_ids=[p_id], project_id=a_eval.project_id, now=now).substituted == 1
+    assert _row(p).status == "Substituted"
