@@ -134,10 +134,33 @@ def _inputs(path: str, d: DiscoveredDerivation) -> set[str]:
 
 def held_derivations(paths: Iterable[str]) -> dict[str, HeldDerivation]:
     """What the server holds of those of `paths` it has a shared build for (one indexed lookup)."""
-    rows = DerivationBuild.objects.filter(drv_path__in=list(paths)).values_list(
-        "drv_path", "system", "outputs", "inputs_digest"
-    )
-    return {p: HeldDerivation(s, outputs_of(o or []), d) for p, s, o, d in rows}
+    wanted = list(paths)
+    if not wanted:
+        return {}
+    rows: Iterable[tuple[str, str, Any, str]]
+    if connection.vendor == "postgresql":
+        # The paths as one array parameter, each looked up by the unique index: an IN list of a part's
+        # 1 500 paths cost a third more (every part of every result asks this, most find nothing).
+        with connection.cursor() as cur:
+            cur.execute(
+                "SELECT drv_path, system, outputs, inputs_digest FROM derivation_build "
+                "WHERE drv_path = ANY(%s::text[])",
+                [wanted],
+            )
+            rows = cur.fetchall()
+    else:
+        rows = DerivationBuild.objects.filter(drv_path__in=wanted).values_list(
+            "drv_path", "system", "outputs", "inputs_digest"
+        )
+    return {p: HeldDerivation(s, outputs_of(_json_value(o)), d) for p, s, o, d in rows}
+
+
+def _json_value(value: Any) -> Any:
+    """A JSON column as read: decoded by psycopg (jsonb), or by the ORM; text on a backend that returns
+    it undecoded."""
+    if isinstance(value, str | bytes):
+        return msgspec.json.decode(value)
+    return value or []
 
 
 def store_part(
