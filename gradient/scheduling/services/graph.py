@@ -224,10 +224,9 @@ def decide_builds(*, build_ids: Iterable[Any], project_id: uuid.UUID, now: datet
     _no_jit()
     substituted = _substitute_cached(scope, project_id, now)
     decision.substituted = len(substituted)
-    decision.dependency_failed = _fail_needing_failed(scope, now)
     if substituted:
         scope = BuildSet(tuple(sorted({*ids, *(str(i) for i in dependents_of(substituted))})))
-    decision.queued = _queue_ready(scope, now)
+    decision.dependency_failed, decision.queued = _fail_and_queue(scope, now)
     return decision
 
 
@@ -242,8 +241,7 @@ def decide_evaluation_graph(
     decision = GraphDecision()
     _no_jit()
     decision.substituted = len(_substitute_cached(scope, project_id, now))
-    decision.dependency_failed = _fail_needing_failed(scope, now)
-    decision.queued = _queue_ready(scope, now)
+    decision.dependency_failed, decision.queued = _fail_and_queue(scope, now)
     return decision
 
 
@@ -320,6 +318,24 @@ _READY = (
 )
 
 
+# _fail_needing_failed's and _queue_ready's picks in one pass over the scope: each build found once by
+# its key and its edges read once for both (a dependency's status by its key per edge, as above). A
+# build that needs a lasting failure is never ready (a failure is no success). The pending-input and
+# held conditions are asked only of a Created build whose dependencies all succeeded (AND stops at the
+# first false). Parameters: Created, the scope's, the lasting failures, the successes, the pending.
+_FAILED_OR_READY = (
+    "SELECT b.id::text, d.failed, (b.status = %s AND b.drv_lost_at IS NULL AND NOT d.unfinished "  # noqa: S608 (constants)
+    f"AND NOT {_INPUT_PENDING} AND NOT {_HELD}) "
+    "FROM ({scope} OFFSET 0) s CROSS JOIN LATERAL (SELECT id, status, drv_lost_at, ingest_id "
+    "FROM derivation_build WHERE id = s.build_id OFFSET 0) b CROSS JOIN LATERAL ("
+    "SELECT coalesce(bool_or(q.st = ANY(%s)), false) AS failed, "
+    "coalesce(bool_or(q.st <> ALL(%s)), false) AS unfinished "
+    f"FROM (SELECT {_DEPENDENCY_STATUS} AS st FROM derivation_build_dependency e "
+    "WHERE e.build_id = b.id OFFSET 0) q) d "
+    "WHERE b.status = ANY(%s)"
+)
+
+
 def _ready_params() -> list[Any]:
     return [BuildStatus.CREATED.value, [s.value for s in BUILD_SUCCESS]]
 
@@ -348,6 +364,11 @@ def _fail_needing_failed(r: Scope, now: datetime) -> int:
             .filter(Exists(failed_dep))
             .values_list("id", flat=True)
         )
+    return _fail_doomed(doomed, now)
+
+
+def _fail_doomed(doomed: Sequence[Any], now: datetime) -> int:
+    """The pending builds `doomed` (each needs a lasting failure) fail, and what needs them."""
     if not doomed:
         return 0
     # Proportional to what failed, not to the evaluation.
@@ -360,19 +381,53 @@ def _fail_needing_failed(r: Scope, now: datetime) -> int:
     return failed + fail_dependents(build_ids=doomed, now=now)
 
 
-def _queue_ready(r: Scope, now: datetime) -> int:
-    candidates = DerivationBuild.objects.filter(
-        id__in=r.ids(), status=BuildStatus.CREATED, drv_lost_at__isnull=True
+def _fail_and_queue(r: Scope, now: datetime) -> tuple[int, int]:
+    """What needs a lasting failure fails (with what needs it, transitively), what can start is Queued:
+    the builds failed and the builds queued. On PostgreSQL one pick decides both (_FAILED_OR_READY)."""
+    if connection.vendor != "postgresql":
+        return _fail_needing_failed(r, now), _queue_ready(r, now)
+    _lock_waiting_on_building(r)
+    sql, scope_params = r.sql()
+    with connection.cursor() as cur:
+        cur.execute(
+            _scoped(_FAILED_OR_READY, sql),
+            [
+                BuildStatus.CREATED.value,
+                *scope_params,
+                [s.value for s in BUILD_LASTING_FAILURE],
+                [s.value for s in BUILD_SUCCESS],
+                [s.value for s in BUILD_PENDING],
+            ],
+        )
+        rows = cur.fetchall()
+    failed = _fail_doomed([i for i, needs_failed, _ in rows if needs_failed], now)
+    ready = [i for i, needs_failed, is_ready in rows if is_ready and not needs_failed]
+    queued = _write_status(
+        ready, expect=[BuildStatus.CREATED], status=BuildStatus.QUEUED, now=now, queued=True
     )
-    # A dependency finishing in another transaction right now could read this evaluation's new builds
-    # as held while this statement reads that dependency as Building: lock the builds that wait on a
-    # Building one first, as queue_ready_builds does. Found from the Building builds (few: what runs
-    # right now), not from the evaluation's.
+    return failed, len(queued)
+
+
+def _lock_waiting_on_building(r: Scope) -> None:
+    """A dependency finishing in another transaction right now could read this evaluation's new builds
+    as held while this transaction reads that dependency as Building: lock the builds of `r` that wait
+    on a Building one first, as queue_ready_builds does. Found from the Building builds (few: what runs
+    right now), not from the evaluation's. Call before reading what is ready."""
     # Read as lists, one statement each: as one join the planner, on stale statistics, read every edge.
     building = list(DerivationBuild.objects.filter(status=BuildStatus.BUILDING).values_list("id", flat=True))
     waiting_on_building = dependents_of(building) if building else []
     if waiting_on_building:
+        candidates = DerivationBuild.objects.filter(
+            id__in=r.ids(), status=BuildStatus.CREATED, drv_lost_at__isnull=True
+        )
         _lock_ids(candidates.filter(id__in=waiting_on_building))
+
+
+def _queue_ready(r: Scope, now: datetime) -> int:
+    _lock_waiting_on_building(r)
+    candidates = DerivationBuild.objects.filter(
+        id__in=r.ids(), status=BuildStatus.CREATED, drv_lost_at__isnull=True
+    )
     if connection.vendor != "postgresql":
         return int(_ready(candidates).update(status=BuildStatus.QUEUED, queued_at=now, updated_at=now))
     ready = _pick(r, _READY, _ready_params())
