@@ -470,7 +470,9 @@ def _substitute_cached(r: Scope, project_id: uuid.UUID, now: datetime) -> list[A
         return substitute_cached_builds(build_ids=allowed, project_id=project_id, now=now)
     cached = _pick(
         r,
-        f"b.status = ANY(%s) AND {_ALL_CACHED} AND NOT {_NEEDED_BUILT_ELSEWHERE}",
+        # CASE: the other projects' links are read only for a build whose every output is cached (in
+        # an AND the planner may put the cheaper-looking condition first).
+        f"b.status = ANY(%s) AND CASE WHEN {_ALL_CACHED} THEN NOT {_NEEDED_BUILT_ELSEWHERE} ELSE false END",
         [
             [s.value for s in BUILD_PENDING],
             project_id,
