@@ -110,3 +110,30 @@ def test_the_decision_of_a_part_and_of_a_whole_result_both_keep_the_rule() -> No
     CachedPathClaim.objects.create(path=p["outputs"][0]["path"], project_id=b_eval.project_id, created_at=now)
     assert graph.decide_builds(build_ids=[p_id], project_id=a_eval.project_id, now=now).substituted == 1
     assert _row(p).status == "Substituted"
+
+
+@pytest.mark.parametrize("remembered", [True, False])
+def test_a_re_evaluation_in_parts_builds_for_its_project_what_another_projects_word_alone_substituted(
+    remembered: bool,
+) -> None:
+    """A re-evaluation's later parts read their builds before inserting (services.ingest: the process
+    remembers that the earlier parts found them existing) or insert first; either way a build it reads
+    Substituted on another project's word alone is Created again for it (graph.reopen_unconfirmed), and
+    only those are looked at."""
+    from gradient.scheduling.services import ingest
+
+    p, q = drv("rp"), [drv(f"rq{i}") for i in range(4)]
+    _, a_worker, a_job = _evaluating("reread-a")
+    assert _part(a_worker, a_job, [_claimed(p), *q]).accepted
+    report(a_worker.id, a_job, "JobCompleted", elapsed_ms=5)
+    assert _row(p).status == "Substituted"
+
+    b_eval, b_worker, b_job = _evaluating("reread-b")
+    assert _part(b_worker, b_job, q, is_final=False).accepted  # all existing: the next part reads first
+    ingest_id = b_eval.ingests.get().pk
+    assert ingest._hints.reusing(ingest_id)
+    if not remembered:
+        ingest._hints.drop(ingest_id)
+    outcome = _part(b_worker, b_job, [p])
+    assert outcome.accepted
+    assert _row(p).status == "Queued", outcome.detail  # Created again for B, and queued (no inputs)

@@ -132,8 +132,10 @@ def eval_result_part(
     )
     touched.update(stored.touched)
     # A build of this part that another project's worker alone called cached is built for this one.
-    part_builds = {*stored.ids.values(), *touched}
-    reopened = graph.reopen_unconfirmed(build_ids=part_builds, project_id=evaluation.project_id, now=now)
+    # Only those it read Substituted can be (it created the others, Created; a known closure's were
+    # reopened as they were linked; builds of earlier parts were looked at with their part).
+    doubtful = stored.substituted if stored.substituted is not None else {*stored.ids.values(), *touched}
+    reopened = graph.reopen_unconfirmed(build_ids=doubtful, project_id=evaluation.project_id, now=now)
     if reopened:
         log.info(
             "evaluation %s needs %d build(s) only another project's worker said were cached: built for it",

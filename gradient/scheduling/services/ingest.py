@@ -63,6 +63,10 @@ class StoredPart:
     # (edges, or inputs pending), or given the last of their pending inputs. Only these are decided
     # again (graph.decide_builds): a part that brings nothing new decides nothing.
     touched: set[Any] = field(default_factory=set)
+    # The builds of the part that existed and were Substituted when the part read them (ids as text):
+    # the only ones another project's word may have made done (graph.reopen_unconfirmed); a build the
+    # part created is Created. None: not read (every build of the part is to be looked at).
+    substituted: set[str] | None = None
 
 
 class _Hints:
@@ -331,11 +335,15 @@ def _store_postgres(
                 stored.ids[p] = build_id
                 if status == BuildStatus.ABORTED:
                     aborted.append(build_id)
+                elif status == BuildStatus.SUBSTITUTED:
+                    substituted.add(build_id)
                 if waiting:  # some ingest still waits for one of its inputs: look at them again
                     todo.add(p)
 
         todo: set[str] = set()
         aborted: list[str] = []
+        substituted: set[str] = set()
+        stored.substituted = substituted
         if ingest_id is not None and _hints.reusing(ingest_id):
             # A re-evaluation: most builds exist. Read them first, insert only the missing ones.
             _copy(cur, "gradient_ingest_drv", "p", ((p,) for p in paths))
