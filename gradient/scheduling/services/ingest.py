@@ -39,7 +39,7 @@ from django.db import connection, transaction
 
 from gradient.core.protocol import DiscoveredDerivation
 from gradient.core.vocab import BuildStatus
-from gradient.scheduling.decisions.derivations import HeldDerivation, inputs_digest, outputs_of
+from gradient.scheduling.decisions.derivations import HeldDerivation, conflicts, inputs_digest, outputs_of
 from gradient.scheduling.models import (
     CachedPath,
     CachedPathClaim,
@@ -167,6 +167,17 @@ def _json_value(value: Any) -> Any:
     return value or []
 
 
+class ConflictingDerivations(Exception):
+    """A part names derivation paths the server holds with another derivation (protocol.md, "Tenants"):
+    raised by store_part(refuse_conflicts=True) before it returns, once it has read the part's existing
+    builds, so the caller's savepoint undoes what it wrote. `found` says what differed, in the report's
+    order (decisions.derivations.conflicts)."""
+
+    def __init__(self, found: list[str]) -> None:
+        super().__init__(f"{len(found)} derivation(s) held otherwise")
+        self.found = found
+
+
 def store_part(
     *,
     evaluation: Evaluation,
@@ -176,13 +187,16 @@ def store_part(
     final: bool,
     now: datetime,
     claimants: Iterable[uuid.UUID] = (),
+    refuse_conflicts: bool = False,
 ) -> StoredPart:
     """Store one part (or a whole result: `final` and no earlier part), read from its decoded structs.
     `ingest_id` names the eval_ingest row the pending inputs belong to (None: a whole result, nothing
     can be pending). With `hold`, the builds this part creates are held by that ingest: never queued
     while it is undecided on an open assignment. The cached outputs it names count as cached for the
     evaluation's project and `claimants` (the projects the reporting worker serves: protocol.md,
-    "Tenants")."""
+    "Tenants"). With `refuse_conflicts`, a derivation the server holds otherwise raises
+    ConflictingDerivations after some writes: call it inside a savepoint then. The check reads the
+    existing builds the store reads anyway (on PostgreSQL), so a part costs one read of them, not two."""
     by_path = _unique(derivations)
     claims = _Claims(
         paths=_cached(by_path),
@@ -191,8 +205,10 @@ def store_part(
     )
     if connection.vendor == "postgresql":
         return _store_postgres(
-            evaluation.id, evaluation.priority, by_path, claims, ingest_id, hold, final, now
+            evaluation.id, evaluation.priority, by_path, claims, ingest_id, hold, final, now, refuse_conflicts
         )
+    if refuse_conflicts and (found := conflicts(by_path.values(), held_derivations(by_path))):
+        raise ConflictingDerivations(found)
     return _store_portable(evaluation.id, evaluation.priority, by_path, claims, ingest_id, hold, final, now)
 
 
@@ -263,6 +279,7 @@ def _store_postgres(
     hold: bool,
     final: bool,
     now: datetime,
+    refuse_conflicts: bool = False,
 ) -> StoredPart:
     stored = StoredPart(ids={})
     if not by_path:
@@ -322,17 +339,21 @@ def _store_postgres(
             stored.created += len(created)
 
         def read_existing() -> None:
-            # The builds that existed: their ids, and whether each is wanted again or still waits.
+            # The builds that existed: their ids, whether each is wanted again or still waits, and what
+            # derivation each is (the conflicts check).
             cur.execute(
                 "SELECT t.p, b.id::text, b.status, "
-                "EXISTS (SELECT 1 FROM eval_ingest_input u WHERE u.build_id = b.id) "
-                "FROM gradient_ingest_drv t CROSS JOIN LATERAL "
-                "(SELECT id, status FROM derivation_build WHERE drv_path = t.p OFFSET 0) b"
+                "EXISTS (SELECT 1 FROM eval_ingest_input u WHERE u.build_id = b.id), "
+                "b.system, b.outputs, b.inputs_digest "
+                "FROM gradient_ingest_drv t CROSS JOIN LATERAL (SELECT id, status, system, outputs, "
+                "inputs_digest FROM derivation_build WHERE drv_path = t.p OFFSET 0) b"
             )
-            for p, build_id, status, waiting in cur.fetchall():
+            for p, build_id, status, waiting, system, outputs, digest in cur.fetchall():
                 if p in stored.ids:
                     continue
                 stored.ids[p] = build_id
+                if refuse_conflicts:
+                    held[p] = HeldDerivation(system, outputs_of(_json_value(outputs)), digest)
                 if status == BuildStatus.ABORTED:
                     aborted.append(build_id)
                 elif status == BuildStatus.SUBSTITUTED:
@@ -344,6 +365,7 @@ def _store_postgres(
         aborted: list[str] = []
         substituted: set[str] = set()
         stored.substituted = substituted
+        held: dict[str, HeldDerivation] = {}
         if ingest_id is not None and _hints.reusing(ingest_id):
             # A re-evaluation: most builds exist. Read them first, insert only the missing ones.
             _copy(cur, "gradient_ingest_drv", "p", ((p,) for p in paths))
@@ -359,6 +381,8 @@ def _store_postgres(
             insert("gradient_ingest_drv")
             if stored.created < len(paths):
                 read_existing()
+        if held and (found := conflicts((d for p, d in by_path.items() if p in held), held)):
+            raise ConflictingDerivations(found)
         if aborted:
             # A build aborted for an earlier evaluation nobody wanted any more is wanted again now.
             cur.execute(
