@@ -156,9 +156,9 @@ def _take_part(
     )
     touched.update(stored.touched)
     # A build of this part that another project's worker alone called cached is built for this one.
-    # Only those it read Substituted can be (it created the others, Created; a known closure's were
-    # reopened as they were linked; builds of earlier parts were looked at with their part).
-    doubtful = stored.substituted if stored.substituted is not None else {*stored.ids.values(), *touched}
+    # Only those it read Substituted and not cached for the project can be (it created the others,
+    # Created; a known closure's were reopened as they were linked; an earlier part's, with their part).
+    doubtful = stored.unconfirmed if stored.unconfirmed is not None else {*stored.ids.values(), *touched}
     reopened = graph.reopen_unconfirmed(build_ids=doubtful, project_id=evaluation.project_id, now=now)
     if reopened:
         log.info(

@@ -49,6 +49,7 @@ from gradient.scheduling.models import (
     Evaluation,
     EvaluationBuild,
 )
+from gradient.scheduling.services.graph import SOME_OUTPUT_UNCACHED
 
 _json = msgspec.json.Encoder()
 
@@ -63,10 +64,11 @@ class StoredPart:
     # (edges, or inputs pending), or given the last of their pending inputs. Only these are decided
     # again (graph.decide_builds): a part that brings nothing new decides nothing.
     touched: set[Any] = field(default_factory=set)
-    # The builds of the part that existed and were Substituted when the part read them (ids as text):
-    # the only ones another project's word may have made done (graph.reopen_unconfirmed); a build the
+    # The builds of the part that existed and were Substituted with an output not cached for the
+    # evaluation's project when the part read them (ids as text): the only ones another project's word
+    # alone may have made done (graph.reopen_unconfirmed, which asks again as it writes); a build the
     # part created is Created. None: not read (every build of the part is to be looked at).
-    substituted: set[str] | None = None
+    unconfirmed: set[str] | None = None
 
 
 class _Hints:
@@ -205,7 +207,16 @@ def store_part(
     )
     if connection.vendor == "postgresql":
         return _store_postgres(
-            evaluation.id, evaluation.priority, by_path, claims, ingest_id, hold, final, now, refuse_conflicts
+            evaluation.id,
+            evaluation.project_id,
+            evaluation.priority,
+            by_path,
+            claims,
+            ingest_id,
+            hold,
+            final,
+            now,
+            refuse_conflicts,
         )
     if refuse_conflicts and (found := conflicts(by_path.values(), held_derivations(by_path))):
         raise ConflictingDerivations(found)
@@ -264,6 +275,19 @@ _INSERT_BUILDS = {
 # large ingest), the planner hashes the whole table instead: every build read for every part.
 
 
+# The builds of a part that existed: their ids, whether each is wanted again or still waits, what
+# derivation each is (the conflicts check), and whether it is Substituted with an output not cached for
+# the evaluation's project (parameters: Substituted, the project's id): to be reopened for it.
+_READ_EXISTING = (
+    "SELECT t.p, b.id::text, b.status, "  # noqa: S608 (constants)
+    "EXISTS (SELECT 1 FROM eval_ingest_input u WHERE u.build_id = b.id), "
+    "b.system, b.outputs, b.inputs_digest, "
+    f"CASE WHEN b.status = %s THEN {SOME_OUTPUT_UNCACHED} ELSE false END "
+    "FROM gradient_ingest_drv t CROSS JOIN LATERAL (SELECT id, status, system, outputs, "
+    "inputs_digest FROM derivation_build WHERE drv_path = t.p OFFSET 0) b"
+)
+
+
 def _copy(cur: Any, table: str, columns: str, rows: Iterable[tuple[Any, ...]]) -> None:
     with cur.cursor.copy(f"COPY {table} ({columns}) FROM STDIN") as copy:
         for row in rows:
@@ -272,6 +296,7 @@ def _copy(cur: Any, table: str, columns: str, rows: Iterable[tuple[Any, ...]]) -
 
 def _store_postgres(
     evaluation_id: uuid.UUID,
+    project_id: uuid.UUID,
     priority: bool,
     by_path: dict[str, DiscoveredDerivation],
     claims: _Claims,
@@ -339,16 +364,8 @@ def _store_postgres(
             stored.created += len(created)
 
         def read_existing() -> None:
-            # The builds that existed: their ids, whether each is wanted again or still waits, and what
-            # derivation each is (the conflicts check).
-            cur.execute(
-                "SELECT t.p, b.id::text, b.status, "
-                "EXISTS (SELECT 1 FROM eval_ingest_input u WHERE u.build_id = b.id), "
-                "b.system, b.outputs, b.inputs_digest "
-                "FROM gradient_ingest_drv t CROSS JOIN LATERAL (SELECT id, status, system, outputs, "
-                "inputs_digest FROM derivation_build WHERE drv_path = t.p OFFSET 0) b"
-            )
-            for p, build_id, status, waiting, system, outputs, digest in cur.fetchall():
+            cur.execute(_READ_EXISTING, [BuildStatus.SUBSTITUTED.value, project_id])
+            for p, build_id, status, waiting, system, outputs, digest, doubtful in cur.fetchall():
                 if p in stored.ids:
                     continue
                 stored.ids[p] = build_id
@@ -356,15 +373,15 @@ def _store_postgres(
                     held[p] = HeldDerivation(system, outputs_of(_json_value(outputs)), digest)
                 if status == BuildStatus.ABORTED:
                     aborted.append(build_id)
-                elif status == BuildStatus.SUBSTITUTED:
-                    substituted.add(build_id)
+                elif doubtful:
+                    unconfirmed.add(build_id)
                 if waiting:  # some ingest still waits for one of its inputs: look at them again
                     todo.add(p)
 
         todo: set[str] = set()
         aborted: list[str] = []
-        substituted: set[str] = set()
-        stored.substituted = substituted
+        unconfirmed: set[str] = set()
+        stored.unconfirmed = unconfirmed
         held: dict[str, HeldDerivation] = {}
         if ingest_id is not None and _hints.reusing(ingest_id):
             # A re-evaluation: most builds exist. Read them first, insert only the missing ones.
