@@ -176,3 +176,42 @@ def test_a_part_refused_for_a_conflict_found_as_it_is_stored_leaves_nothing_of_i
         assert not CachedPathClaim.objects.filter(path=new["outputs"][0]["path"]).exists()
         assert set(Link.objects.filter(evaluation=b_eval).values_list("build_id", flat=True)) == linked
         assert EvalIngest.objects.get(evaluation=b_eval).decided_at is not None  # later parts: stale
+
+
+def test_a_part_names_as_unconfirmed_only_its_substituted_builds_not_cached_for_its_project() -> None:
+    """What store_part hands to graph.reopen_unconfirmed: the existing builds it read Substituted with an
+    output not cached for the evaluation's project, and no other (a build cached for the project by its
+    own word, or one still pending, is not doubtful)."""
+    from django.db import transaction
+
+    from gradient.scheduling.services.ingest import store_part
+    from tests.factories import EvaluationFactory
+
+    p, q = drv("up"), drv("uq")
+    a_eval, a_worker, a_job = _evaluating("unconfirmed-a")
+    assert _part(a_worker, a_job, [_claimed(p), q]).accepted
+    assert (_row(p).status, _row(q).status) == ("Substituted", "Queued")
+    for evaluation, doubtful in (
+        (EvaluationFactory(project=ProjectFactory(name="unconfirmed-b")), {str(_row(p).id)}),
+        (EvaluationFactory(project=a_eval.project), set()),
+    ):
+        with transaction.atomic():
+            stored = store_part(
+                evaluation=evaluation,
+                derivations=[wire_drv(p), wire_drv(q)],
+                ingest_id=None,
+                hold=False,
+                final=True,
+                now=timezone.now(),
+            )
+        assert stored.unconfirmed is None or stored.unconfirmed == doubtful, evaluation.project.name
+        if connection.vendor == "postgresql":
+            assert stored.unconfirmed == doubtful
+
+
+def wire_drv(d: dict[str, Any]) -> Any:
+    import msgspec
+
+    from gradient.core.protocol import DiscoveredDerivation
+
+    return msgspec.convert(d, DiscoveredDerivation)

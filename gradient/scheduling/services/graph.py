@@ -278,11 +278,13 @@ _HELD = (
 
 
 def _cached_for_sql(project: str) -> str:
-    """An output `o` cached for the project `project` (SQL: a parameter or a column): cached_for's
-    condition."""
+    """An output `o` (an element of jsonb_array_elements, named `o`) cached for the project `project`
+    (SQL: a parameter or a column): cached_for's condition. `o.value`, not `o`: a bare `o` would be a
+    column `o` of any table around the statement before it is the element (a temporary table of the
+    ingest has one)."""
     return (
-        "(EXISTS (SELECT 1 FROM cached_path c WHERE c.path = o->>'path' AND c.confirmed OFFSET 0) "  # noqa: S608 (constants)
-        "OR EXISTS (SELECT 1 FROM cached_path_claim k WHERE k.path = o->>'path' "
+        "(EXISTS (SELECT 1 FROM cached_path c WHERE c.path = o.value->>'path' AND c.confirmed OFFSET 0) "  # noqa: S608 (constants)
+        "OR EXISTS (SELECT 1 FROM cached_path_claim k WHERE k.path = o.value->>'path' "
         f"AND k.project_id = {project} OFFSET 0))"
     )
 

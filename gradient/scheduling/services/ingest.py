@@ -283,7 +283,7 @@ _READ_EXISTING = (
     "EXISTS (SELECT 1 FROM eval_ingest_input u WHERE u.build_id = b.id), "
     "b.system, b.outputs, b.inputs_digest, "
     f"CASE WHEN b.status = %s THEN {SOME_OUTPUT_UNCACHED} ELSE false END "
-    "FROM gradient_ingest_drv t CROSS JOIN LATERAL (SELECT id, status, system, outputs, "
+    "FROM (SELECT p FROM gradient_ingest_drv) t CROSS JOIN LATERAL (SELECT id, status, system, outputs, "
     "inputs_digest FROM derivation_build WHERE drv_path = t.p OFFSET 0) b"
 )
 
