@@ -19,7 +19,14 @@ first statement to the end of its commit: a part's report, or a slice of the dec
 the reuse time; and the CPU time of this process (the server's Python: steadier than the wall clock on a
 busy machine, and blind to PostgreSQL's own work). The last line:
 
-    ingest: <N> derivations in <s> s, reuse <s> s, peak +<MB> MB, longest transaction <s> s
+    ingest: <N> derivations in <s> s = <r> of the copy limit (<c> s); reuse <s> s = <r> of the copy
+    limit; known <s> s; first build queued after <s> s; peak +<MB> MB, longest transaction <s> s
+
+--shape independent: N derivations without inputs in parts of --part-size (the outside check's shape of
+issue 30, where the queueing was quadratic on a fresh table), on tables analyzed while empty. With
+--socket, the same through a real `serve` and one worker's WebSocket, on a database created for the run
+(BENCH_DATABASE_URL's name + "_fresh", dropped first; its tables never analyzed), timed from the final
+part sent and on the server's clock.
 
 --profile writes a cProfile of the first ingest of the largest N to var/bench/ingest.prof and prints
 its top functions.
@@ -40,7 +47,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import describe_machine, log_dir, reset_tables, setup_django  # noqa: E402
+from common import describe_machine, log_dir, reset_tables, service_env, setup_django  # noqa: E402
 
 NIX_BASE32 = "0123456789abcdfghijklmnpqrsvwxyz"
 PNAMES = [
@@ -563,6 +570,142 @@ def run_independent(n: int, part_size: int) -> str:
     )
 
 
+def fresh_database(url: str) -> str:
+    """`url`'s database name + "_fresh", dropped if it exists: created and migrated anew by setup_django,
+    its tables never analyzed (autovacuum may look at them at any moment, as on a new installation)."""
+    from urllib.parse import urlparse
+
+    import psycopg
+
+    parsed = urlparse(url)
+    name = parsed.path.lstrip("/") + "_fresh"
+    admin = parsed._replace(path="/postgres").geturl()
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    return parsed._replace(path=f"/{name}").geturl()
+
+
+def run_socket(n: int, part_size: int, database_url: str) -> str:
+    """The outside check itself: a real `serve` on a database created for this run (never analyzed), one
+    evaluating worker over a real WebSocket sending n leaves in parts of `part_size` back to back, then
+    JobCompleted. Timed from this process, by polling the database: every build Queued, and the
+    evaluation past evaluating, each after the final part was sent."""
+    import asyncio
+
+    from django.db import close_old_connections
+    from django.db.models import Count, Max, Q
+    from django.utils import timezone
+
+    from gradient.scheduling.models import DerivationBuild, EvalIngest, Evaluation
+    from gradient.scheduling.services.evaluations import evaluation_create
+    from gradient.scheduling.services.projects import project_create
+    from gradient.workers.services import worker_register
+    from tests.support.processes import serve
+
+    reset_tables()
+    project = project_create(name="ingest-socket")
+    worker, token = worker_register(name="evaluator", projects=[project])
+    derivations = independent(n)
+    print(f"N = {n} independent over a WebSocket, parts of {part_size}; {describe_machine()}", flush=True)
+    env = service_env(database_url, None)
+    figures: dict[str, float] = {}
+
+    submitted: list[Any] = []
+
+    def submit() -> None:
+        close_old_connections()
+        evaluation, _ = evaluation_create(
+            project=project, repository="sim:bench", commit="socket", now=timezone.now()
+        )
+        submitted.append(evaluation.id)
+
+    def counts() -> tuple[int, str]:
+        close_old_connections()
+        queued = DerivationBuild.objects.aggregate(q=Count("id", filter=Q(status="Queued")))["q"]
+        return int(queued), str(Evaluation.objects.values_list("status", flat=True).get(id=submitted[0]))
+
+    async def evaluate(url: str) -> None:
+        import msgspec
+        from websockets.asyncio.client import connect
+
+        async with connect(url, max_size=8 * 2**20, ping_interval=None) as ws:
+            await ws.send(
+                msgspec.json.encode(
+                    {
+                        "type": "InitConnection",
+                        "worker_id": str(worker.id),
+                        "token": token,
+                        "capabilities": {"fetch": True, "eval": True, "build": False},
+                        "protocol": 1,
+                    }
+                ).decode()
+            )
+            ack = msgspec.json.decode(await ws.recv())
+            assert ack["type"] == "InitAck", ack
+            # Submitted now, as the REST call does (its record, the queue's change feed).
+            await asyncio.to_thread(submit)
+            await ws.send('{"type": "RequestJob", "kind": "flake"}')
+            while (assign := msgspec.json.decode(await ws.recv()))["type"] != "AssignJob":
+                pass
+            job = {"job_id": assign["job_id"], "assignment_id": assign["assignment_id"]}
+            await ws.send(
+                msgspec.json.encode({"type": "AssignJobResponse", **job, "accepted": True}).decode()
+            )
+            update = {"kind": "evaluating_derivations"}
+            await ws.send(msgspec.json.encode({"type": "JobUpdate", **job, "update": update}).decode())
+            frames = [
+                msgspec.json.encode({"type": "JobUpdate", **job, "update": {"kind": "eval_result", **part}})
+                for part in (msgspec.to_builtins(p) for p in by_count(derivations, part_size))
+            ]
+            figures["first"] = time.monotonic()
+            for frame in frames:
+                await ws.send(frame.decode())
+            figures["final"] = time.monotonic()
+            await ws.send(msgspec.json.encode({"type": "JobCompleted", **job, "elapsed_ms": 1}).decode())
+            while True:  # the session stays open until all is decided
+                queued, status = await asyncio.to_thread(counts)
+                if queued == n and "queued" not in figures:
+                    figures["queued"] = time.monotonic()
+                if status not in ("Queued", "Fetching", "EvaluatingFlake", "EvaluatingDerivation"):
+                    figures.setdefault("evaluated", time.monotonic())
+                    figures["status"] = 0 if status in ("Building", "Waiting") else 1
+                    if "queued" in figures or figures["status"]:
+                        break
+                if time.monotonic() - figures["final"] > 600:
+                    break
+                await asyncio.sleep(0.02)
+
+    with serve(
+        env, log_dir(), extra_args=["--log-level", os.environ.get("GRADIENT_LOG_LEVEL", "warning").lower()]
+    ) as server:
+        asyncio.run(evaluate(server.ws_url))
+    queued, status = counts()
+    # On the server's clock too: the first part stored (the ingest started), the final one (decided), and
+    # the last build queued.
+    ingest = EvalIngest.objects.get(evaluation_id=submitted[0])
+    last_queued = DerivationBuild.objects.aggregate(t=Max("queued_at"))["t"]
+    stored = (ingest.decided_at - ingest.started_at).total_seconds()
+    last = (last_queued - ingest.decided_at).total_seconds()
+    server_side = (
+        f"on the server's clock: the parts stored in {stored:.2f} s, "
+        f"the last build queued {last:.2f} s after the final part"
+    )
+    final = figures["final"]
+    after = {k: figures[k] - final for k in ("queued", "evaluated") if k in figures}
+    print(
+        f"  {len(range(0, n, part_size))} parts sent in {final - figures['first']:.2f} s; "
+        f"{queued}/{n} queued {after.get('queued', float('nan')):.2f} s after the final part was sent, "
+        f"the evaluation {status} after {after.get('evaluated', float('nan')):.2f} s; {server_side}",
+        flush=True,
+    )
+    sent = figures["final"] - figures["first"]
+    return (
+        f"independent over a WebSocket, fresh database: {n} derivations in parts of {part_size}, "
+        f"{'all' if queued == n else queued} queued {after.get('queued', float('nan')):.2f} s after the "
+        f"final part was sent ({sent:.1f} s to send them), evaluation {status}; {server_side}"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--derivations", type=int, nargs="+", default=[1000, 10000, 150000])
@@ -575,7 +718,18 @@ def main() -> None:
         help="independent: N leaves sent in parts of --part-size on tables analyzed empty",
     )
     parser.add_argument("--part-size", type=int, default=500, help="derivations a part (--shape independent)")
+    parser.add_argument(
+        "--socket",
+        action="store_true",
+        help="--shape independent through a real serve and WebSocket, on a database created for the run",
+    )
     args = parser.parse_args()
+    if args.socket:
+        from common import DEFAULT_DATABASE_URL
+
+        url = setup_django(fresh_database(os.environ.get("BENCH_DATABASE_URL") or DEFAULT_DATABASE_URL))
+        print("\n".join(run_socket(n, args.part_size, url) for n in args.derivations))
+        return
     setup_django()
     import logging
 

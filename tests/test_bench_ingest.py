@@ -40,3 +40,9 @@ def test_the_independent_shape_queues_every_leaf() -> None:
     lines = bench("--derivations", "300", "--shape", "independent", "--part-size", "100")
     assert lines[-1].startswith("independent: 300 derivations in parts of 100 "), lines
     assert "; all queued " in lines[-1], lines
+
+
+def test_the_independent_shape_over_a_websocket_on_a_fresh_database_queues_every_leaf() -> None:
+    lines = bench("--derivations", "300", "--shape", "independent", "--part-size", "100", "--socket")
+    assert lines[-1].startswith("independent over a WebSocket, fresh database: 300 derivations"), lines
+    assert ", all queued " in lines[-1] and "evaluation Waiting" in lines[-1], lines

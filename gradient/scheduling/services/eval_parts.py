@@ -23,18 +23,18 @@ from datetime import datetime
 from typing import Any
 
 from django.conf import settings
+from django.db import transaction
 from django.db.models import F
 
 from gradient.core.protocol import EvalResult
 from gradient.core.vocab import BUILD_PENDING, EvaluationKind, EvaluationStatus
 from gradient.runtime import metrics
 from gradient.scheduling import history
-from gradient.scheduling.decisions.derivations import conflicts
 from gradient.scheduling.decisions.messages import MessageCap, with_messages
 from gradient.scheduling.models import DispatchedJob, EvalIngest, EvalIngestInput, Evaluation, EvaluationBuild
 from gradient.scheduling.services import drv_recovery, graph, known
 from gradient.scheduling.services.evaluations import abort_orphaned_builds
-from gradient.scheduling.services.ingest import held_derivations, store_part
+from gradient.scheduling.services.ingest import ConflictingDerivations, store_part
 from gradient.workers.models import Worker
 
 log = logging.getLogger("gradient.reports")
@@ -80,9 +80,32 @@ def eval_result_part(
                 f"{so_far} received before this part, {len(reported)} in it; refused"
             )
             return _refuse(row=row, ingest=ingest, evaluation=evaluation, error=error, now=now)
-        found = conflicts(reported, held_derivations(d.drv_path for d in reported))
-        if found:
-            return _refuse_conflicting(row=row, ingest=ingest, evaluation=evaluation, found=found, now=now)
+    # A derivation the server holds otherwise is found as the part is stored (store_part reads the
+    # existing builds anyway): the part is taken inside a savepoint, and a conflict undoes all of it.
+    messages = (evaluation.warnings, evaluation.errors)
+    try:
+        with transaction.atomic():
+            return _take_part(
+                row=row, ingest=ingest, evaluation=evaluation, update=update, final=final, now=now
+            )
+    except ConflictingDerivations as conflict:
+        evaluation.warnings, evaluation.errors = messages
+        return _refuse_conflicting(
+            row=row, ingest=ingest, evaluation=evaluation, found=conflict.found, now=now
+        )
+
+
+def _take_part(
+    *,
+    row: DispatchedJob,
+    ingest: EvalIngest | None,
+    evaluation: Evaluation,
+    update: EvalResult,
+    final: bool,
+    now: datetime,
+) -> Outcome:
+    """The part stored, its known derivations linked, what it brought decided. Raises
+    ConflictingDerivations (store_part) after writes: call inside a savepoint."""
     cap = message_cap()
     evaluation.warnings = with_messages(evaluation.warnings, update.warnings, what="warnings", cap=cap)
     evaluation.errors = with_messages(evaluation.errors, update.errors, what="errors", cap=cap)
@@ -129,11 +152,14 @@ def eval_result_part(
         final=final,
         now=now,
         claimants=_served_projects(row),
+        refuse_conflicts=evaluation.kind != EvaluationKind.DRV_RECOVERY,
     )
     touched.update(stored.touched)
     # A build of this part that another project's worker alone called cached is built for this one.
-    part_builds = {*stored.ids.values(), *touched}
-    reopened = graph.reopen_unconfirmed(build_ids=part_builds, project_id=evaluation.project_id, now=now)
+    # Only those it read Substituted and not cached for the project can be (it created the others,
+    # Created; a known closure's were reopened as they were linked; an earlier part's, with their part).
+    doubtful = stored.unconfirmed if stored.unconfirmed is not None else {*stored.ids.values(), *touched}
+    reopened = graph.reopen_unconfirmed(build_ids=doubtful, project_id=evaluation.project_id, now=now)
     if reopened:
         log.info(
             "evaluation %s needs %d build(s) only another project's worker said were cached: built for it",

@@ -224,10 +224,9 @@ def decide_builds(*, build_ids: Iterable[Any], project_id: uuid.UUID, now: datet
     _no_jit()
     substituted = _substitute_cached(scope, project_id, now)
     decision.substituted = len(substituted)
-    decision.dependency_failed = _fail_needing_failed(scope, now)
     if substituted:
         scope = BuildSet(tuple(sorted({*ids, *(str(i) for i in dependents_of(substituted))})))
-    decision.queued = _queue_ready(scope, now)
+    decision.dependency_failed, decision.queued = _fail_and_queue(scope, now)
     return decision
 
 
@@ -242,8 +241,7 @@ def decide_evaluation_graph(
     decision = GraphDecision()
     _no_jit()
     decision.substituted = len(_substitute_cached(scope, project_id, now))
-    decision.dependency_failed = _fail_needing_failed(scope, now)
-    decision.queued = _queue_ready(scope, now)
+    decision.dependency_failed, decision.queued = _fail_and_queue(scope, now)
     return decision
 
 
@@ -277,15 +275,35 @@ _HELD = (
     "EXISTS (SELECT 1 FROM eval_ingest i WHERE i.assignment_id = b.ingest_id AND i.decided_at IS NULL "
     "AND (SELECT d.finished_at FROM dispatched_job d WHERE d.id = i.assignment_id) IS NULL OFFSET 0)"
 )
-# An output `o` cached for the project (one parameter, its id): cached_for's condition.
-_CACHED_FOR = (
-    "(EXISTS (SELECT 1 FROM cached_path c WHERE c.path = o->>'path' AND c.confirmed OFFSET 0) "
-    "OR EXISTS (SELECT 1 FROM cached_path_claim k WHERE k.path = o->>'path' AND k.project_id = %s "
-    "OFFSET 0))"
-)
+
+
+def _cached_for_sql(project: str) -> str:
+    """An output `o` (an element of jsonb_array_elements, named `o`) cached for the project `project`
+    (SQL: a parameter or a column): cached_for's condition. `o.value`, not `o`: a bare `o` would be a
+    column `o` of any table around the statement before it is the element (a temporary table of the
+    ingest has one)."""
+    return (
+        "(EXISTS (SELECT 1 FROM cached_path c WHERE c.path = o.value->>'path' AND c.confirmed OFFSET 0) "  # noqa: S608 (constants)
+        "OR EXISTS (SELECT 1 FROM cached_path_claim k WHERE k.path = o.value->>'path' "
+        f"AND k.project_id = {project} OFFSET 0))"
+    )
+
+
+# An output `o` cached for the project (one parameter, its id).
+_CACHED_FOR = _cached_for_sql("%s")
 _ALL_CACHED = (
     "jsonb_array_length(b.outputs) > 0 AND NOT EXISTS (SELECT 1 FROM jsonb_array_elements(b.outputs) o "  # noqa: S608 (constants)
     f"WHERE NOT {_CACHED_FOR} OFFSET 0)"
+)
+# A build `b` an active evaluation of another project than the deciding one needs built: an output of
+# it not cached for that project (two parameters: the active statuses, the deciding project's id).
+# services.tenants.substitutable's rule (decisions.derivations.needed_built_elsewhere), in SQL: each of
+# the build's links by the link index, its evaluation by its primary key (statistics-proof as above).
+_NEEDED_BUILT_ELSEWHERE = (
+    "EXISTS (SELECT 1 FROM evaluation_build l CROSS JOIN LATERAL (SELECT ev.project_id FROM evaluation ev "  # noqa: S608 (constants)
+    "WHERE ev.id = l.evaluation_id AND ev.status = ANY(%s) AND ev.project_id <> %s OFFSET 0) ev "
+    "WHERE l.build_id = b.id AND EXISTS (SELECT 1 FROM jsonb_array_elements(b.outputs) o "
+    f"WHERE NOT {_cached_for_sql('ev.project_id')} OFFSET 0) OFFSET 0)"
 )
 # A build `b` with an output not cached for the project (one parameter, its id): what reopen_unconfirmed
 # reopens of the Substituted builds (services.known too, as it links a known closure).
@@ -299,6 +317,24 @@ SOME_OUTPUT_UNCACHED = (
 _READY = (
     f"b.status = %s AND b.drv_lost_at IS NULL AND NOT {_NEEDS_UNFINISHED} AND NOT {_INPUT_PENDING} "
     f"AND NOT {_HELD}"
+)
+
+
+# _fail_needing_failed's and _queue_ready's picks in one pass over the scope: each build found once by
+# its key and its edges read once for both (a dependency's status by its key per edge, as above). A
+# build that needs a lasting failure is never ready (a failure is no success). The pending-input and
+# held conditions are asked only of a Created build whose dependencies all succeeded (AND stops at the
+# first false). Parameters: Created, the scope's, the lasting failures, the successes, the pending.
+_FAILED_OR_READY = (
+    "SELECT b.id::text, d.failed, (b.status = %s AND b.drv_lost_at IS NULL AND NOT d.unfinished "  # noqa: S608 (constants)
+    f"AND NOT {_INPUT_PENDING} AND NOT {_HELD}) "
+    "FROM ({scope} OFFSET 0) s CROSS JOIN LATERAL (SELECT id, status, drv_lost_at, ingest_id "
+    "FROM derivation_build WHERE id = s.build_id OFFSET 0) b CROSS JOIN LATERAL ("
+    "SELECT coalesce(bool_or(q.st = ANY(%s)), false) AS failed, "
+    "coalesce(bool_or(q.st <> ALL(%s)), false) AS unfinished "
+    f"FROM (SELECT {_DEPENDENCY_STATUS} AS st FROM derivation_build_dependency e "
+    "WHERE e.build_id = b.id OFFSET 0) q) d "
+    "WHERE b.status = ANY(%s)"
 )
 
 
@@ -330,6 +366,11 @@ def _fail_needing_failed(r: Scope, now: datetime) -> int:
             .filter(Exists(failed_dep))
             .values_list("id", flat=True)
         )
+    return _fail_doomed(doomed, now)
+
+
+def _fail_doomed(doomed: Sequence[Any], now: datetime) -> int:
+    """The pending builds `doomed` (each needs a lasting failure) fail, and what needs them."""
     if not doomed:
         return 0
     # Proportional to what failed, not to the evaluation.
@@ -342,19 +383,53 @@ def _fail_needing_failed(r: Scope, now: datetime) -> int:
     return failed + fail_dependents(build_ids=doomed, now=now)
 
 
-def _queue_ready(r: Scope, now: datetime) -> int:
-    candidates = DerivationBuild.objects.filter(
-        id__in=r.ids(), status=BuildStatus.CREATED, drv_lost_at__isnull=True
+def _fail_and_queue(r: Scope, now: datetime) -> tuple[int, int]:
+    """What needs a lasting failure fails (with what needs it, transitively), what can start is Queued:
+    the builds failed and the builds queued. On PostgreSQL one pick decides both (_FAILED_OR_READY)."""
+    if connection.vendor != "postgresql":
+        return _fail_needing_failed(r, now), _queue_ready(r, now)
+    _lock_waiting_on_building(r)
+    sql, scope_params = r.sql()
+    with connection.cursor() as cur:
+        cur.execute(
+            _scoped(_FAILED_OR_READY, sql),
+            [
+                BuildStatus.CREATED.value,
+                *scope_params,
+                [s.value for s in BUILD_LASTING_FAILURE],
+                [s.value for s in BUILD_SUCCESS],
+                [s.value for s in BUILD_PENDING],
+            ],
+        )
+        rows = cur.fetchall()
+    failed = _fail_doomed([i for i, needs_failed, _ in rows if needs_failed], now)
+    ready = [i for i, needs_failed, is_ready in rows if is_ready and not needs_failed]
+    queued = _write_status(
+        ready, expect=[BuildStatus.CREATED], status=BuildStatus.QUEUED, now=now, queued=True
     )
-    # A dependency finishing in another transaction right now could read this evaluation's new builds
-    # as held while this statement reads that dependency as Building: lock the builds that wait on a
-    # Building one first, as queue_ready_builds does. Found from the Building builds (few: what runs
-    # right now), not from the evaluation's.
+    return failed, len(queued)
+
+
+def _lock_waiting_on_building(r: Scope) -> None:
+    """A dependency finishing in another transaction right now could read this evaluation's new builds
+    as held while this transaction reads that dependency as Building: lock the builds of `r` that wait
+    on a Building one first, as queue_ready_builds does. Found from the Building builds (few: what runs
+    right now), not from the evaluation's. Call before reading what is ready."""
     # Read as lists, one statement each: as one join the planner, on stale statistics, read every edge.
     building = list(DerivationBuild.objects.filter(status=BuildStatus.BUILDING).values_list("id", flat=True))
     waiting_on_building = dependents_of(building) if building else []
     if waiting_on_building:
+        candidates = DerivationBuild.objects.filter(
+            id__in=r.ids(), status=BuildStatus.CREATED, drv_lost_at__isnull=True
+        )
         _lock_ids(candidates.filter(id__in=waiting_on_building))
+
+
+def _queue_ready(r: Scope, now: datetime) -> int:
+    _lock_waiting_on_building(r)
+    candidates = DerivationBuild.objects.filter(
+        id__in=r.ids(), status=BuildStatus.CREATED, drv_lost_at__isnull=True
+    )
     if connection.vendor != "postgresql":
         return int(_ready(candidates).update(status=BuildStatus.QUEUED, queued_at=now, updated_at=now))
     ready = _pick(r, _READY, _ready_params())
@@ -381,16 +456,32 @@ def _write_status(
 
 
 def _substitute_cached(r: Scope, project_id: uuid.UUID, now: datetime) -> list[Any]:
-    """The pending builds of `r` whose every output is cached for the project become Substituted;
-    returns their ids."""
+    """The pending builds of `r` whose every output is cached for the project become Substituted, but
+    those an active evaluation of another project needs built (protocol.md, "Tenants": that evaluation
+    would reopen it, and the next claim substitute it again, at the back of the queue each time; left
+    pending it is built once, for everyone). Returns their ids."""
     if connection.vendor != "postgresql":
+        from gradient.scheduling.services import tenants  # it reads cached_for from here
+
         ids = list(
             DerivationBuild.objects.filter(id__in=r.ids(), status__in=BUILD_PENDING).values_list(
                 "id", flat=True
             )
         )
-        return substitute_cached_builds(build_ids=ids, project_id=project_id, now=now)
-    cached = _pick(r, f"b.status = ANY(%s) AND {_ALL_CACHED}", [[s.value for s in BUILD_PENDING], project_id])
+        allowed = tenants.substitutable(build_ids=ids, project_id=project_id)
+        return substitute_cached_builds(build_ids=allowed, project_id=project_id, now=now)
+    cached = _pick(
+        r,
+        # CASE: the other projects' links are read only for a build whose every output is cached (in
+        # an AND the planner may put the cheaper-looking condition first).
+        f"b.status = ANY(%s) AND CASE WHEN {_ALL_CACHED} THEN NOT {_NEEDED_BUILT_ELSEWHERE} ELSE false END",
+        [
+            [s.value for s in BUILD_PENDING],
+            project_id,
+            [s.value for s in EVALUATION_ACTIVE],
+            project_id,
+        ],
+    )
     return _write_status(cached, expect=BUILD_PENDING, status=BuildStatus.SUBSTITUTED, now=now, finished=True)
 
 

@@ -39,7 +39,7 @@ from django.db import connection, transaction
 
 from gradient.core.protocol import DiscoveredDerivation
 from gradient.core.vocab import BuildStatus
-from gradient.scheduling.decisions.derivations import HeldDerivation, inputs_digest, outputs_of
+from gradient.scheduling.decisions.derivations import HeldDerivation, conflicts, inputs_digest, outputs_of
 from gradient.scheduling.models import (
     CachedPath,
     CachedPathClaim,
@@ -49,6 +49,7 @@ from gradient.scheduling.models import (
     Evaluation,
     EvaluationBuild,
 )
+from gradient.scheduling.services.graph import SOME_OUTPUT_UNCACHED
 
 _json = msgspec.json.Encoder()
 
@@ -63,6 +64,11 @@ class StoredPart:
     # (edges, or inputs pending), or given the last of their pending inputs. Only these are decided
     # again (graph.decide_builds): a part that brings nothing new decides nothing.
     touched: set[Any] = field(default_factory=set)
+    # The builds of the part that existed and were Substituted with an output not cached for the
+    # evaluation's project when the part read them (ids as text): the only ones another project's word
+    # alone may have made done (graph.reopen_unconfirmed, which asks again as it writes); a build the
+    # part created is Created. None: not read (every build of the part is to be looked at).
+    unconfirmed: set[str] | None = None
 
 
 class _Hints:
@@ -134,10 +140,44 @@ def _inputs(path: str, d: DiscoveredDerivation) -> set[str]:
 
 def held_derivations(paths: Iterable[str]) -> dict[str, HeldDerivation]:
     """What the server holds of those of `paths` it has a shared build for (one indexed lookup)."""
-    rows = DerivationBuild.objects.filter(drv_path__in=list(paths)).values_list(
-        "drv_path", "system", "outputs", "inputs_digest"
-    )
-    return {p: HeldDerivation(s, outputs_of(o or []), d) for p, s, o, d in rows}
+    wanted = list(paths)
+    if not wanted:
+        return {}
+    rows: Iterable[tuple[str, str, Any, str]]
+    if connection.vendor == "postgresql":
+        # The paths as one array parameter, each looked up by the unique index: an IN list of a part's
+        # 1 500 paths cost a third more (every part of every result asks this, most find nothing).
+        with connection.cursor() as cur:
+            cur.execute(
+                "SELECT drv_path, system, outputs, inputs_digest FROM derivation_build "
+                "WHERE drv_path = ANY(%s::text[])",
+                [wanted],
+            )
+            rows = cur.fetchall()
+    else:
+        rows = DerivationBuild.objects.filter(drv_path__in=wanted).values_list(
+            "drv_path", "system", "outputs", "inputs_digest"
+        )
+    return {p: HeldDerivation(s, outputs_of(_json_value(o)), d) for p, s, o, d in rows}
+
+
+def _json_value(value: Any) -> Any:
+    """A JSON column as read: decoded by psycopg (jsonb), or by the ORM; text on a backend that returns
+    it undecoded."""
+    if isinstance(value, str | bytes):
+        return msgspec.json.decode(value)
+    return value or []
+
+
+class ConflictingDerivations(Exception):
+    """A part names derivation paths the server holds with another derivation (protocol.md, "Tenants"):
+    raised by store_part(refuse_conflicts=True) before it returns, once it has read the part's existing
+    builds, so the caller's savepoint undoes what it wrote. `found` says what differed, in the report's
+    order (decisions.derivations.conflicts)."""
+
+    def __init__(self, found: list[str]) -> None:
+        super().__init__(f"{len(found)} derivation(s) held otherwise")
+        self.found = found
 
 
 def store_part(
@@ -149,13 +189,16 @@ def store_part(
     final: bool,
     now: datetime,
     claimants: Iterable[uuid.UUID] = (),
+    refuse_conflicts: bool = False,
 ) -> StoredPart:
     """Store one part (or a whole result: `final` and no earlier part), read from its decoded structs.
     `ingest_id` names the eval_ingest row the pending inputs belong to (None: a whole result, nothing
     can be pending). With `hold`, the builds this part creates are held by that ingest: never queued
     while it is undecided on an open assignment. The cached outputs it names count as cached for the
     evaluation's project and `claimants` (the projects the reporting worker serves: protocol.md,
-    "Tenants")."""
+    "Tenants"). With `refuse_conflicts`, a derivation the server holds otherwise raises
+    ConflictingDerivations after some writes: call it inside a savepoint then. The check reads the
+    existing builds the store reads anyway (on PostgreSQL), so a part costs one read of them, not two."""
     by_path = _unique(derivations)
     claims = _Claims(
         paths=_cached(by_path),
@@ -164,8 +207,19 @@ def store_part(
     )
     if connection.vendor == "postgresql":
         return _store_postgres(
-            evaluation.id, evaluation.priority, by_path, claims, ingest_id, hold, final, now
+            evaluation.id,
+            evaluation.project_id,
+            evaluation.priority,
+            by_path,
+            claims,
+            ingest_id,
+            hold,
+            final,
+            now,
+            refuse_conflicts,
         )
+    if refuse_conflicts and (found := conflicts(by_path.values(), held_derivations(by_path))):
+        raise ConflictingDerivations(found)
     return _store_portable(evaluation.id, evaluation.priority, by_path, claims, ingest_id, hold, final, now)
 
 
@@ -221,6 +275,19 @@ _INSERT_BUILDS = {
 # large ingest), the planner hashes the whole table instead: every build read for every part.
 
 
+# The builds of a part that existed: their ids, whether each is wanted again or still waits, what
+# derivation each is (the conflicts check), and whether it is Substituted with an output not cached for
+# the evaluation's project (parameters: Substituted, the project's id): to be reopened for it.
+_READ_EXISTING = (
+    "SELECT t.p, b.id::text, b.status, "  # noqa: S608 (constants)
+    "EXISTS (SELECT 1 FROM eval_ingest_input u WHERE u.build_id = b.id), "
+    "b.system, b.outputs, b.inputs_digest, "
+    f"CASE WHEN b.status = %s THEN {SOME_OUTPUT_UNCACHED} ELSE false END "
+    "FROM (SELECT p FROM gradient_ingest_drv) t CROSS JOIN LATERAL (SELECT id, status, system, outputs, "
+    "inputs_digest FROM derivation_build WHERE drv_path = t.p OFFSET 0) b"
+)
+
+
 def _copy(cur: Any, table: str, columns: str, rows: Iterable[tuple[Any, ...]]) -> None:
     with cur.cursor.copy(f"COPY {table} ({columns}) FROM STDIN") as copy:
         for row in rows:
@@ -229,6 +296,7 @@ def _copy(cur: Any, table: str, columns: str, rows: Iterable[tuple[Any, ...]]) -
 
 def _store_postgres(
     evaluation_id: uuid.UUID,
+    project_id: uuid.UUID,
     priority: bool,
     by_path: dict[str, DiscoveredDerivation],
     claims: _Claims,
@@ -236,6 +304,7 @@ def _store_postgres(
     hold: bool,
     final: bool,
     now: datetime,
+    refuse_conflicts: bool = False,
 ) -> StoredPart:
     stored = StoredPart(ids={})
     if not by_path:
@@ -295,24 +364,25 @@ def _store_postgres(
             stored.created += len(created)
 
         def read_existing() -> None:
-            # The builds that existed: their ids, and whether each is wanted again or still waits.
-            cur.execute(
-                "SELECT t.p, b.id::text, b.status, "
-                "EXISTS (SELECT 1 FROM eval_ingest_input u WHERE u.build_id = b.id) "
-                "FROM gradient_ingest_drv t CROSS JOIN LATERAL "
-                "(SELECT id, status FROM derivation_build WHERE drv_path = t.p OFFSET 0) b"
-            )
-            for p, build_id, status, waiting in cur.fetchall():
+            cur.execute(_READ_EXISTING, [BuildStatus.SUBSTITUTED.value, project_id])
+            for p, build_id, status, waiting, system, outputs, digest, doubtful in cur.fetchall():
                 if p in stored.ids:
                     continue
                 stored.ids[p] = build_id
+                if refuse_conflicts:
+                    held[p] = HeldDerivation(system, outputs_of(_json_value(outputs)), digest)
                 if status == BuildStatus.ABORTED:
                     aborted.append(build_id)
+                elif doubtful:
+                    unconfirmed.add(build_id)
                 if waiting:  # some ingest still waits for one of its inputs: look at them again
                     todo.add(p)
 
         todo: set[str] = set()
         aborted: list[str] = []
+        unconfirmed: set[str] = set()
+        stored.unconfirmed = unconfirmed
+        held: dict[str, HeldDerivation] = {}
         if ingest_id is not None and _hints.reusing(ingest_id):
             # A re-evaluation: most builds exist. Read them first, insert only the missing ones.
             _copy(cur, "gradient_ingest_drv", "p", ((p,) for p in paths))
@@ -328,6 +398,8 @@ def _store_postgres(
             insert("gradient_ingest_drv")
             if stored.created < len(paths):
                 read_existing()
+        if held and (found := conflicts((d for p, d in by_path.items() if p in held), held)):
+            raise ConflictingDerivations(found)
         if aborted:
             # A build aborted for an earlier evaluation nobody wanted any more is wanted again now.
             cur.execute(
