@@ -177,7 +177,10 @@ class DerivationBuild(models.Model):
     status = models.CharField(max_length=20, choices=choices(BuildStatus), default=BuildStatus.CREATED)
     prioritized = models.BooleanField(default=False)
     attempts = models.PositiveIntegerField(
-        default=0, help_text="Build attempts spent (canceled ones spend none)."
+        default=0,
+        help_text="Build attempts spent. A canceled try spends none while one worker has canceled the "
+        "build at most GRADIENT_BUILD_FREE_CANCELS times in a row; each further cancel by that worker "
+        "spends one, like a transient failure.",
     )
     max_attempts = models.PositiveIntegerField(default=3)
     retry_at = models.DateTimeField(null=True, blank=True, help_text="Backoff: not handed out before this.")
