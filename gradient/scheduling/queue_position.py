@@ -18,6 +18,7 @@ leaves out (as a worker that cannot fetch sees it).
 
 from __future__ import annotations
 
+import bisect
 import re
 import uuid
 from collections.abc import Iterable
@@ -108,6 +109,38 @@ def build_projects(build: DerivationBuild) -> set[uuid.UUID]:
     )
 
 
+def _pool(
+    *,
+    system: str,
+    features: list[str],
+    projects: Iterable[uuid.UUID],
+    now: datetime,
+    cap: datetime,
+    features_in_db: bool,
+) -> QuerySet[DerivationBuild]:
+    """The Queued builds handed out among the jobs of a build of this shape (see the module's
+    docstring), annotated with their place in the order (`prioritized_flag`, `ranked_start`, then the
+    id). Without `features_in_db` the required features are not compared: the caller does."""
+    wanted = EvaluationBuild.objects.filter(
+        build_id=OuterRef("pk"),
+        blocks_evaluation=True,
+        evaluation__status__in=EVALUATION_ACTIVE,
+        evaluation__project_id__in=list(projects),
+    )
+    queued = DerivationBuild.objects.filter(status=BuildStatus.QUEUED, system=system)
+    if features_in_db:
+        queued = queued.filter(required_features__contained_by=features)
+    return (
+        queued.filter(Q(retry_at__isnull=True) | Q(retry_at__lte=now))
+        .filter(selectors._no_member(DerivationBuild))
+        .filter(Exists(wanted))
+        .annotate(
+            ranked_start=Greatest(Coalesce("queued_at", "created_at"), Value(cap)),
+            prioritized_flag=F("prioritized"),
+        )
+    )
+
+
 def build_position(
     build: DerivationBuild,
     now: datetime,
@@ -122,23 +155,15 @@ def build_position(
         features_in_db = connection.vendor == "postgresql"
     cap = _cap_time(now)
     start = max(build.queued_at or build.created_at, cap)
-    wanted = EvaluationBuild.objects.filter(
-        build_id=OuterRef("pk"),
-        blocks_evaluation=True,
-        evaluation__status__in=EVALUATION_ACTIVE,
-        evaluation__project_id__in=list(projects),
-    )
     features = list(build.required_features or [])
-    queued = DerivationBuild.objects.filter(status=BuildStatus.QUEUED, system=build.system)
-    if features_in_db:
-        queued = queued.filter(required_features__contained_by=features)
     before = (
-        queued.filter(Q(retry_at__isnull=True) | Q(retry_at__lte=now))
-        .filter(selectors._no_member(DerivationBuild))
-        .filter(Exists(wanted))
-        .annotate(
-            ranked_start=Greatest(Coalesce("queued_at", "created_at"), Value(cap)),
-            prioritized_flag=F("prioritized"),
+        _pool(
+            system=build.system,
+            features=features,
+            projects=projects,
+            now=now,
+            cap=cap,
+            features_in_db=features_in_db,
         )
         .filter(_before(build.prioritized, start, build.id))
         .exclude(id=build.id)
@@ -149,6 +174,58 @@ def build_position(
     return 1 + sum(
         1 for f in before.values_list("required_features", flat=True) if set(f or []) <= set(features)
     )
+
+
+OrderKey = tuple[bool, datetime, uuid.UUID]
+
+
+def _order_key(prioritized: bool, start: datetime, build_id: uuid.UUID) -> OrderKey:
+    """A build's place in the hand-out order as a sort key: prioritized first, then the capped wait
+    start, then the id (uuid order is PostgreSQL's: both compare the 16 bytes big-endian)."""
+    return (not prioritized, start, build_id)
+
+
+Shape = tuple[str, frozenset[str], frozenset[uuid.UUID]]
+
+
+def _shape(build: DerivationBuild, projects: Iterable[uuid.UUID]) -> Shape:
+    return (build.system, frozenset(build.required_features or []), frozenset(projects))
+
+
+def build_positions(
+    builds: Iterable[DerivationBuild],
+    now: datetime,
+    projects_of: dict[uuid.UUID, set[uuid.UUID]],
+    *,
+    features_in_db: bool | None = None,
+) -> dict[uuid.UUID, int]:
+    """build_position of many Queued builds at once (the ETA pass's): one read of the order per shape
+    (system, required features, projects) instead of one count per build, the same positions."""
+    if features_in_db is None:
+        features_in_db = connection.vendor == "postgresql"
+    cap = _cap_time(now)
+    shapes: dict[Shape, list[DerivationBuild]] = {}
+    for build in builds:
+        shapes.setdefault(_shape(build, projects_of.get(build.id, set())), []).append(build)
+    positions: dict[uuid.UUID, int] = {}
+    for (system, features, projects), members in shapes.items():
+        rows = _pool(
+            system=system,
+            features=sorted(features),
+            projects=projects,
+            now=now,
+            cap=cap,
+            features_in_db=features_in_db,
+        ).values_list("id", "prioritized", "queued_at", "created_at", "required_features")
+        order = sorted(
+            _order_key(prioritized, max(queued or created, cap), build_id)
+            for build_id, prioritized, queued, created, required in rows
+            if features_in_db or set(required or []) <= features
+        )
+        for build in members:
+            key = _order_key(build.prioritized, max(build.queued_at or build.created_at, cap), build.id)
+            positions[build.id] = bisect.bisect_left(order, key) + 1
+    return positions
 
 
 Connected = list[tuple[Worker, frozenset[uuid.UUID]]]
@@ -270,6 +347,44 @@ def build_queue(
         build_typical(build, projects),
         ahead_typical(projects),
     )
+
+
+def build_queues(
+    builds: Iterable[DerivationBuild], now: datetime, workers: Connected | None = None
+) -> dict[uuid.UUID, QueueStanding]:
+    """build_queue of many builds at once (the ETA pass's), the same standings: the projects in one
+    read, the positions in one read of the order per shape (build_positions), and the slots, the
+    typical durations and the pool's turnover read once per shape, name and projects rather than once
+    per build. Builds not Queued are left out."""
+    queued = [b for b in builds if b.status == BuildStatus.QUEUED]
+    if not queued:
+        return {}
+    if workers is None:
+        workers = connected_workers()
+    projects_of: dict[uuid.UUID, set[uuid.UUID]] = {b.id: set() for b in queued}
+    for build_id, project_id in EvaluationBuild.objects.filter(
+        build_id__in=list(projects_of), blocks_evaluation=True, evaluation__status__in=EVALUATION_ACTIVE
+    ).values_list("build_id", "evaluation__project_id"):
+        projects_of[build_id].add(project_id)
+    positions = build_positions(queued, now, projects_of)
+    slots: dict[Shape, Slots] = {}
+    typicals: dict[tuple[str, str, frozenset[uuid.UUID]], eta.Typical] = {}
+    pools: dict[frozenset[uuid.UUID], eta.Typical | None] = {}
+    standings: dict[uuid.UUID, QueueStanding] = {}
+    for build in queued:
+        projects = projects_of[build.id]
+        shape = _shape(build, projects)
+        if shape not in slots:
+            slots[shape] = build_slots(build, projects, workers)
+        named = (build.name, build.system, shape[2])
+        if named not in typicals:
+            typicals[named] = build_typical(build, projects)
+        if shape[2] not in pools:
+            pools[shape[2]] = ahead_typical(projects)
+        standings[build.id] = _standing(
+            now, positions[build.id], slots[shape], typicals[named], pools[shape[2]]
+        )
+    return standings
 
 
 def _standing(

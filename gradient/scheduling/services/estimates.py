@@ -4,9 +4,10 @@ handed out, when it really started. The overview shows p50/p90 of |actual - expe
 GET /metrics a histogram of it (gradient_eta_error_seconds).
 
 Why a pass and not the hand-out itself: the claim is the hot path (design/hot-path.md), and an estimate
-is only honest if it was made before the outcome was known, which is all this needs. The pass costs a
-few queries per newly waiting build (at most GRADIENT_ETA_ESTIMATES_PER_PASS of them each run, newest
-waits first) and one statement to settle those that started.
+is only honest if it was made before the outcome was known, which is all this needs. The pass estimates
+up to GRADIENT_ETA_ESTIMATES_PER_PASS newly waiting builds each run (newest waits first) all at once
+(queue_position.build_queues: one read of the order per shape of build, the slots, typical durations
+and turnover once per shape, name and projects), and settles those that started in one statement.
 """
 
 from __future__ import annotations
@@ -39,8 +40,8 @@ class EstimatePassResult:
 def start_estimates_record(*, now: datetime, limit: int, clock: Callable[[], datetime] | None = None) -> int:
     """Estimate the start of up to `limit` Queued builds not yet estimated in their current wait, the
     latest waits first (an estimate made late in a wait says little). Returns how many were written.
-    `clock`: the time of each estimate when a run takes long enough for the queue to move meanwhile
-    (the pass's); without it every estimate is made at `now`."""
+    `clock`: the time of the estimates when the pass starts later than `now` (the pass's: the later of
+    the two); without it they are made at `now`."""
     estimated = StartEstimate.objects.filter(build_id=OuterRef("pk"), waiting_since=OuterRef("queued_at"))
     builds = list(
         DerivationBuild.objects.filter(status=BuildStatus.QUEUED, queued_at__isnull=False)
@@ -49,11 +50,13 @@ def start_estimates_record(*, now: datetime, limit: int, clock: Callable[[], dat
     )
     if not builds:
         return 0
-    workers = queue_position.connected_workers()
+    at = now if clock is None else max(now, clock())
+    # All at once (one read of the order per shape, each input read once): the pass is cheap enough
+    # not to slow the hand-outs it estimates, and every estimate is made at one moment.
+    standings = queue_position.build_queues(builds, at)
     rows = []
     for build in builds:
-        at = now if clock is None else max(now, clock())
-        standing = queue_position.build_queue(build, at, workers)
+        standing = standings.get(build.id)
         if standing is None:
             continue
         assert build.queued_at is not None
