@@ -575,13 +575,14 @@ def evaluation_position(evaluation: Evaluation, now: datetime) -> int:
     return ahead + 1
 
 
-def evaluation_slots(evaluation: Evaluation) -> Slots:
+def evaluation_slots(evaluation: Evaluation, workers: Connected | None = None) -> Slots:
     """Connected workers of the evaluation's project that can run its next job's steps (one evaluation
-    each), how many of them hold an open evaluation assignment, and which hold them (_slots)."""
+    each), how many of them hold an open evaluation assignment, and which hold them (_slots).
+    `workers`: connected_workers() read already."""
     steps = jobs.eval_steps(evaluation, split=selectors.has_idle_eval_only_worker())
     capable = [
         (w.id, 1)
-        for w, served in connected_workers()
+        for w, served in (connected_workers() if workers is None else workers)
         if selectors.worker_can_run_eval_steps(w, steps) and may_take(served, [evaluation.project_id])
     ]
     return _slots(capable, JobKind.EVAL)
@@ -600,12 +601,15 @@ def evaluation_typical(evaluation: Evaluation) -> eta.Typical:
     return eta.typical_duration([], project, float(settings.GRADIENT_ETA_DEFAULT_EVAL_SECS))
 
 
-def evaluation_queue(evaluation: Evaluation, now: datetime) -> QueueStanding | None:
-    """Where a Queued evaluation stands; None in any other status."""
+def evaluation_queue(
+    evaluation: Evaluation, now: datetime, workers: Connected | None = None
+) -> QueueStanding | None:
+    """Where a Queued evaluation stands; None in any other status. `workers`: the connected workers
+    when the caller reads many evaluations' standing at once (the ETA pass)."""
     if evaluation.status != EvaluationStatus.QUEUED:
         return None
     position = evaluation_position(evaluation, now)
-    return _standing(now, position, evaluation_slots(evaluation), evaluation_typical(evaluation))
+    return _standing(now, position, evaluation_slots(evaluation, workers), evaluation_typical(evaluation))
 
 
 _UNFINISHED = (BuildStatus.CREATED, BuildStatus.QUEUED, BuildStatus.BUILDING, BuildStatus.FAILED_TRANSIENT)
