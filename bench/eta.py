@@ -10,7 +10,8 @@ and the estimate is compared with the hand-out.
 2. --names derivation names (`pkg00`, ...), each with a median duration drawn log-uniformly between
    --min-ms and --max-ms; a build's duration is that median times a log-normal factor (sigma --spread),
    drawn once per build (seed --seed). History: --history ended tries per name, drawn the same way, on
-   an old Completed evaluation of the project (what the estimates rest on).
+   an old Completed evaluation of the project (what the estimates rest on), ended one second apart in
+   a shuffled order of names, without a worker (so they tell the durations, not the hand-out gap).
 3. One `serve` (in-process passes, the in-memory channel layer; the ETA pass of serve itself off:
    this process runs it) and --workers reference workers (the `sim` executor, one build slot each, an
    idle RequestJob every second) in --worker-procs processes; each sim worker builds a derivation for
@@ -107,6 +108,10 @@ def _seed(config: EtaConfig) -> tuple[Any, list[tuple[str, str]], dict[str, int]
     for name, median in medians.items():
         for h in range(config.history):
             history.append((f"/nix/store/{'h' * 28}{h:04d}-{name}.drv", _draw(rng, median, config.spread)))
+    # Ended in a mixed order (one second apart), as a project's builds end: name after name, the latest
+    # 200 tries the ETA reads at first were half of the names (another generator: the builds' durations
+    # below are drawn as before).
+    random.Random(config.seed + 1).shuffle(history)
     built = DerivationBuild.objects.bulk_create(
         [
             DerivationBuild(

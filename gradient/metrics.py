@@ -169,7 +169,8 @@ def _eta_error_histogram() -> HistogramMetricFamily:
     aggregates: dict[str, Any] = {
         f"le_{i}": Count("id", filter=Q(error_secs__lte=bound)) for i, bound in enumerate(ETA_ERROR_BUCKETS)
     }
-    row = StartEstimate.objects.filter(error_secs__isnull=False).aggregate(
+    # Builds' only, as its help says (the evaluations' estimates are on the overview beside them).
+    row = StartEstimate.objects.filter(error_secs__isnull=False, build__isnull=False).aggregate(
         n=Count("id"), total=Sum("error_secs"), **aggregates
     )
     family = HistogramMetricFamily(

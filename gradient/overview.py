@@ -196,9 +196,10 @@ def _queue_head(now: datetime) -> list[dict[str, Any]]:
     return head
 
 
-def _estimate_errors(now: datetime) -> dict[str, Any]:
-    """How far the start estimates of the builds handed out over the last day were (services.estimates)."""
-    errors = start_estimate_errors(now=now)
+def _estimate_errors(now: datetime, *, evaluations: bool = False) -> dict[str, Any]:
+    """How far the start estimates of the builds (or evaluations) handed out over the last day were
+    (services.estimates)."""
+    errors = start_estimate_errors(now=now, evaluations=evaluations)
     return {
         "count": errors.count,
         "p50": duration(errors.p50_secs) if errors.p50_secs is not None else "-",
@@ -295,6 +296,7 @@ def overview_snapshot(*, now: datetime) -> dict[str, Any]:
         "oldest_wait": _oldest_wait(now),
         "queue_head": _queue_head(now),
         "estimate_errors": _estimate_errors(now),
+        "eval_estimate_errors": _estimate_errors(now, evaluations=True),
         "last_hour": _last_hour(now),
         "passes": _passes(now),
         "recent_failures": _recent_failures(now),

@@ -112,3 +112,12 @@ def test_a_slot_turns_over_at_the_mean_duration_plus_the_hand_out_gap() -> None:
     assert (got.low, got.high) == (12.0, 22.0)  # p10 and p90 of the durations, plus the gap
     assert eta.slot_turnover([("a", 0.0, 5.0)], "project") == eta.Typical(5.0, "project", 5.0, 5.0)
     assert eta.slot_turnover([], "project") is None
+
+
+def test_tries_without_a_worker_count_in_the_duration_but_make_no_hand_out_gap() -> None:
+    # Two tries whose workers are gone (BuildAttempt.worker is SET_NULL), 1 s apart: no worker ran both,
+    # so the second second between them is no hand-out; beside them worker a's real 1 s gap counts.
+    gone = [(None, 0.0, 2.0), (None, 3.0, 5.0)]
+    assert eta.slot_turnover(gone, "project") == eta.Typical(2.0, "project", 2.0, 2.0)
+    got = eta.slot_turnover([*gone, ("a", 10.0, 12.0), ("a", 13.0, 15.0)], "project")
+    assert got is not None and got.secs == pytest.approx(2.0 + 1.0)

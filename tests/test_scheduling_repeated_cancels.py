@@ -137,3 +137,11 @@ def test_only_a_cancel_reads_the_builds_tries(
         build_failure_decision(build=base, row=row, kind="transient", now=timezone.now())
     with django_assert_num_queries(1):
         build_failure_decision(build=base, row=row, kind="canceled", now=timezone.now())
+
+
+def test_the_attempts_help_text_states_the_free_cancels_rule() -> None:
+    """The model's word on attempts (the console and the admin show it) is the rule above, not
+    'canceled ones spend none'."""
+    help_text = str(DerivationBuild._meta.get_field("attempts").help_text)
+    assert "spend none)" not in help_text
+    assert "GRADIENT_BUILD_FREE_CANCELS times in a row" in help_text

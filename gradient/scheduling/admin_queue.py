@@ -7,8 +7,9 @@ from __future__ import annotations
 
 from datetime import datetime
 
+from django.urls import reverse
 from django.utils import timezone
-from django.utils.html import format_html
+from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
 from gradient.console import ago, duration
@@ -31,17 +32,70 @@ def _range(now: datetime, low: datetime | None, high: datetime | None) -> str:
     return f" (between {earliest} and {duration((high - now).total_seconds())} from now)"
 
 
+def _free_at(at: datetime, now: datetime) -> SafeString | str:
+    return "now" if at <= now else ago(at, now)
+
+
+def _busy_until(standing: queue_position.QueueStanding, now: datetime) -> SafeString | str:
+    """`, the first expected to free in 20 s, the last in 3 min` (each busy slot's job: its start plus
+    its typical duration); nothing when none is busy or there is nothing to go on."""
+    if standing.busy == 0 or standing.next_free is None or standing.busy_until is None:
+        return ""
+    if standing.busy == 1 or standing.busy_until == standing.next_free:
+        return format_html(", expected to free {}", _free_at(standing.next_free, now))
+    return format_html(
+        ", the first expected to free {}, the last {}",
+        _free_at(standing.next_free, now),
+        _free_at(standing.busy_until, now),
+    )
+
+
+def _cluster_link(cluster: object) -> SafeString:
+    url = reverse("admin:clusters_clusterjob_change", args=[str(cluster)])
+    return format_html('<a href="{}">a cluster</a>', url)
+
+
+def _holders(standing: queue_position.QueueStanding, now: datetime) -> SafeString | str:
+    """` (1 running a cluster's members; 2 free ones held for a cluster waiting to be placed, until in
+    3 min)`, each cluster linked; nothing when no cluster holds any."""
+    parts = []
+    for holder in standing.holders:
+        if holder.running:
+            parts.append(format_html("{} running {}'s members", holder.slots, _cluster_link(holder.cluster)))
+        else:
+            until = format_html(", until {}", ago(holder.until, now)) if holder.until is not None else ""
+            parts.append(
+                format_html(
+                    "{} free one{} held for {} waiting to be placed{}",
+                    holder.slots,
+                    "" if holder.slots == 1 else "s",
+                    _cluster_link(holder.cluster),
+                    until,
+                )
+            )
+    if not parts:
+        return ""
+    return format_html(" ({})", format_html_join("; ", "{}", ((p,) for p in parts)))
+
+
 def standing_text(
     standing: queue_position.QueueStanding, now: datetime, *, what: str, basis_words: dict[str, str]
 ) -> SafeString:
-    """`position 3 of the builds the same workers can run (2 ahead) · 1 of 2 slots busy · expected to
-    start in 2 min (between 1 min and 4 min from now), to end in 5 min; from past builds of this
-    derivation`; `start unknown` without a basis."""
+    """`position 3 of the builds the same workers can run (2 ahead) · 1 of 2 slots busy, expected to
+    free in 40 s · expected to start in 2 min (between 1 min and 4 min from now), to end in 5 min; from
+    past builds of this derivation`; `start unknown` without a basis. Clusters holding slots are named
+    after the busy count (_holders)."""
     head = f"position {standing.position} of the {what} the same workers can run ({standing.ahead} ahead)"
     if standing.slots == 0:
-        slots = "no connected worker can run it now"
+        slots: SafeString | str = "no connected worker can run it now"
     else:
-        slots = f"{standing.busy} of {standing.slots} slots busy"
+        slots = format_html(
+            "{} of {} slots busy{}{}",
+            standing.busy,
+            standing.slots,
+            _busy_until(standing, now),
+            _holders(standing, now),
+        )
     if standing.expected_start is None or standing.expected_finish is None:
         why = "no worker can run it" if standing.slots == 0 else "no history and no default duration"
         return format_html("{} · {} · start unknown ({})", head, slots, why)

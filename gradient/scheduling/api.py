@@ -135,6 +135,50 @@ def queue_body(standing: queue_position.QueueStanding | None) -> dict[str, Any] 
     return QueueSerializer(standing).data
 
 
+class HolderSerializer(serializers.Serializer[Any]):
+    cluster = serializers.UUIDField(help_text="The cluster (`GET /api/v1/clusters/{id}`).")
+    slots = serializers.IntegerField(help_text="How many of the slots it holds.")
+    running = serializers.BooleanField(
+        help_text="true: its members run on them; false: a reservation keeps them free for it while it "
+        "waits to be placed (they take no single job meanwhile)."
+    )
+    until = serializers.DateTimeField(
+        allow_null=True, help_text="When the reservation expires; null if running."
+    )
+
+
+class BusySlotsSerializer(serializers.Serializer[Any]):
+    """What a waiting job waits for beside `queue` (issue 33): until when its slots are busy, and who
+    holds them (gradient.scheduling.queue_position.QueueStanding)."""
+
+    next_free = serializers.DateTimeField(
+        allow_null=True,
+        help_text="When the first busy slot is expected to free: its job's start plus that job's typical "
+        "duration (its derivation's in the latest tries of the project, else theirs on average); null when "
+        "none is busy or there is nothing to go on.",
+    )
+    busy_until = serializers.DateTimeField(
+        allow_null=True, help_text="When the last busy slot is expected to free; null as next_free."
+    )
+    held = serializers.IntegerField(
+        help_text="Free slots a waiting cluster's reservation holds: they take no single job (the estimate "
+        "counts them as busy)."
+    )
+    holders = HolderSerializer(many=True, help_text="The clusters holding any of the slots.")
+
+
+def busy_slots_body(standing: queue_position.QueueStanding | None) -> dict[str, Any] | None:
+    if standing is None:
+        return None
+    return BusySlotsSerializer(standing).data
+
+
+BUSY_SLOTS_HELP = (
+    "While Queued, beside `queue`: until when its slots are busy and which clusters hold any (an addition "
+    "to spec/rest.md's queue object); null otherwise"
+)
+
+
 class EvaluationSerializer(serializers.Serializer[Any]):
     id = serializers.UUIDField()
     project = serializers.CharField(source="project.name")
@@ -181,11 +225,26 @@ class EvaluationSerializer(serializers.Serializer[Any]):
         "path over the slots); null otherwise, and in lists."
     )
 
+    busy_slots = serializers.SerializerMethodField(help_text=f"{BUSY_SLOTS_HELP}, and in lists.")
+
+    def _standing(self, obj: Evaluation) -> queue_position.QueueStanding | None:
+        """The evaluation's standing, read once for `queue` and `busy_slots`."""
+        cache: dict[Any, queue_position.QueueStanding | None] = self.__dict__.setdefault("_standings", {})
+        if obj.id not in cache:
+            cache[obj.id] = queue_position.evaluation_queue(obj, timezone.now())
+        return cache[obj.id]
+
     @extend_schema_field(QueueSerializer(allow_null=True))
     def get_queue(self, obj: Evaluation) -> dict[str, Any] | None:
         if not self.context.get("with_builds", True):
             return None
-        return queue_body(queue_position.evaluation_queue(obj, timezone.now()))
+        return queue_body(self._standing(obj))
+
+    @extend_schema_field(BusySlotsSerializer(allow_null=True))
+    def get_busy_slots(self, obj: Evaluation) -> dict[str, Any] | None:
+        if not self.context.get("with_builds", True):
+            return None
+        return busy_slots_body(self._standing(obj))
 
     @extend_schema_field(serializers.DateTimeField(allow_null=True))
     def get_expected_finish(self, obj: Evaluation) -> str | None:
@@ -274,10 +333,22 @@ class BuildSerializer(serializers.Serializer[Any]):
     created_at = serializers.DateTimeField()
     finished_at = serializers.DateTimeField(allow_null=True)
     queue = serializers.SerializerMethodField(help_text="Where it stands while Queued; null otherwise.")
+    busy_slots = serializers.SerializerMethodField(help_text=f"{BUSY_SLOTS_HELP}.")
+
+    def _standing(self, obj: DerivationBuild) -> queue_position.QueueStanding | None:
+        """The build's standing, read once for `queue` and `busy_slots`."""
+        cache: dict[Any, queue_position.QueueStanding | None] = self.__dict__.setdefault("_standings", {})
+        if obj.id not in cache:
+            cache[obj.id] = queue_position.build_queue(obj, timezone.now())
+        return cache[obj.id]
 
     @extend_schema_field(QueueSerializer(allow_null=True))
     def get_queue(self, obj: DerivationBuild) -> dict[str, Any] | None:
-        return queue_body(queue_position.build_queue(obj, timezone.now()))
+        return queue_body(self._standing(obj))
+
+    @extend_schema_field(BusySlotsSerializer(allow_null=True))
+    def get_busy_slots(self, obj: DerivationBuild) -> dict[str, Any] | None:
+        return busy_slots_body(self._standing(obj))
 
     @extend_schema_field(serializers.CharField(allow_null=True))
     def get_log_url(self, obj: DerivationBuild) -> str | None:

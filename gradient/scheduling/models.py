@@ -177,7 +177,10 @@ class DerivationBuild(models.Model):
     status = models.CharField(max_length=20, choices=choices(BuildStatus), default=BuildStatus.CREATED)
     prioritized = models.BooleanField(default=False)
     attempts = models.PositiveIntegerField(
-        default=0, help_text="Build attempts spent (canceled ones spend none)."
+        default=0,
+        help_text="Build attempts spent. A canceled try spends none while one worker has canceled the "
+        "build at most GRADIENT_BUILD_FREE_CANCELS times in a row; each further cancel by that worker "
+        "spends one, like a transient failure.",
     )
     max_attempts = models.PositiveIntegerField(default=3)
     retry_at = models.DateTimeField(null=True, blank=True, help_text="Backoff: not handed out before this.")
@@ -772,12 +775,19 @@ class BuildLogChunk(models.Model):
 
 
 class StartEstimate(models.Model):
-    """A waiting build's expected start as the ETA pass first saw it in one wait (issue 33), and, once
-    the build is handed out, when it really started: the error of past estimates, shown on the overview
-    and as gradient_eta_error_seconds. One per wait (a build queued again is estimated again)."""
+    """A waiting build's or evaluation's expected start as the ETA pass first saw it in one wait (issue
+    33), and, once it is handed out, when it really started: the error of past estimates, shown on the
+    overview and as gradient_eta_error_seconds. One per wait (a build queued again is estimated again)."""
 
-    build = models.ForeignKey(DerivationBuild, on_delete=models.CASCADE, related_name="start_estimates")
-    waiting_since = models.DateTimeField(help_text="The build's queued_at: which wait this estimates.")
+    build = models.ForeignKey(
+        DerivationBuild, null=True, blank=True, on_delete=models.CASCADE, related_name="start_estimates"
+    )
+    evaluation = models.ForeignKey(
+        Evaluation, null=True, blank=True, on_delete=models.CASCADE, related_name="start_estimates"
+    )
+    waiting_since = models.DateTimeField(
+        help_text="The build's queued_at, or the evaluation's created_at: which wait this estimates."
+    )
     estimated_at = models.DateTimeField()
     position = models.PositiveIntegerField()
     expected_start = models.DateTimeField(null=True, blank=True, help_text="Null: no basis (unknown).")
@@ -793,6 +803,17 @@ class StartEstimate(models.Model):
                 name="start_estimate-one-per-wait",
                 violation_error_message="This wait of the build is estimated already.",
             ),
+            models.UniqueConstraint(
+                fields=["evaluation", "waiting_since"],
+                name="start_estimate-one-per-eval-wait",
+                violation_error_message="This wait of the evaluation is estimated already.",
+            ),
+            models.CheckConstraint(
+                condition=Q(build__isnull=False, evaluation__isnull=True)
+                | Q(build__isnull=True, evaluation__isnull=False),
+                name="start_estimate-one-job",
+                violation_error_message="An estimate is of one build or one evaluation.",
+            ),
         ]
         indexes = [
             models.Index(
@@ -802,4 +823,4 @@ class StartEstimate(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"estimate of {self.build_id} at {self.estimated_at:%Y-%m-%d %H:%M:%S}"
+        return f"estimate of {self.build_id or self.evaluation_id} at {self.estimated_at:%Y-%m-%d %H:%M:%S}"

@@ -18,15 +18,18 @@ leaves out (as a worker that cannot fetch sees it).
 
 from __future__ import annotations
 
+import bisect
 import re
 import uuid
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from typing import Any
 
+from django.apps import apps
 from django.conf import settings
 from django.db import connection
-from django.db.models import Case, Count, Exists, F, OuterRef, Q, QuerySet, Value, When
+from django.db.models import Case, Exists, F, OuterRef, Q, QuerySet, Value, When
 from django.db.models.functions import Coalesce, Greatest, Substr
 
 from gradient.core.vocab import (
@@ -52,6 +55,7 @@ from gradient.scheduling.models import (
     Evaluation,
     EvaluationBuild,
 )
+from gradient.scheduling.models import _name as derivation_name
 from gradient.workers.models import Worker
 
 HISTORY_SAMPLE = 20
@@ -61,6 +65,17 @@ AHEAD_SAMPLE = 200
 """How many of the projects' latest ended attempts the jobs ahead are taken to last the mean of."""
 
 _ENDED_OK = (BuildAttemptOutcome.BUILT, BuildAttemptOutcome.SUBSTITUTED)
+
+
+@dataclass(frozen=True, slots=True)
+class Holder:
+    """A cluster that holds some of the slots that can run a waiting job: its members run on them
+    (`running`), or a reservation keeps them free for it while it waits (until `until`)."""
+
+    cluster: uuid.UUID
+    slots: int
+    running: bool
+    until: datetime | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,12 +90,24 @@ class QueueStanding:
     # The start's range (decisions.eta): the console shows it; REST carries the fields above only.
     earliest_start: datetime | None = None
     latest_start: datetime | None = None
+    # What it waits for (issue 33, item 2): when the busy slots are expected to free, the first of them
+    # and the last (each running job's start plus its typical duration; None when none is busy or there
+    # is nothing to go on); the free slots a waiting cluster's reservation holds (they take no single
+    # job); the clusters holding slots, by running members or by that reservation.
+    next_free: datetime | None = None
+    busy_until: datetime | None = None
+    held: int = 0
+    holders: tuple[Holder, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
 class Slots:
     total: int
     busy: int
+    # The busy slots' jobs: (when it was handed out, its derivation name; "" for an evaluation job).
+    running: tuple[tuple[datetime, str], ...] = ()
+    held: int = 0
+    holders: tuple[Holder, ...] = ()
 
 
 def _cap_time(now: datetime) -> datetime:
@@ -108,6 +135,38 @@ def build_projects(build: DerivationBuild) -> set[uuid.UUID]:
     )
 
 
+def _pool(
+    *,
+    system: str,
+    features: list[str],
+    projects: Iterable[uuid.UUID],
+    now: datetime,
+    cap: datetime,
+    features_in_db: bool,
+) -> QuerySet[DerivationBuild]:
+    """The Queued builds handed out among the jobs of a build of this shape (see the module's
+    docstring), annotated with their place in the order (`prioritized_flag`, `ranked_start`, then the
+    id). Without `features_in_db` the required features are not compared: the caller does."""
+    wanted = EvaluationBuild.objects.filter(
+        build_id=OuterRef("pk"),
+        blocks_evaluation=True,
+        evaluation__status__in=EVALUATION_ACTIVE,
+        evaluation__project_id__in=list(projects),
+    )
+    queued = DerivationBuild.objects.filter(status=BuildStatus.QUEUED, system=system)
+    if features_in_db:
+        queued = queued.filter(required_features__contained_by=features)
+    return (
+        queued.filter(Q(retry_at__isnull=True) | Q(retry_at__lte=now))
+        .filter(selectors._no_member(DerivationBuild))
+        .filter(Exists(wanted))
+        .annotate(
+            ranked_start=Greatest(Coalesce("queued_at", "created_at"), Value(cap)),
+            prioritized_flag=F("prioritized"),
+        )
+    )
+
+
 def build_position(
     build: DerivationBuild,
     now: datetime,
@@ -122,23 +181,15 @@ def build_position(
         features_in_db = connection.vendor == "postgresql"
     cap = _cap_time(now)
     start = max(build.queued_at or build.created_at, cap)
-    wanted = EvaluationBuild.objects.filter(
-        build_id=OuterRef("pk"),
-        blocks_evaluation=True,
-        evaluation__status__in=EVALUATION_ACTIVE,
-        evaluation__project_id__in=list(projects),
-    )
     features = list(build.required_features or [])
-    queued = DerivationBuild.objects.filter(status=BuildStatus.QUEUED, system=build.system)
-    if features_in_db:
-        queued = queued.filter(required_features__contained_by=features)
     before = (
-        queued.filter(Q(retry_at__isnull=True) | Q(retry_at__lte=now))
-        .filter(selectors._no_member(DerivationBuild))
-        .filter(Exists(wanted))
-        .annotate(
-            ranked_start=Greatest(Coalesce("queued_at", "created_at"), Value(cap)),
-            prioritized_flag=F("prioritized"),
+        _pool(
+            system=build.system,
+            features=features,
+            projects=projects,
+            now=now,
+            cap=cap,
+            features_in_db=features_in_db,
         )
         .filter(_before(build.prioritized, start, build.id))
         .exclude(id=build.id)
@@ -149,6 +200,58 @@ def build_position(
     return 1 + sum(
         1 for f in before.values_list("required_features", flat=True) if set(f or []) <= set(features)
     )
+
+
+OrderKey = tuple[bool, datetime, uuid.UUID]
+
+
+def _order_key(prioritized: bool, start: datetime, build_id: uuid.UUID) -> OrderKey:
+    """A build's place in the hand-out order as a sort key: prioritized first, then the capped wait
+    start, then the id (uuid order is PostgreSQL's: both compare the 16 bytes big-endian)."""
+    return (not prioritized, start, build_id)
+
+
+Shape = tuple[str, frozenset[str], frozenset[uuid.UUID]]
+
+
+def _shape(build: DerivationBuild, projects: Iterable[uuid.UUID]) -> Shape:
+    return (build.system, frozenset(build.required_features or []), frozenset(projects))
+
+
+def build_positions(
+    builds: Iterable[DerivationBuild],
+    now: datetime,
+    projects_of: dict[uuid.UUID, set[uuid.UUID]],
+    *,
+    features_in_db: bool | None = None,
+) -> dict[uuid.UUID, int]:
+    """build_position of many Queued builds at once (the ETA pass's): one read of the order per shape
+    (system, required features, projects) instead of one count per build, the same positions."""
+    if features_in_db is None:
+        features_in_db = connection.vendor == "postgresql"
+    cap = _cap_time(now)
+    shapes: dict[Shape, list[DerivationBuild]] = {}
+    for build in builds:
+        shapes.setdefault(_shape(build, projects_of.get(build.id, set())), []).append(build)
+    positions: dict[uuid.UUID, int] = {}
+    for (system, features, projects), members in shapes.items():
+        rows = _pool(
+            system=system,
+            features=sorted(features),
+            projects=projects,
+            now=now,
+            cap=cap,
+            features_in_db=features_in_db,
+        ).values_list("id", "prioritized", "queued_at", "created_at", "required_features")
+        order = sorted(
+            _order_key(prioritized, max(queued or created, cap), build_id)
+            for build_id, prioritized, queued, created, required in rows
+            if features_in_db or set(required or []) <= features
+        )
+        for build in members:
+            key = _order_key(build.prioritized, max(build.queued_at or build.created_at, cap), build.id)
+            positions[build.id] = bisect.bisect_left(order, key) + 1
+    return positions
 
 
 Connected = list[tuple[Worker, frozenset[uuid.UUID]]]
@@ -169,32 +272,68 @@ def connected_workers() -> Connected:
     return [(w, frozenset(projects[w.id])) for w in workers]
 
 
-def _open_counts(worker_ids: list[uuid.UUID], kind: JobKind) -> dict[uuid.UUID, int]:
-    rows = (
-        DispatchedJob.objects.filter(worker_id__in=worker_ids, kind=kind, finished_at__isnull=True)
-        .values("worker_id")
-        .annotate(n=Count("id"))
-        .values_list("worker_id", "n")
-    )
-    return dict(rows)
+def _open_rows(worker_ids: list[uuid.UUID], kind: JobKind) -> list[tuple[uuid.UUID, datetime, str, Any]]:
+    """The open assignments of these workers of a kind: (worker, handed out at, the build's drv path or
+    "", the cluster whose attempt it belongs to or None)."""
+    rows = DispatchedJob.objects.filter(worker_id__in=worker_ids, kind=kind, finished_at__isnull=True)
+    return [
+        (worker_id, dispatched_at, drv_path or "", cluster)
+        for worker_id, dispatched_at, drv_path, cluster in rows.order_by("dispatched_at").values_list(
+            "worker_id", "dispatched_at", "derivation_build__drv_path", "cluster_attempt__cluster_job_id"
+        )
+    ]
+
+
+def _reservation() -> tuple[uuid.UUID, datetime] | None:
+    """The waiting cluster that holds a reservation (there is at most one) and when it expires. Through
+    the app registry: scheduling imports nothing of clusters (selectors.workers_held asks the clusters'
+    own rule which workers it holds; this only names the cluster)."""
+    try:
+        model = apps.get_model("clusters", "ClusterReservation")
+    except LookupError:
+        return None
+    row = model.objects.values_list("cluster_job_id", "expires_at").first()
+    return (row[0], row[1]) if row is not None else None
+
+
+def _slots(capable: list[tuple[uuid.UUID, int]], kind: JobKind) -> Slots:
+    """The slots of these workers ((worker, its slots of the kind)): how many, how many hold a job and
+    which, how many free ones a waiting cluster's reservation holds, and the clusters holding any."""
+    rows = _open_rows([w for w, _ in capable], kind)
+    by_worker: dict[uuid.UUID, list[tuple[datetime, str, Any]]] = {}
+    for worker_id, dispatched_at, drv_path, cluster in rows:
+        by_worker.setdefault(worker_id, []).append((dispatched_at, drv_path, cluster))
+    held_workers = selectors.workers_held([w for w, _ in capable], kind) if capable else set()
+    total = busy = held = 0
+    running: list[tuple[datetime, str]] = []
+    members: dict[uuid.UUID, int] = {}
+    for worker_id, slots in capable:
+        jobs_of = by_worker.get(worker_id, [])[:slots]
+        total += slots
+        busy += len(jobs_of)
+        if worker_id in held_workers:
+            held += slots - len(jobs_of)
+        for dispatched_at, drv_path, cluster in jobs_of:
+            running.append((dispatched_at, derivation_name(drv_path) if drv_path else ""))
+            if cluster is not None:
+                members[cluster] = members.get(cluster, 0) + 1
+    holders = [Holder(cluster, n, running=True) for cluster, n in sorted(members.items(), key=str)]
+    if held and (reservation := _reservation()) is not None:
+        holders.append(Holder(reservation[0], held, running=False, until=reservation[1]))
+    return Slots(total, busy, tuple(running), held, tuple(holders))
 
 
 def build_slots(build: DerivationBuild, projects: set[uuid.UUID], workers: Connected | None = None) -> Slots:
     """The build slots of connected workers that may run the build (architecture, features, project),
-    and how many of them hold an open build assignment. `workers`: connected_workers() read already."""
+    how many of them hold an open build assignment, and which hold them (_slots). `workers`:
+    connected_workers() read already."""
     capable = [
-        w
+        (w.id, max(1, w.max_concurrent_builds))
         for w, served in (connected_workers() if workers is None else workers)
         if selectors.worker_can_build(w, build.system, list(build.required_features or []))
         and may_take(served, projects)
     ]
-    open_counts = _open_counts([w.id for w in capable], JobKind.BUILD)
-    total = busy = 0
-    for w in capable:
-        slots = max(1, w.max_concurrent_builds)
-        total += slots
-        busy += min(slots, open_counts.get(w.id, 0))
-    return Slots(total, busy)
+    return _slots(capable, JobKind.BUILD)
 
 
 def _secs(rows: Iterable[tuple[datetime, datetime | None]]) -> list[float]:
@@ -235,24 +374,58 @@ def build_typical(build: DerivationBuild, projects: set[uuid.UUID]) -> eta.Typic
     return eta.typical_duration(derivation, project, float(settings.GRADIENT_ETA_DEFAULT_BUILD_SECS))
 
 
-def ahead_typical(projects: set[uuid.UUID]) -> eta.Typical | None:
-    """What each job ahead and running takes of a slot: from the latest ended tries of the projects'
-    builds, their mean duration plus the mean hand-out gap between a worker's tries (the pool turns
-    over at that, not at this build's own duration; decisions.eta.slot_turnover); None without any."""
+@dataclass(frozen=True, slots=True)
+class PoolHistory:
+    """The latest ended tries of a pool's projects: what each job ahead and running takes of a slot
+    (`turnover`: decisions.eta.slot_turnover), and how long a running build is expected to take: the
+    median of the sample's tries of its derivation name, else the sample's mean."""
+
+    turnover: eta.Typical | None = None
+    by_name: dict[str, float] = field(default_factory=dict)
+    mean_secs: float | None = None
+
+    def expected_secs(self, name: str) -> float | None:
+        """How long a try of a derivation of this name is expected to last; None with no sample."""
+        return self.by_name.get(name, self.mean_secs)
+
+
+def pool_history(projects: set[uuid.UUID]) -> PoolHistory:
+    """From the latest AHEAD_SAMPLE ended tries of the projects' builds (one read): their mean duration
+    plus the mean hand-out gap between a worker's tries (the pool turns over at that, not at a build's
+    own duration), and each derivation name's median in the sample. Empty without any."""
     if not projects:
-        return None
+        return PoolHistory()
     of_project = EvaluationBuild.objects.filter(
         build_id=OuterRef("build_id"), evaluation__project_id__in=list(projects)
     )
-    rows = (
-        BuildAttempt.objects.filter(finished_at__isnull=False, outcome__in=_ENDED_OK)
+    rows = [
+        (worker, begin, end, drv_path)
+        for worker, begin, end, drv_path in BuildAttempt.objects.filter(
+            finished_at__isnull=False, outcome__in=_ENDED_OK
+        )
         .filter(Exists(of_project))
         .order_by("-finished_at")
-        .values_list("worker_id", "started_at", "finished_at")[:AHEAD_SAMPLE]
+        .values_list("worker_id", "started_at", "finished_at", "build__drv_path")[:AHEAD_SAMPLE]
+        if end is not None
+    ]
+    if not rows:
+        return PoolHistory()
+    durations: dict[str, list[float]] = {}
+    for _, begin, end, drv_path in rows:
+        durations.setdefault(derivation_name(drv_path), []).append((end - begin).total_seconds())
+    every = [d for values in durations.values() for d in values]
+    return PoolHistory(
+        turnover=eta.slot_turnover(
+            [(w, begin.timestamp(), end.timestamp()) for w, begin, end, _ in rows], "project"
+        ),
+        by_name={name: m for name, values in durations.items() if (m := eta.median(values)) is not None},
+        mean_secs=sum(every) / len(every),
     )
-    return eta.slot_turnover(
-        [(w, begin.timestamp(), end.timestamp()) for w, begin, end in rows if end is not None], "project"
-    )
+
+
+def ahead_typical(projects: set[uuid.UUID]) -> eta.Typical | None:
+    """What each job ahead and running takes of a slot (pool_history's turnover); None without any."""
+    return pool_history(projects).turnover
 
 
 def build_queue(
@@ -263,23 +436,97 @@ def build_queue(
     if build.status != BuildStatus.QUEUED:
         return None
     projects = build_projects(build)
+    history = pool_history(projects)
     return _standing(
         now,
         build_position(build, now, projects),
         build_slots(build, projects, workers),
         build_typical(build, projects),
-        ahead_typical(projects),
+        history.turnover,
+        _build_secs(history),
     )
+
+
+def _build_secs(history: PoolHistory) -> Callable[[str], float | None]:
+    """How long a running build of a derivation name is expected to take: its pool's history, else the
+    configured default (None when that is 0 too)."""
+    default = float(settings.GRADIENT_ETA_DEFAULT_BUILD_SECS)
+
+    def secs(name: str) -> float | None:
+        expected = history.expected_secs(name)
+        return expected if expected is not None else (default if default > 0 else None)
+
+    return secs
+
+
+def build_queues(
+    builds: Iterable[DerivationBuild], now: datetime, workers: Connected | None = None
+) -> dict[uuid.UUID, QueueStanding]:
+    """build_queue of many builds at once (the ETA pass's), the same standings: the projects in one
+    read, the positions in one read of the order per shape (build_positions), and the slots, the
+    typical durations and the pool's turnover read once per shape, name and projects rather than once
+    per build. Builds not Queued are left out."""
+    queued = [b for b in builds if b.status == BuildStatus.QUEUED]
+    if not queued:
+        return {}
+    if workers is None:
+        workers = connected_workers()
+    projects_of: dict[uuid.UUID, set[uuid.UUID]] = {b.id: set() for b in queued}
+    for build_id, project_id in EvaluationBuild.objects.filter(
+        build_id__in=list(projects_of), blocks_evaluation=True, evaluation__status__in=EVALUATION_ACTIVE
+    ).values_list("build_id", "evaluation__project_id"):
+        projects_of[build_id].add(project_id)
+    positions = build_positions(queued, now, projects_of)
+    slots: dict[Shape, Slots] = {}
+    typicals: dict[tuple[str, str, frozenset[uuid.UUID]], eta.Typical] = {}
+    pools: dict[frozenset[uuid.UUID], PoolHistory] = {}
+    standings: dict[uuid.UUID, QueueStanding] = {}
+    for build in queued:
+        projects = projects_of[build.id]
+        shape = _shape(build, projects)
+        if shape not in slots:
+            slots[shape] = build_slots(build, projects, workers)
+        named = (build.name, build.system, shape[2])
+        if named not in typicals:
+            typicals[named] = build_typical(build, projects)
+        if shape[2] not in pools:
+            pools[shape[2]] = pool_history(projects)
+        history = pools[shape[2]]
+        standings[build.id] = _standing(
+            now, positions[build.id], slots[shape], typicals[named], history.turnover, _build_secs(history)
+        )
+    return standings
 
 
 def _standing(
-    now: datetime, position: int, slots: Slots, typical: eta.Typical, ahead: eta.Typical | None = None
+    now: datetime,
+    position: int,
+    slots: Slots,
+    typical: eta.Typical,
+    ahead: eta.Typical | None = None,
+    running_secs: Callable[[str], float | None] | None = None,
 ) -> QueueStanding:
     """Where a waiting job stands, from its position, the slots that can run it, its typical time and
-    that of the jobs ahead."""
+    that of the jobs ahead; `running_secs`: how long a running job of a name is expected to take (the
+    busy slots' expected ends; without it, the job's own typical time). Free slots held for a waiting
+    cluster take no single job: the estimate counts them as busy."""
     estimate = eta.queue_estimate(
-        now=now, ahead=position - 1, slots=slots.total, busy=slots.busy, typical=typical, ahead_typical=ahead
+        now=now,
+        ahead=position - 1,
+        slots=slots.total,
+        busy=min(slots.total, slots.busy + slots.held),
+        typical=typical,
+        ahead_typical=ahead,
     )
+    ends: list[datetime] = []
+    for started, name in slots.running:
+        secs = running_secs(name) if running_secs is not None else None
+        if secs is None:
+            secs = typical.secs if typical.basis != "none" else None
+        if secs is None:
+            ends = []
+            break
+        ends.append(max(now, started + timedelta(seconds=secs)))
     return QueueStanding(
         position=position,
         ahead=position - 1,
@@ -290,6 +537,10 @@ def _standing(
         basis=estimate.basis,
         earliest_start=estimate.earliest_start,
         latest_start=estimate.latest_start,
+        next_free=min(ends) if ends else None,
+        busy_until=max(ends) if ends else None,
+        held=slots.held,
+        holders=slots.holders,
     )
 
 
@@ -324,17 +575,17 @@ def evaluation_position(evaluation: Evaluation, now: datetime) -> int:
     return ahead + 1
 
 
-def evaluation_slots(evaluation: Evaluation) -> Slots:
+def evaluation_slots(evaluation: Evaluation, workers: Connected | None = None) -> Slots:
     """Connected workers of the evaluation's project that can run its next job's steps (one evaluation
-    each), and how many of them hold an open evaluation assignment."""
+    each), how many of them hold an open evaluation assignment, and which hold them (_slots).
+    `workers`: connected_workers() read already."""
     steps = jobs.eval_steps(evaluation, split=selectors.has_idle_eval_only_worker())
     capable = [
-        w
-        for w, served in connected_workers()
+        (w.id, 1)
+        for w, served in (connected_workers() if workers is None else workers)
         if selectors.worker_can_run_eval_steps(w, steps) and may_take(served, [evaluation.project_id])
     ]
-    open_counts = _open_counts([w.id for w in capable], JobKind.EVAL)
-    return Slots(len(capable), sum(1 for w in capable if open_counts.get(w.id, 0)))
+    return _slots(capable, JobKind.EVAL)
 
 
 def evaluation_typical(evaluation: Evaluation) -> eta.Typical:
@@ -350,12 +601,15 @@ def evaluation_typical(evaluation: Evaluation) -> eta.Typical:
     return eta.typical_duration([], project, float(settings.GRADIENT_ETA_DEFAULT_EVAL_SECS))
 
 
-def evaluation_queue(evaluation: Evaluation, now: datetime) -> QueueStanding | None:
-    """Where a Queued evaluation stands; None in any other status."""
+def evaluation_queue(
+    evaluation: Evaluation, now: datetime, workers: Connected | None = None
+) -> QueueStanding | None:
+    """Where a Queued evaluation stands; None in any other status. `workers`: the connected workers
+    when the caller reads many evaluations' standing at once (the ETA pass)."""
     if evaluation.status != EvaluationStatus.QUEUED:
         return None
     position = evaluation_position(evaluation, now)
-    return _standing(now, position, evaluation_slots(evaluation), evaluation_typical(evaluation))
+    return _standing(now, position, evaluation_slots(evaluation, workers), evaluation_typical(evaluation))
 
 
 _UNFINISHED = (BuildStatus.CREATED, BuildStatus.QUEUED, BuildStatus.BUILDING, BuildStatus.FAILED_TRANSIENT)

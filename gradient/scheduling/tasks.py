@@ -44,6 +44,8 @@ def build_log_seal_pass() -> int | None:
 
 @shared_task(name="gradient.scheduling.tasks.eta_pass")
 def eta_pass() -> dict[str, Any] | None:
-    """Every GRADIENT_ETA_PASS_INTERVAL_SECS: newly waiting builds' expected start written down, and
-    the started ones' error settled (services.estimates)."""
-    return pass_run(name="eta", body=lambda: asdict(start_estimate_pass(now=timezone.now())), lease_secs=120)
+    """Every GRADIENT_ETA_PASS_INTERVAL_SECS: newly waiting builds' and evaluations' expected start
+    written down, and the started ones' error settled (services.estimates)."""
+    return pass_run(
+        name="eta", body=lambda: start_estimate_pass(now=timezone.now()).as_dict(), lease_secs=120
+    )

@@ -144,13 +144,16 @@ def slot_turnover(tries: Sequence[tuple[Hashable, float, float]], basis: Basis) 
     """What a slot spends on each job: the mean of the tries' durations plus the mean gap between a
     worker's try and its next one in the sample (the hand-out: the worker's report, its RequestJob,
     the claim; short gaps only). `tries`: (worker, start, end) in seconds of any epoch. p10/p90 of the
-    durations, shifted by the same gap, are its range."""
+    durations, shifted by the same gap, are its range. A try without a worker (None: its worker is
+    gone, or it was never one's) counts in the durations but has no gap: tries of different workers
+    chained as if one had run them all made up gaps between them."""
     if not tries:
         return None
     durations = [end - start for _, start, end in tries]
     by_worker: dict[Hashable, list[tuple[float, float]]] = {}
     for worker, start, end in tries:
-        by_worker.setdefault(worker, []).append((start, end))
+        if worker is not None:
+            by_worker.setdefault(worker, []).append((start, end))
     gaps = []
     for spans in by_worker.values():
         spans.sort()

@@ -616,7 +616,12 @@ def fail_evaluation_job(row: DispatchedJob, *, kind: str, error: str, now: datet
     if evaluation.status in EVALUATION_TERMINAL:
         return ReportOutcome(True, "evaluation already finished")
     if kind in REQUEUE_KINDS:
-        requeue_job(row, now=now, refund=True, reason=kind)
+        # A worker's cancels in a row past the free ones count as lost dispatches (failures.py).
+        decision = failures.evaluation_cancel_decision(evaluation=evaluation, row=row, kind=kind, now=now)
+        if decision.verdict == BuildVerdict.PERMANENT:
+            fail_evaluation(evaluation, now, f"{kind}: {error}", reason=decision.reason)
+            return ReportOutcome(True, "evaluation failed")
+        requeue_job(row, now=now, refund=True, reason=kind if decision.refund_attempt else decision.reason)
         return ReportOutcome(True, f"{kind}: requeued")
     verdict = decide_eval_failure(kind=kind, lost_dispatches=evaluation.lost_dispatches)
     if verdict == EvalVerdict.FAIL:
