@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('scheduling', '0021_start_estimate'),
+        ('scheduling', '0022_shared_first_offers'),
     ]
 
     operations = [
