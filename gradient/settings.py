@@ -324,7 +324,7 @@ GRADIENT_HOT_LANE_THREADS = _env_int("GRADIENT_HOT_LANE_THREADS", 4)
 GRADIENT_OFFER_LANE_THREADS = _env_int("GRADIENT_OFFER_LANE_THREADS", 1)
 GRADIENT_CLAIM_LANE_THREADS = _env_int("GRADIENT_CLAIM_LANE_THREADS", 4)
 # Batches of each kind (claims, reports) applied at once by one serve (workers/proto/batcher.py).
-GRADIENT_BATCH_IN_FLIGHT = _env_int("GRADIENT_BATCH_IN_FLIGHT", 2)
+GRADIENT_BATCH_IN_FLIGHT = _env_int("GRADIENT_BATCH_IN_FLIGHT", 1)
 # serve's garbage collector (gradient/runtime/heap.py): young collections every this many allocations,
 # the objects of startup frozen; 0 leaves CPython's defaults.
 GRADIENT_GC_GEN0_THRESHOLD = _env_int("GRADIENT_GC_GEN0_THRESHOLD", 50_000)

@@ -34,14 +34,15 @@ log = logging.getLogger("gradient.workers")
 
 WINDOW_SECS = 0.003
 MAX_BATCH = 256
-# Batches applied at once: while one waits for its COMMIT, the next one is applied beside it and
-# PostgreSQL flushes their commits together. A session's messages are in one batch at a time (what it
-# queued meanwhile waits for the next), so they still apply in the order it sent them. Two, not more: a
-# batch waits far longer for its round trips than it computes (bench/handout.py at 100 clients: 35-50 ms
-# of wall time for 5-9 ms of CPU), so more batches at once only split the same work into more, smaller
-# batches, each with its own statements (4 at once: 1 107 hand-outs/s, 0.74 ms of serve's CPU each;
-# 2: 1 259-1 298/s, 0.59-0.62 ms; 8: 915/s, 0.91 ms).
-IN_FLIGHT = 2  # the default of GRADIENT_BATCH_IN_FLIGHT
+# Batches of each kind applied at once. A session's messages are in one batch at a time (what it queued
+# meanwhile waits for the next), so they apply in the order it sent them. One: since a claim batch lost
+# five of its round trips (its sessions, idle slots, scores and payloads went into its other statements,
+# 2026-12-03), one batch at a time makes larger batches, fewer statements per job, and shorter waits
+# (bench/handout.py, 100 clients, quiet machine, 1/2/3 at once: 2 348 and 2 437 / 2 146 and 2 219 /
+# 1 956 and 1 532 hand-outs/s, serve's CPU 0.31-0.33 / 0.37 / 0.41-0.51 ms each; claims 1 with reports
+# 2 or the reverse were no better; at 300 clients 1 and 2 were alike). Before that, at 35-50 ms of wall
+# time per batch for 5-9 ms of CPU, two at once overlapped their commits (4: 1 107/s, 2: 1 259-1 298/s).
+IN_FLIGHT = 1  # the default of GRADIENT_BATCH_IN_FLIGHT
 
 Apply = Callable[[Sequence[tuple[Any, Any]]], list[Any]]
 
