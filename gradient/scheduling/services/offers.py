@@ -105,7 +105,10 @@ def _materialize(worker_id: uuid.UUID) -> bool:
     pointer. True when the worker has a sent set (rows or such an offer)."""
     if connection.vendor == "postgresql":  # every delta: one statement
         with fixed_cursor() as cursor:
-            cursor.execute(_MATERIALIZE, {"w": worker_id, "prefix": JobKeyKind.BUILD.prefix})
+            cursor.execute(
+                _MATERIALIZE,
+                {"w": worker_id, "prefix": JobKeyKind.BUILD.prefix, "queued": BuildStatus.QUEUED.value},
+            )
             row = cursor.fetchone()
             return bool(row and row[0])
     offer = SentOffer.objects.filter(worker_id=worker_id).select_related("sent_list").first()
@@ -138,7 +141,7 @@ WITH moved AS (
         CROSS JOIN LATERAL jsonb_array_elements_text(l.job_ids) AS k(key)
     WHERE left(k.key, length(%(prefix)s)) <> %(prefix)s OR EXISTS (
         SELECT 1 FROM derivation_build b
-        WHERE b.id = substr(k.key, length(%(prefix)s) + 1)::uuid AND b.status = 'Queued')
+        WHERE b.id = substr(k.key, length(%(prefix)s) + 1)::uuid AND b.status = %(queued)s)
     ON CONFLICT DO NOTHING
 )
 SELECT EXISTS (SELECT 1 FROM moved) OR EXISTS (SELECT 1 FROM sent_candidate WHERE worker_id = %(w)s)
