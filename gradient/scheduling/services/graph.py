@@ -41,6 +41,7 @@ from gradient.scheduling.models import (
     Evaluation,
     EvaluationBuild,
 )
+from gradient.scheduling.services.cached_sql import ALL_CACHED, NEEDED_BUILT_ELSEWHERE, SOME_OUTPUT_UNCACHED
 
 
 @dataclass
@@ -277,42 +278,6 @@ _HELD = (
 )
 
 
-def _cached_for_sql(project: str) -> str:
-    """An output `o` (an element of jsonb_array_elements, named `o`) cached for the project `project`
-    (SQL: a parameter or a column): cached_for's condition. `o.value`, not `o`: a bare `o` would be a
-    column `o` of any table around the statement before it is the element (a temporary table of the
-    ingest has one)."""
-    return (
-        "(EXISTS (SELECT 1 FROM cached_path c WHERE c.path = o.value->>'path' AND c.confirmed OFFSET 0) "  # noqa: S608 (constants)
-        "OR EXISTS (SELECT 1 FROM cached_path_claim k WHERE k.path = o.value->>'path' "
-        f"AND k.project_id = {project} OFFSET 0))"
-    )
-
-
-# An output `o` cached for the project (one parameter, its id).
-_CACHED_FOR = _cached_for_sql("%s")
-_ALL_CACHED = (
-    "jsonb_array_length(b.outputs) > 0 AND NOT EXISTS (SELECT 1 FROM jsonb_array_elements(b.outputs) o "  # noqa: S608 (constants)
-    f"WHERE NOT {_CACHED_FOR} OFFSET 0)"
-)
-# A build `b` an active evaluation of another project than the deciding one needs built: an output of
-# it not cached for that project (two parameters: the active statuses, the deciding project's id).
-# services.tenants.substitutable's rule (decisions.derivations.needed_built_elsewhere), in SQL: each of
-# the build's links by the link index, its evaluation by its primary key (statistics-proof as above).
-_NEEDED_BUILT_ELSEWHERE = (
-    "EXISTS (SELECT 1 FROM evaluation_build l CROSS JOIN LATERAL (SELECT ev.project_id FROM evaluation ev "  # noqa: S608 (constants)
-    "WHERE ev.id = l.evaluation_id AND ev.status = ANY(%s) AND ev.project_id <> %s OFFSET 0) ev "
-    "WHERE l.build_id = b.id AND EXISTS (SELECT 1 FROM jsonb_array_elements(b.outputs) o "
-    f"WHERE NOT {_cached_for_sql('ev.project_id')} OFFSET 0) OFFSET 0)"
-)
-# A build `b` with an output not cached for the project (one parameter, its id): what reopen_unconfirmed
-# reopens of the Substituted builds (services.known too, as it links a known closure).
-SOME_OUTPUT_UNCACHED = (
-    "EXISTS (SELECT 1 FROM jsonb_array_elements(b.outputs) o "  # noqa: S608 (constants)
-    f"WHERE NOT {_CACHED_FOR} OFFSET 0)"
-)
-
-
 # _ready's conditions.
 _READY = (
     f"b.status = %s AND b.drv_lost_at IS NULL AND NOT {_NEEDS_UNFINISHED} AND NOT {_INPUT_PENDING} "
@@ -461,20 +426,20 @@ def _substitute_cached(r: Scope, project_id: uuid.UUID, now: datetime) -> list[A
     would reopen it, and the next claim substitute it again, at the back of the queue each time; left
     pending it is built once, for everyone). Returns their ids."""
     if connection.vendor != "postgresql":
-        from gradient.scheduling.services import tenants  # it reads cached_for from here
+        from gradient.scheduling.services import tenants
 
         ids = list(
             DerivationBuild.objects.filter(id__in=r.ids(), status__in=BUILD_PENDING).values_list(
                 "id", flat=True
             )
         )
-        allowed = tenants.substitutable(build_ids=ids, project_id=project_id)
+        allowed = tenants.substitutable(build_ids=ids, project_id=project_id, cached_for=cached_for)
         return substitute_cached_builds(build_ids=allowed, project_id=project_id, now=now)
     cached = _pick(
         r,
         # CASE: the other projects' links are read only for a build whose every output is cached (in
         # an AND the planner may put the cheaper-looking condition first).
-        f"b.status = ANY(%s) AND CASE WHEN {_ALL_CACHED} THEN NOT {_NEEDED_BUILT_ELSEWHERE} ELSE false END",
+        f"b.status = ANY(%s) AND CASE WHEN {ALL_CACHED} THEN NOT {NEEDED_BUILT_ELSEWHERE} ELSE false END",
         [
             [s.value for s in BUILD_PENDING],
             project_id,

@@ -49,7 +49,7 @@ from gradient.scheduling.models import (
     Evaluation,
     EvaluationBuild,
 )
-from gradient.scheduling.services.graph import SOME_OUTPUT_UNCACHED
+from gradient.scheduling.services.cached_sql import SOME_OUTPUT_UNCACHED
 
 _json = msgspec.json.Encoder()
 

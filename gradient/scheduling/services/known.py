@@ -31,7 +31,7 @@ from gradient.scheduling.models import (
     EvalIngestInput,
     EvaluationBuild,
 )
-from gradient.scheduling.services import graph
+from gradient.scheduling.services import cached_sql, graph
 
 # Every condition is an EXISTS that cannot become a join (OFFSET 0): per path an index lookup, whatever
 # the statistics say (see graph._PICK).
@@ -81,7 +81,7 @@ _LINK_KNOWN = (
     "queued_at = CASE WHEN b.status = %(substituted)s THEN NULL ELSE b.queued_at END "
     "WHERE b.id = ANY(ARRAY(SELECT build_id FROM linked)) AND (b.status = %(aborted)s OR ("
     "b.status = %(substituted)s AND "
-    + graph.SOME_OUTPUT_UNCACHED.replace("%s", "%(project)s")
+    + cached_sql.SOME_OUTPUT_UNCACHED.replace("%s", "%(project)s")
     + ")) RETURNING b.id::text) "
     "SELECT (SELECT ok FROM whole), ARRAY(SELECT id FROM wanted)"
 )

@@ -353,7 +353,9 @@ def repair_build_graph(*, evaluation_id: uuid.UUID, now: datetime) -> dict[str, 
         # 2. repair_cached_shared_builds_for_eval: builds whose outputs are all cached are done.
         # Not one another project's active evaluation needs built: it would reopen it (services.tenants).
         project_id = Evaluation.objects.values_list("project_id", flat=True).get(id=evaluation_id)
-        substitutable = tenants.substitutable(build_ids=closure, project_id=project_id)
+        substitutable = tenants.substitutable(
+            build_ids=closure, project_id=project_id, cached_for=graph.cached_for
+        )
         substituted = len(
             graph.substitute_cached_builds(build_ids=substitutable, project_id=project_id, now=now)
         )
