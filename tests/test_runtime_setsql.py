@@ -152,3 +152,58 @@ def test_the_generic_plan_settings_hold_from_the_blocks_first_fixed_statement_to
     with fixed_cursor() as cursor:  # they ended with the transaction
         cursor.execute(read, [10])
         assert cursor.fetchone() == ("auto", "on", 10)
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("literal", [True, False])
+def test_a_blocks_transaction_begins_in_its_first_round_trip_and_still_commits_or_rolls_back_whole(
+    literal: bool,
+) -> None:
+    """psycopg's own BEGIN is a round trip of its own; in a generic-plan block it goes with the first
+    statement, the reads along with it too, and the block is one transaction all the same."""
+    from django.db import connection, transaction
+
+    if connection.vendor != "postgresql":
+        pytest.skip("the BEGIN and the plan settings are PostgreSQL's")
+    build = DerivationBuildFactory()
+    along = "SELECT count(*) FROM derivation_build"
+    sent: list[str] = []
+
+    def seen(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        sent.append(sql)
+        return execute(sql, params, many, context)
+
+    class Boom(Exception):
+        pass
+
+    with pytest.raises(Boom), transaction.atomic(durable=True), setsql.generic_plans(reads_along=[along]):
+        with fixed_cursor(literal=literal) as cursor:
+            cursor.execute(
+                "UPDATE derivation_build SET drv_path = %s WHERE id = %s"
+                # Literal: the transaction began in the message that carries this statement. Prepared: in
+                # the one before, which carried the plan settings (psycopg's BEGIN would be a third).
+                " RETURNING transaction_timestamp() = statement_timestamp()",
+                ["/changed", build.id],
+            )
+            assert cursor.fetchall() == [(literal,)]
+        assert setsql.read_along(along) == [(1,)]
+        assert setsql.read_along(along) is None  # handed out once
+        with connection.execute_wrapper(seen):
+            DerivationBuild.objects.filter(id=build.id).update(system="changed-too")  # the ORM: inside
+        assert sent and not any(s.strip().upper().startswith("BEGIN") for s in sent)
+        raise Boom
+    build.refresh_from_db()
+    assert (build.drv_path, build.system) != ("/changed", "changed-too")  # rolled back, both
+    assert connection.connection.autocommit  # Django's autocommit again, psycopg's with it
+
+    with transaction.atomic(durable=True):  # outside a block, psycopg's BEGIN goes on its own
+        with fixed_cursor(literal=literal) as cursor:
+            cursor.execute("SELECT transaction_timestamp() = statement_timestamp()")
+            assert cursor.fetchall() == [(False,)]
+    with transaction.atomic(durable=True), setsql.generic_plans():
+        with fixed_cursor(literal=literal) as cursor:
+            cursor.execute("UPDATE derivation_build SET drv_path = %s WHERE id = %s", ["/changed", build.id])
+        DerivationBuild.objects.filter(id=build.id).update(system="changed-too")
+    build.refresh_from_db()
+    assert (build.drv_path, build.system) == ("/changed", "changed-too")  # committed, both
+    assert setsql.read_along(along) is None  # outside a block: nothing

@@ -150,11 +150,15 @@ def needed_outside_its_cluster(build_id: uuid.UUID) -> bool:
 
 def reservation_state() -> Reservation | None:
     """The reservation in force (cluster_reservation holds at most one row). Every batch of RequestJobs
-    asks (scheduling.selectors.workers_held): on PostgreSQL one fixed-text read, no query to build."""
+    asks (scheduling.selectors.workers_held): on PostgreSQL one fixed-text read, no query to build, sent
+    with the batch's first statement (registered in apps.py)."""
     if connection.vendor == "postgresql":
-        with fixed_cursor() as cursor:
-            cursor.execute(_RESERVATION_SQL)
-            found = cursor.fetchone()
+        rows = setsql.read_along(RESERVATION_SQL)  # read with the claim batch's first statement
+        if rows is None:
+            with fixed_cursor() as cursor:
+                cursor.execute(RESERVATION_SQL)
+                rows = cursor.fetchall()
+        found = rows[0] if rows else None
         if found is None:
             return None
         row = setsql.from_row(ClusterReservation, _RESERVATION_NAMES, found)
@@ -176,7 +180,7 @@ def reservation_state() -> Reservation | None:
 
 
 _RESERVATION_NAMES = tuple(f.attname for f in ClusterReservation._meta.concrete_fields)
-_RESERVATION_SQL = (
+RESERVATION_SQL = (
     f"SELECT {', '.join(f.column for f in ClusterReservation._meta.concrete_fields)} "  # noqa: S608 (names)
     f"FROM {ClusterReservation._meta.db_table} ORDER BY id LIMIT 1"
 )

@@ -57,12 +57,13 @@ def fixed_cursor(*, literal: bool = False) -> Iterator[Any]:
         try:
             if generic and _generic.pending:
                 _generic.pending = False
+                begin = _begin_here(conn)
                 if isinstance(cursor, psycopg.ClientCursor):  # literal: the settings go in front of
-                    yield _SettingsFirst(cursor)  # this statement, in its round trip
+                    yield _SettingsFirst(cursor, begin)  # this statement, in its round trip
                     return
                 plain, plain_kept = _cursor(conn, psycopg.Cursor)
                 try:
-                    plain.execute(_GENERIC_PLANS)
+                    _send_first(plain, begin, None)
                 finally:
                     if plain_kept:
                         _cursors.busy.discard(psycopg.Cursor)
@@ -117,7 +118,7 @@ class _PreparingCursor(psycopg.Cursor[Any]):
 
 
 @contextmanager
-def generic_plans() -> Iterator[None]:
+def generic_plans(reads_along: Sequence[str] = ()) -> Iterator[None]:
     """Inside a transaction: its fixed-text statements from here to the end of the block are prepared
     and run their generic plan, made once per connection and statement, instead of being planned again
     with their values (PostgreSQL keeps choosing custom plans for statements whose parameters are
@@ -131,24 +132,65 @@ def generic_plans() -> Iterator[None]:
         yield
         return
     # Sent with the block's first fixed-text statement (in its round trip when that one is `literal`, as
-    # a claim batch's first read is), not on their own: nothing before it is prepared.
+    # a claim batch's first read is), not on their own: nothing before it is prepared. So are the
+    # transaction's BEGIN, when nothing was sent in it yet (`_begin_here`), and `reads_along`.
     _generic.on, _generic.pending = True, True
+    _generic.riders, _generic.ridden = tuple(reads_along), {}
     try:
         yield
     finally:
         _generic.on = _generic.pending = False
+        _generic.riders, _generic.ridden = (), {}
+
+
+def read_along(sql: str) -> list[tuple[Any, ...]] | None:
+    """The rows of `sql` if it was one of the `reads_along` of the generic-plans block under way and went
+    with its first statement (each is handed out once); None otherwise: the caller reads it itself."""
+    ridden = getattr(_generic, "ridden", None)
+    return ridden.pop(sql, None) if ridden else None
+
+
+def _begin_here(conn: psycopg.Connection[Any]) -> str:
+    """BEGIN for the caller's round trip when psycopg would send it in one of its own: the transaction
+    Django opened has sent nothing yet. psycopg then runs in autocommit until Django's atomic block ends:
+    it sends no BEGIN of its own for a transaction the server already has open, and it still sends
+    COMMIT or ROLLBACK for it (it goes by the server's transaction status); Django turns autocommit
+    back on at the end of its outermost block, as always. Nothing ran in between, so every statement
+    of the block is in the transaction."""
+    if conn.autocommit or conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+        return ""
+    conn.autocommit = True
+    return "BEGIN; "
+
+
+def _send_first(cursor: psycopg.Cursor[Any], begin: str, statement: str | None) -> None:
+    """One simple query: `begin`, the generic-plan settings, the block's reads along (their rows kept for
+    read_along) and `statement` if any, on whose result the cursor is left."""
+    riders: tuple[str, ...] = _generic.riders
+    parts = [f"{begin}{_GENERIC_PLANS}", *riders]
+    if statement is not None:
+        parts.append(statement)
+    cursor.execute("; ".join(parts))
+    if begin:
+        cursor.nextset()  # past BEGIN's result, to the settings'
+    for sql in riders:
+        cursor.nextset()
+        _generic.ridden[sql] = cursor.fetchall()
+    if statement is not None:
+        cursor.nextset()
 
 
 _generic = threading.local()
 
 
 class _SettingsFirst:
-    """A client-side cursor whose first statement is sent after the generic-plan settings, in one simple
-    query (two statements, one round trip); its results are the statement's. Everything else is the
-    cursor's."""
+    """A client-side cursor whose first statement is sent after the transaction's BEGIN (if it is still
+    to be sent), the generic-plan settings and the reads along, in one simple query (one round trip);
+    its results are the statement's. Everything else is the cursor's."""
 
-    def __init__(self, cursor: psycopg.ClientCursor[Any]) -> None:
+    def __init__(self, cursor: psycopg.ClientCursor[Any], begin: str) -> None:
         self._cursor = cursor
+        self._begin = begin
         self._first = True
 
     def execute(self, query: Any, params: Any = None, **kwargs: Any) -> Any:
@@ -156,8 +198,7 @@ class _SettingsFirst:
             return self._cursor.execute(query, params, **kwargs)
         self._first = False
         text = self._cursor.mogrify(query, params)  # client-side binding, as the cursor's own execute
-        self._cursor.execute(f"{_GENERIC_PLANS}; {text}")
-        self._cursor.nextset()
+        _send_first(self._cursor, self._begin, text)
         return self._cursor
 
     def __getattr__(self, name: str) -> Any:

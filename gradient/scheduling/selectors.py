@@ -678,13 +678,21 @@ def build_queue_position(build: DerivationBuild) -> int:
 
 SeatHold = Callable[[Sequence[uuid.UUID], JobKind], set[uuid.UUID]]
 _seat_holds: list[SeatHold] = []
+_seat_hold_reads: list[str] = []
 
 
-def register_seat_hold(hold: SeatHold) -> None:
+def register_seat_hold(hold: SeatHold, reads: Sequence[str] = ()) -> None:
     """A rule that keeps single assignment from giving a worker a new job of a kind (the cluster code's
-    reserved seats, registered from its AppConfig.ready): such a request stays an idle slot."""
+    reserved seats, registered from its AppConfig.ready): such a request stays an idle slot. `reads`:
+    fixed statements (no parameters) the rule reads on PostgreSQL, sent along with a claim batch's first
+    read instead of in round trips of their own (setsql.read_along)."""
     if hold not in _seat_holds:
         _seat_holds.append(hold)
+        _seat_hold_reads.extend(r for r in reads if r not in _seat_hold_reads)
+
+
+def seat_hold_reads() -> tuple[str, ...]:
+    return tuple(_seat_hold_reads)
 
 
 def workers_held(worker_ids: Sequence[uuid.UUID], kind: JobKind) -> set[uuid.UUID]:

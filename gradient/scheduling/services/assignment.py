@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import threading
 import time
 import uuid
@@ -203,7 +204,7 @@ def request_builds(
     chosen: set[str] = set()
     try:
         # Its statements read and write rows by their keys: planned once per connection.
-        with transaction.atomic(durable=True), setsql.generic_plans():
+        with transaction.atomic(durable=True), setsql.generic_plans(reads_along=selectors.seat_hold_reads()):
             _request_builds(
                 worker_ids,
                 answers,
@@ -283,6 +284,14 @@ def _request_builds(
     idle.extend(a.state.id for a in asking if answers[a.index] is None)
     _clear_idle_slots(clear, JobKind.BUILD)  # no claim statement took them: nothing was chosen
     _record_idle_slots(idle, JobKind.BUILD, now)
+
+
+def _uuid4s(n: int) -> list[uuid.UUID]:
+    """n random uuids, as uuid.uuid4 makes them, from one read of the system's randomness (one each was
+    a twentieth of a claim batch's time on its thread: the read gives up the GIL and waits to get it
+    back)."""
+    raw = os.urandom(16 * n)
+    return [uuid.UUID(bytes=raw[i : i + 16], version=4) for i in range(0, 16 * n, 16)]
 
 
 def _worker_view(state: selectors.WorkerState, large_transfers: int | None = None) -> WorkerView:
@@ -457,6 +466,7 @@ def _claim_choices(
         # dependency that finished meanwhile is never shown dispatched before that dependency finished.
         claimed_at = max(now, timezone.now())
         claims: list[tuple[_Asking, Score, BuildClaim, Job]] = []
+        new_ids = iter(_uuid4s(len(chosen_now)))
         for a, choice in chosen_now:
             made = builds.get(_build_id(choice.job_id))
             if made is None:
@@ -469,7 +479,7 @@ def _claim_choices(
                 missing_nar_size=s[0] if s else None,
                 missing_count=s[1] if s else None,
             )
-            tried.append(assignment_id := uuid.uuid4())
+            tried.append(assignment_id := next(new_ids))
             claim = lifecycle.build_claim(
                 build=build,
                 worker_id=a.state.id,

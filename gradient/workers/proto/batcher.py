@@ -6,8 +6,9 @@ hot lane) and the claim batcher (RequestJob{build}; assignment.hand_out_builds, 
 session's consumer hands each message to `enqueue` (a report: without waiting for its result) or
 `submit` (a RequestJob: waiting for its AssignJob). The batcher collects what every session queued for
 at most its window (or MAX_BATCH items) and applies the lot in one call on its lane: one transaction,
-one commit. Up to IN_FLIGHT batches are applied at once, so while one waits for its commit the next
-fills and goes; under load batches grow and commits per message fall, and a lone message waits at most
+one commit. Up to IN_FLIGHT batches are applied at once; while they are, the next one fills, and it
+starts as soon as a batch ends, before that one's results are handed out (the lane works while the
+event loop answers). Under load batches grow and commits per message fall; a lone message waits at most
 the window. A session's messages are in one batch at a time, in the order it queued them.
 
 A batch whose database connection died is applied again on a fresh connection (runtime.lanes.retrying:
@@ -23,7 +24,6 @@ import asyncio
 import functools
 import logging
 import weakref
-from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -47,11 +47,14 @@ IN_FLIGHT = 1  # the default of GRADIENT_BATCH_IN_FLIGHT
 Apply = Callable[[Sequence[tuple[Any, Any]]], list[Any]]
 
 
-@dataclass
+@dataclass(slots=True)
 class _Item:
     session: Any
     message: Any
     future: asyncio.Future[Any]
+    # The session's, by identity (a consumer hands every message of its session with one object): hashing
+    # a SessionRef hashes its two uuids in Python, several times per message in a batch's bookkeeping.
+    key: int
 
 
 def _apply_with_retries(apply: Apply, batch: Sequence[tuple[Any, Any]]) -> list[Any]:
@@ -75,10 +78,11 @@ class Batcher:
         self._apply = apply
         self._window = window
         self._lane = lane
-        self._in_flight = asyncio.Semaphore(in_flight)
+        self._free = in_flight  # batches that may start now
         self._applying: set[asyncio.Task[None]] = set()
-        self._sessions_applying: Counter[Any] = Counter()
+        self._sessions_applying: dict[int, int] = {}  # session key -> its items in batches being applied
         self._items: list[_Item] = []
+        self._first_at = 0.0  # when the oldest of self._items was queued (the loop's clock)
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
@@ -92,7 +96,9 @@ class Batcher:
         the other), so a session may queue several reports without waiting for each."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Any] = loop.create_future()
-        self._items.append(_Item(session, message, future))
+        if not self._items:
+            self._first_at = loop.time()
+        self._items.append(_Item(session, message, future, id(session)))
         self._wake.set()
         if self._task is None or self._task.done():
             self._task = loop.create_task(self._run())
@@ -102,53 +108,80 @@ class Batcher:
         while True:
             await self._wake.wait()
             self._wake.clear()
-            if not any(item.session not in self._sessions_applying for item in self._items):
-                continue
-            await asyncio.sleep(self._window)  # let the other sessions' messages join
-            while True:
-                # Taken only once a batch may start: while every slot is busy, the next batch grows.
-                await self._in_flight.acquire()
-                items = self._take()
-                if not items:
-                    self._in_flight.release()
-                    break
-                task = asyncio.get_running_loop().create_task(self._apply_batch(items))
-                self._applying.add(task)
-                task.add_done_callback(functools.partial(self._applied, items))
+            applying = self._sessions_applying
+            if not self._free or not any(item.key not in applying for item in self._items):
+                continue  # while every slot is busy the next batch grows; the first to end starts it
+            # Let the other sessions' messages join, unless the oldest has waited a window already (it
+            # came while the last batch was applied: under load the next batch is there, and waiting
+            # more would leave the lane idle for nothing).
+            waited = asyncio.get_running_loop().time() - self._first_at
+            if waited < self._window:
+                await asyncio.sleep(self._window - waited)
+            self._start()
+
+    def _start(self) -> None:
+        """Start batches while a slot is free and something can be taken."""
+        while self._free > 0:
+            items = self._take()
+            if not items:
+                return
+            self._free -= 1
+            self._applying.add(asyncio.get_running_loop().create_task(self._apply_batch(items)))
 
     def _take(self) -> list[_Item]:
         """The next batch: up to MAX_BATCH items, in order, of sessions with none in a batch being
         applied (a session held back has all its items held back, so its order stays)."""
         taken: list[_Item] = []
         held: list[_Item] = []
-        blocked: set[Any] = set()
+        blocked: set[int] = set()
+        applying = self._sessions_applying
         for item in self._items:
-            if len(taken) >= MAX_BATCH or item.session in blocked or item.session in self._sessions_applying:
-                blocked.add(item.session)
+            key = item.key
+            if len(taken) >= MAX_BATCH or key in blocked or key in applying:
+                blocked.add(key)
                 held.append(item)
             else:
                 taken.append(item)
-        self._items = held
-        self._sessions_applying.update(item.session for item in taken)
+        for item in taken:
+            applying[item.key] = applying.get(item.key, 0) + 1
+        self._items = held  # those held back have waited a window already: _first_at stays
         return taken
 
-    def _applied(self, items: list[_Item], task: asyncio.Task[None]) -> None:
-        self._applying.discard(task)
-        self._sessions_applying.subtract(item.session for item in items)
-        self._sessions_applying += Counter()  # drop the zeros
-        self._in_flight.release()
+    def _applied(self, items: list[_Item]) -> None:
+        """A batch has been applied (or has failed): its sessions and its slot are free, and the next
+        batch starts now if its messages have waited a window, before this one's results go out (the
+        lane is busy again while the event loop answers them)."""
+        task = asyncio.current_task()
+        if task is not None:
+            self._applying.discard(task)
+        applying = self._sessions_applying
+        for item in items:
+            left = applying[item.key] - 1
+            if left:
+                applying[item.key] = left
+            else:
+                del applying[item.key]
+        self._free += 1
         if self._items:
-            self._wake.set()  # what was held back for these sessions may go now
+            if asyncio.get_running_loop().time() - self._first_at >= self._window:
+                self._start()
+            else:
+                self._wake.set()  # what was held back for these sessions may go after its window
 
     async def _apply_batch(self, items: list[_Item]) -> None:
         batch = [(item.session, item.message) for item in items]
         try:
             results = await lanes.run(self._lane, _apply_with_retries, self._apply, batch)
         except Exception as exc:
+            self._applied(items)
             for item in items:
                 if not item.future.done():
                     item.future.set_exception(exc)
             return
+        except BaseException:  # cancelled: the process is stopping
+            self._applied(items)
+            raise
+        self._applied(items)
         for item, result in zip(items, results, strict=True):
             if not item.future.done():
                 item.future.set_result(result)
@@ -158,12 +191,18 @@ _batchers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[Apply, Batc
     weakref.WeakKeyDictionary()
 )
 
+_last: tuple[Callable[[], asyncio.AbstractEventLoop | None], dict[Apply, Batcher]] = (lambda: None, {})
+
 
 def batcher_for(apply: Apply, window: float = WINDOW_SECS, lane: lanes.Lane = lanes.HOT) -> Batcher:
     """This event loop's batcher of `apply` (tests run several loops, one per test): one for reports on
     the hot lane, one for RequestJobs on the claims lane."""
+    global _last
     loop = asyncio.get_running_loop()
-    mine = _batchers.setdefault(loop, {})
+    last_loop, mine = _last
+    if last_loop() is not loop:  # WeakKeyDictionary.setdefault makes a weak reference per call
+        mine = _batchers.setdefault(loop, {})
+        _last = (weakref.ref(loop), mine)
     batcher = mine.get(apply)
     if batcher is None:
         batcher = mine[apply] = Batcher(apply, window, lane=lane)
