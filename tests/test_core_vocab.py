@@ -253,3 +253,17 @@ def test_parse_uuid_never_raises() -> None:
     assert parse_uuid(job_id.hex) == job_id
     for bad in (None, "", "x", 12, 1.5, b"\x00", object(), [str(job_id)]):
         assert parse_uuid(bad) is None
+
+
+def test_parse_uuid_reads_a_string_again_from_memory_and_forgets_past_its_bound() -> None:
+    from gradient.core import ids
+
+    job_id = uuid.uuid4()
+    first = parse_uuid(str(job_id))
+    assert parse_uuid(str(job_id)) is first  # the same string again: no second parse
+    assert parse_uuid(str(job_id).upper()) == job_id  # another spelling: its own entry, the same uuid
+    assert parse_uuid("not-a-uuid") is None and parse_uuid("not-a-uuid") is None  # refusals are not kept
+    for _ in range(ids._PARSED_MAX + 1):
+        parse_uuid(str(uuid.uuid4()))
+    assert len(ids._PARSED) <= ids._PARSED_MAX
+    assert parse_uuid(str(job_id)) == job_id

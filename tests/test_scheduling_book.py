@@ -65,6 +65,72 @@ def test_the_book_reads_a_shape_once_and_again_when_half_is_gone_when_old_or_whe
     assert reads[-2:] == [4, 4]  # too old at once: every batch reads
 
 
+def test_a_half_gone_or_old_entry_is_read_again_in_the_background_while_its_rows_left_are_taken() -> None:
+    book = queue_book.QueueBook(max_age=60.0)
+    reads: list[int] = []
+    queued: list[object] = []  # calls handed to the background, run when the test says
+    rows = _rows(32)
+    claimed: set[uuid.UUID] = set()  # committed claims: no longer Queued in the database
+
+    def load(n: int) -> list[BuildRef]:
+        reads.append(n)
+        return [r for r in rows if r.id not in claimed][:n]
+
+    def claim(some: list[BuildRef], into: queue_book.QueueBook = book) -> None:
+        claimed.update(r.id for r in some)
+        into.gone(r.id for r in some)
+
+    def background(call: object) -> None:
+        queued.append(call)
+
+    def run_background() -> None:
+        while queued:
+            queued.pop(0)()  # type: ignore[operator]
+
+    def ids(some: list[BuildRef]) -> list[uuid.UUID]:
+        return [r.id for r in some]
+
+    assert book.heads("x", 8, load, background) == rows[:8] and reads == [8]  # none yet: read at once
+    claim(rows[:5])  # 5 of 8 gone
+    left = book.heads("x", 8, load, background)
+    assert ids(left) == ids(rows[5:8]) and reads == [8]  # what is left, at once
+    assert len(queued) == 1
+    assert book.heads("x", 8, load, background) == left and len(queued) == 1  # one read at a time
+    queued.pop()()  # type: ignore[operator]  # the read behind sees rows 5-12 Queued ...
+    assert reads == [8, 8]
+    book.gone([rows[5].id])  # ... and row 5 was claimed meanwhile, before the entry was stored:
+    # (a read that began before a claim committed sees it Queued; stored gone all the same)
+    late = book.heads("x", 8, load, background)
+    assert ids(late) == ids(rows[6:13]) and not queued
+
+    book.changed()  # something may be ahead of the entry: read at once, not in the background
+    book.heads("x", 8, load, background)
+    assert reads == [8, 8, 8] and not queued
+    claim(rows[:14])  # nothing left: read at once too
+    assert ids(book.heads("x", 8, load, background)) == ids(rows[14:22])
+    assert reads == [8, 8, 8, 8] and not queued
+
+    old = queue_book.QueueBook(max_age=0.0)
+    old.heads("x", 8, load, background)
+    assert old.heads("x", 8, load, background) == rows[14:22] and len(queued) == 1  # too old: behind
+    old.changed()  # the read behind began before the change: stored as old
+    run_background()
+    old.heads("x", 8, load, background)
+    assert len(reads) == 7 and not queued  # read at once after the change
+
+    def failing(n: int) -> list[BuildRef]:
+        raise RuntimeError("the database is away")
+
+    broken = queue_book.QueueBook(max_age=60.0)
+    broken.heads("x", 8, load, background)
+    claim(rows[14:19], broken)
+    broken.heads("x", 8, failing, background)
+    run_background()  # failed: logged, and the entry forgotten
+    count = len(reads)
+    assert ids(broken.heads("x", 8, load, background)) == ids(rows[19:27])
+    assert len(reads) == count + 1 and not queued  # the next batch read it itself
+
+
 # --- The change feed (PostgreSQL) ------------------------------------------------------------------------
 
 

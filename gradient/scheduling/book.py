@@ -13,7 +13,10 @@ them again; with it a process reads them once and keeps them until they no longe
   NOTIFY gradient_queue (migration 0013), a thread of this process LISTENs and marks every entry old;
 - an entry is read again once it is MAX_AGE_SECS old (what the clock alone changes: backoffs that
   end, builds that pass the WaitTime cap; and a lost notification), or when fewer than half of its rows
-  are left (the rows behind them were never read).
+  are left (the rows behind them were never read). Where the caller can read in the background (a
+  serve's claims lane has threads to spare), a half-gone or old entry is read again there while the
+  batches go on taking what is left; a missing or announced-changed one, or one with nothing left, is
+  read at once.
 
 Memory may make a claim lose, never win: the claim statement (claims.claim_builds_statement) checks
 every condition again on the locked row (Queued, out of backoff, no live cluster member's, wanted by an
@@ -80,34 +83,66 @@ class QueueBook:
         self._recent: dict[uuid.UUID, float] = {}
         self.loads = 0  # how many times the queue was read (the benchmark and the tests look)
         self._payloads: dict[uuid.UUID, Any] = {}  # insertion-ordered: the oldest first
+        self._refilling: set[Hashable] = set()  # shapes being read in the background
 
     def changed(self) -> None:
         """Something may have put a build ahead of what the book holds: every entry is read again."""
         with self._lock:
             self._generation += 1
 
-    def heads(self, shape: Hashable, preselect: int, load: Callable[[int], list[Row]]) -> list[Row]:
+    def heads(
+        self,
+        shape: Hashable,
+        preselect: int,
+        load: Callable[[int], list[Row]],
+        background: Callable[[Callable[[], None]], object] | None = None,
+    ) -> list[Row]:
         """The rows of `shape` still in the book, read with `load(preselect)` when the entry is missing,
-        old, announced changed, read with fewer, or half gone."""
+        old, announced changed, read with fewer, or half gone. With `background` (a way to run a call on
+        another thread), a half-gone or old entry that still has rows is read again there, once at a
+        time per shape, and its rows are returned meanwhile."""
         now = time.monotonic()
         with self._lock:
             entry = self._entries.get(shape)
             generation = self._generation
-            if (
-                entry is not None
-                and entry.generation == generation
-                and now - entry.loaded_at < self._max_age
-                and entry.preselect >= preselect
-            ):
+            if entry is not None and entry.generation == generation and entry.preselect >= preselect:
                 left = entry.left()
-                if 2 * len(left) >= len(entry.rows):
+                fresh = now - entry.loaded_at < self._max_age
+                if fresh and 2 * len(left) >= len(entry.rows):
+                    return left
+                if left and background is not None:
+                    if shape not in self._refilling:
+                        self._refilling.add(shape)
+                        background(lambda: self._refill(shape, preselect, load, generation))
                     return left
         rows = load(preselect)  # outside the lock: the other batches go on meanwhile
         with self._lock:
-            self.loads += 1
-            # Read before a change announced meanwhile? Then it is stored as old already.
-            entry = self._entries[shape] = _Entry(rows, generation, now, preselect, set(self._recent))
-            return entry.left()
+            return self._store(shape, rows, generation, now, preselect).left()
+
+    def _store(
+        self, shape: Hashable, rows: list[Row], generation: int, read_at: float, preselect: int
+    ) -> _Entry[Row]:
+        """Under the lock: the entry read at `read_at` (read before a change announced meanwhile? then it
+        is stored as old already). The builds gone lately may have been read still Queued: gone here too."""
+        self.loads += 1
+        recent = self._recent
+        gone = {r.id for r in rows if r.id in recent}
+        entry = self._entries[shape] = _Entry(rows, generation, read_at, preselect, gone)
+        return entry
+
+    def _refill(self, shape: Hashable, preselect: int, load: Callable[[int], list[Row]], generation: int) -> None:
+        started = time.monotonic()
+        try:
+            rows = load(preselect)
+        except Exception:  # the next batch reads it itself
+            log.warning("reading the queue's heads in the background failed", exc_info=True)
+            with self._lock:
+                self._refilling.discard(shape)
+                self._entries.pop(shape, None)
+            return
+        with self._lock:
+            self._refilling.discard(shape)
+            self._store(shape, rows, generation, started, preselect)
 
     def payloads(
         self, build_ids: Iterable[uuid.UUID], load: Callable[[list[uuid.UUID]], dict[uuid.UUID, P]]

@@ -7,6 +7,7 @@ the caller sends the returned message once this function has returned.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import os
 import threading
@@ -414,7 +415,15 @@ def _shared_heads(
 
     if kept is None:
         return ranked(preselect)
-    return kept.heads((*_shape(state), cap is None), max(preselect, BOOK_PRESELECT), kept_with_payloads)
+    return kept.heads(
+        (*_shape(state), cap is None), max(preselect, BOOK_PRESELECT), kept_with_payloads, _in_background
+    )
+
+
+def _in_background(call: Callable[[], None]) -> object:
+    """Run `call` on another of the claims lane's threads (one claim batch runs at a time; the others
+    wait for RequestJob{eval}), on a sound connection (a dead one is dropped after it)."""
+    return lanes.CLAIMS.executor().submit(lanes.retrying, call, what="reading the queue's heads", attempts=1)
 
 
 def _ranked_with_scores(a: _Asking, pool: PoolView, policy: str, now: datetime, cap: float) -> list[Score]:
@@ -562,8 +571,9 @@ def _payload_builds(ids: list[uuid.UUID]) -> list[DerivationBuild]:
     return [setsql.from_row(DerivationBuild, _PAYLOAD_FIELDS, row) for row in rows]
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def _build_id(job_key: str) -> uuid.UUID:
-    return uuid.UUID(job_key.removeprefix("build:"))
+    return uuid.UUID(job_key.removeprefix("build:"))  # parsed in Python: once per key
 
 
 def _assign_eval(state: selectors.WorkerState, now: datetime, tried: list[uuid.UUID]) -> Assignment | None:

@@ -273,15 +273,14 @@ class BuildClaim:
 # that lost writes nothing; the ids of the won assignments come back with their attempt numbers.
 _CLAIM_BUILDS = """
 WITH req AS (
-    SELECT * FROM unnest(
-        %(aid)b::uuid[], %(build)b::uuid[], %(worker)b::uuid[], %(attempt)b::uuid[], %(score)b::float8[],
-        %(breakdown)b::text[], %(nar)b::bigint[], %(count)b::int[], %(job)b::text[],
-        %(queued)b::timestamptz[], %(session)b::uuid[]
-    ) AS r(aid, build_id, worker_id, cluster_attempt_id, score, breakdown, nar, cnt, job, queued_at,
-        session_id)
+    -- One JSON document for the batch's rows (msgspec writes it in C; psycopg dumped eleven arrays
+    -- element by element in Python, a fifth of a claim batch's time on its thread).
+    SELECT * FROM json_to_recordset(%(claims)s::json) AS r(aid uuid, build_id uuid, worker_id uuid,
+        cluster_attempt_id uuid, score float8, breakdown jsonb, nar bigint, cnt int, job jsonb,
+        queued_at timestamptz, session_id uuid)
 ), sess AS (
     SELECT s.id FROM worker_session s
-    WHERE s.id = ANY(%(session)b::uuid[]) AND s.closed_at IS NULL
+    WHERE s.id = ANY(ARRAY(SELECT session_id FROM req)) AND s.closed_at IS NULL
     FOR KEY SHARE
 ), cleared AS (
     -- The idle build slots of the batch's workers go (recorded again, after, for those left unanswered):
@@ -311,7 +310,7 @@ WITH req AS (
         cluster_attempt_id, score, score_breakdown, missing_nar_size, missing_count, job, phase, queued_at,
         dispatched_at, reason)
     SELECT r.aid, %(kind)s, 'build:' || r.build_id::text, NULL, r.build_id, r.worker_id, r.cluster_attempt_id,
-        r.score, r.breakdown::jsonb, r.nar, r.cnt, r.job::jsonb, '', COALESCE(r.row_queued_at, r.queued_at),
+        r.score, r.breakdown, r.nar, r.cnt, r.job, '', COALESCE(r.row_queued_at, r.queued_at),
         %(now)s, ''
     FROM eligible r
     ON CONFLICT (job_id) WHERE finished_at IS NULL DO NOTHING
@@ -333,9 +332,20 @@ SELECT aid, attempts FROM started
 _encode_json = msgspec.json.Encoder().encode
 
 
-def _json_text(value: Any) -> str:
-    """`value` as JSON text (stored as jsonb, which keeps no spacing or key order of its own)."""
-    return _encode_json(value).decode()
+class _ClaimRow(msgspec.Struct):
+    """A claim as the claim statement reads it (json_to_recordset: the keys are its column names)."""
+
+    aid: uuid.UUID
+    build_id: uuid.UUID
+    worker_id: uuid.UUID
+    cluster_attempt_id: uuid.UUID | None
+    score: float
+    breakdown: dict[str, float]
+    nar: int | None
+    cnt: int | None
+    job: dict[str, Any]
+    queued_at: datetime | None
+    session_id: uuid.UUID | None
 
 
 def claim_builds_statement(
@@ -347,18 +357,24 @@ def claim_builds_statement(
     workers whose idle build slots the same statement deletes (a RequestJob batch's)."""
     if not claims:
         return {}
+    rows = [
+        _ClaimRow(
+            c.assignment_id,
+            c.build_id,
+            c.worker_id,
+            c.cluster_attempt_id,
+            float(c.score),
+            c.breakdown,
+            c.missing_nar_size,
+            c.missing_count,
+            c.job,
+            c.queued_at,
+            c.session_id,
+        )
+        for c in claims
+    ]
     params: dict[str, Any] = {
-        "aid": [c.assignment_id for c in claims],
-        "build": [c.build_id for c in claims],
-        "worker": [c.worker_id for c in claims],
-        "attempt": [c.cluster_attempt_id for c in claims],
-        "score": [float(c.score) for c in claims],
-        "breakdown": [_json_text(c.breakdown) for c in claims],
-        "nar": [c.missing_nar_size for c in claims],
-        "count": [c.missing_count for c in claims],
-        "job": [_json_text(c.job) for c in claims],
-        "queued": [c.queued_at for c in claims],
-        "session": [c.session_id for c in claims],
+        "claims": _encode_json(rows).decode(),
         "idle": list(idle_cleared),
         "now": now,
         "kind": JobKind.BUILD.value,
