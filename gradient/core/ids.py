@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import uuid
 
-
 # Strings read lately and their uuids: a job's reports name its assignment four times or more, and
 # uuid.UUID parses in Python (a tenth of a report batch's time). Emptied when full; uuids are immutable.
 _PARSED: dict[str, uuid.UUID] = {}

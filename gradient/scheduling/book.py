@@ -130,7 +130,9 @@ class QueueBook:
         entry = self._entries[shape] = _Entry(rows, generation, read_at, preselect, gone)
         return entry
 
-    def _refill(self, shape: Hashable, preselect: int, load: Callable[[int], list[Row]], generation: int) -> None:
+    def _refill(
+        self, shape: Hashable, preselect: int, load: Callable[[int], list[Row]], generation: int
+    ) -> None:
         started = time.monotonic()
         try:
             rows = load(preselect)
