@@ -112,23 +112,54 @@ def test_a_half_gone_or_old_entry_is_read_again_in_the_background_while_its_rows
 
     old = queue_book.QueueBook(max_age=0.0)
     old.heads("x", 8, load, background)
-    assert old.heads("x", 8, load, background) == rows[14:22] and len(queued) == 1  # too old: behind
-    old.changed()  # the read behind began before the change: stored as old
-    run_background()
+
+    def load_then_changed(n: int) -> list[BuildRef]:
+        found = load(n)
+        old.changed()  # announced while the read behind was under way
+        return found
+
+    assert old.heads("x", 8, load_then_changed, background) == rows[14:22] and len(queued) == 1  # too old
+    run_background()  # stored as old: it began before the change
     old.heads("x", 8, load, background)
     assert len(reads) == 7 and not queued  # read at once after the change
+
+    def stopping(call: object) -> None:
+        raise RuntimeError("cannot schedule new futures after shutdown")
+
+    stopped = queue_book.QueueBook(max_age=60.0)
+    stopped.heads("x", 8, load, stopping)
+    claim(rows[14:19], stopped)
+    count = len(reads)
+    assert ids(stopped.heads("x", 8, load, stopping)) == ids(rows[19:27])  # no thread: read at once
+    assert len(reads) == count + 1
 
     def failing(n: int) -> list[BuildRef]:
         raise RuntimeError("the database is away")
 
     broken = queue_book.QueueBook(max_age=60.0)
     broken.heads("x", 8, load, background)
-    claim(rows[14:19], broken)
+    claim(rows[19:24], broken)
     broken.heads("x", 8, failing, background)
     run_background()  # failed: logged, and the entry forgotten
     count = len(reads)
-    assert ids(broken.heads("x", 8, load, background)) == ids(rows[19:27])
+    assert ids(broken.heads("x", 8, load, background)) == ids(rows[24:32])
     assert len(reads) == count + 1 and not queued  # the next batch read it itself
+
+    behind = queue_book.QueueBook(max_age=60.0)
+    behind.heads("x", 4, load, background)
+    claim(rows[24:27], behind)
+    newest: list[object] = []
+
+    def load_while_changed(n: int) -> list[BuildRef]:
+        found = load(n)
+        behind.changed()  # announced while this read was under way ...
+        behind.heads("x", 4, load)  # ... and read at once by a batch
+        newest.append(behind._entries["x"])
+        return found
+
+    behind.heads("x", 4, load_while_changed, background)  # half gone: a read behind is queued
+    run_background()
+    assert newest and behind._entries["x"] is newest[0]  # the older read behind did not replace it
 
 
 # --- The change feed (PostgreSQL) ------------------------------------------------------------------------

@@ -111,10 +111,15 @@ class QueueBook:
                 if fresh and 2 * len(left) >= len(entry.rows):
                     return left
                 if left and background is not None:
-                    if shape not in self._refilling:
+                    if shape in self._refilling:
+                        return left
+                    try:
+                        background(lambda: self._refill(shape, preselect, load))
+                    except RuntimeError:  # no thread to run it (the process is stopping): read now
+                        log.debug("no background read of the queue's heads", exc_info=True)
+                    else:
                         self._refilling.add(shape)
-                        background(lambda: self._refill(shape, preselect, load, generation))
-                    return left
+                        return left
         rows = load(preselect)  # outside the lock: the other batches go on meanwhile
         with self._lock:
             return self._store(shape, rows, generation, now, preselect).left()
@@ -130,9 +135,9 @@ class QueueBook:
         entry = self._entries[shape] = _Entry(rows, generation, read_at, preselect, gone)
         return entry
 
-    def _refill(
-        self, shape: Hashable, preselect: int, load: Callable[[int], list[Row]], generation: int
-    ) -> None:
+    def _refill(self, shape: Hashable, preselect: int, load: Callable[[int], list[Row]]) -> None:
+        with self._lock:
+            generation = self._generation
         started = time.monotonic()
         try:
             rows = load(preselect)
@@ -144,7 +149,9 @@ class QueueBook:
             return
         with self._lock:
             self._refilling.discard(shape)
-            self._store(shape, rows, generation, started, preselect)
+            current = self._entries.get(shape)
+            if current is None or current.loaded_at <= started:  # not behind one read since
+                self._store(shape, rows, generation, started, preselect)
 
     def payloads(
         self, build_ids: Iterable[uuid.UUID], load: Callable[[list[uuid.UUID]], dict[uuid.UUID, P]]
