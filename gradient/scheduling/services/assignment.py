@@ -155,8 +155,13 @@ class _Asking:
     at: int = 0
     lost: bool = False  # a claim of this request lost
 
-    def next_choice(self, taken: set[str], pool: PoolView, policy: str) -> Score | None:
-        """The best candidate not taken by an earlier request of the batch (or lost), or None."""
+    def next_choice(
+        self, taken: set[str], pool: PoolView, policy: str, hints: dict[int, int] | None = None
+    ) -> Score | None:
+        """The best candidate not taken by an earlier request of the batch (or lost), or None. `hints`,
+        per shared order (by identity), where its first row not taken may be: every row before it is
+        taken (`taken` only grows while a batch chooses), so the requests of one kind of worker do not
+        each walk again past the rows the earlier ones took."""
         if self.shared is None:
             while self.at < len(self.ranked):
                 choice = self.ranked[self.at]
@@ -164,8 +169,12 @@ class _Asking:
                 if choice.job_id not in taken:
                     return choice
             return None
-        while self.at < len(self.shared):
-            ref = self.shared[self.at]
+        shared = self.shared
+        if hints is not None:
+            self.at = max(self.at, hints.get(id(shared), 0))
+        end = len(shared)
+        while self.at < end:
+            ref = shared[self.at]
             self.at += 1
             if ref.job_key in taken:
                 continue
@@ -175,7 +184,11 @@ class _Asking:
             # group's order is this worker's too, and what the worker's view adds (saturation, the
             # fetch reserve) is the same for all of them, so the first free one is its best, if any.
             choice = score(candidate, self.view, pool, policy)
-            return choice if choice.eligible else None
+            if not choice.eligible:
+                return None
+            if hints is not None:
+                hints[id(shared)] = self.at  # the caller takes this one: all before self.at are taken
+            return choice
         return None
 
 
@@ -455,6 +468,7 @@ def _claim_choices(
     workers whose idle slots the first claim statement deletes (emptied once it has). Fills `answers`;
     returns the workers served."""
     taken: set[str] = set(busy)
+    hints: dict[int, int] = {}  # for next_choice, by id(): the requests keep their shared orders alive
     waiting = list(asking)
     served: list[uuid.UUID] = []
     for _round in range(CLAIM_ROUNDS):
@@ -462,7 +476,7 @@ def _claim_choices(
         with _claiming_lock:  # chosen and marked at once: two batches never choose the same build
             taken |= _claiming
             for a in waiting:
-                choice = a.next_choice(taken, pool, policy)
+                choice = a.next_choice(taken, pool, policy, hints)
                 if choice is not None:
                     taken.add(choice.job_id)
                     chosen_now.append((a, choice))
