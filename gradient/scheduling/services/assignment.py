@@ -399,12 +399,15 @@ def _prefer_own(refs: list[selectors.BuildRef], k: int, n: int, window: int) -> 
     return [r for r in head if r.id.int % n == k] + [r for r in head if r.id.int % n != k] + refs[window:]
 
 
-# What the book reads at once for a kind of worker: enough for some twenty batches of fifty. Each read
-# walks the queue's index past the entries of builds claimed since the last vacuum, whatever it reads,
-# and builds are claimed 2 000 a second here: 1 024 a read against 256 took PostgreSQL 0.32-0.34 against
-# 0.36-0.40 ms a hand-out and serve 0.43-0.50 against 0.48-0.66 (bench/handout.py, 100 clients, four
-# pairs run alternately, every one faster by 7-28 %).
+# What the book reads at once for a kind of worker. A serve alone: enough for some twenty batches of
+# fifty. Each read walks the queue's index past the entries of builds claimed since the last vacuum,
+# whatever it reads, and builds are claimed 2 000 a second here: 1 024 a read against 256 took
+# PostgreSQL 0.32-0.34 against 0.36-0.40 ms a hand-out and serve 0.43-0.50 against 0.48-0.66
+# (bench/handout.py, 100 clients, four pairs run alternately, every one faster by 7-28 %). Beside other
+# serves, their claims make an entry stale sooner and each claim lost to them reads it again at once:
+# 1 024 there took PostgreSQL 0.84-0.86 ms a hand-out against 0.50 (two serves, 200 clients).
 BOOK_PRESELECT = 16 * PRESELECT
+BOOK_PRESELECT_SHARED = 4 * PRESELECT
 
 
 def _shared_heads(
@@ -432,9 +435,9 @@ def _shared_heads(
 
     if kept is None:
         return ranked(preselect)
-    return kept.heads(
-        (*_shape(state), cap is None), max(preselect, BOOK_PRESELECT), kept_with_payloads, _in_background
-    )
+    _, serves = _process_share(now)
+    read = BOOK_PRESELECT if serves == 1 else BOOK_PRESELECT_SHARED
+    return kept.heads((*_shape(state), cap is None), max(preselect, read), kept_with_payloads, _in_background)
 
 
 def _in_background(call: Callable[[], None]) -> object:
