@@ -7,7 +7,6 @@ the caller sends the returned message once this function has returned.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import logging
 import os
 import threading
@@ -23,6 +22,7 @@ from django.conf import settings
 from django.db import InterfaceError, OperationalError, connection, transaction
 from django.utils import timezone
 
+from gradient.core.ids import parse_uuid
 from gradient.core.protocol import AssignJob, FlakeStep, Job
 from gradient.core.vocab import EvaluationStatus, JobKind, JobKindName, job_kind_of
 from gradient.runtime import boot, instances, lanes, setsql
@@ -358,8 +358,10 @@ def _rank_each(asking: list[_Asking], pool: PoolView, policy: str, now: datetime
     for members in groups.values():
         plain = [a for a in members if not a.scores]
         if plain:
-            shared = _shared_heads(plain[0].state, now, cap, pool, max(PRESELECT, 2 * len(plain) + 8 + busy))
             k, n = _process_share(now)
+            shared = _shared_heads(
+                plain[0].state, now, cap, pool, max(PRESELECT, 2 * len(plain) + 8 + busy), serves=n
+            )
             if n > 1:
                 shared = _prefer_own(shared, k, n, 2 * n * (len(plain) + busy) + 16)
             for a in plain:
@@ -411,10 +413,16 @@ BOOK_PRESELECT_SHARED = 4 * PRESELECT
 
 
 def _shared_heads(
-    state: selectors.WorkerState, now: datetime, cap: float | None, pool: PoolView, preselect: int
+    state: selectors.WorkerState,
+    now: datetime,
+    cap: float | None,
+    pool: PoolView,
+    preselect: int,
+    *,
+    serves: int,
 ) -> list[selectors.BuildRef]:
     """The heads of the queue for workers of this one's kind: from this process's book where it keeps one
-    (gradient.scheduling.book), else read now."""
+    (gradient.scheduling.book), else read now. `serves`: the live serve processes (_process_share)."""
     kept = queue_book.book()
 
     def ranked(n: int) -> list[selectors.BuildRef]:
@@ -435,7 +443,6 @@ def _shared_heads(
 
     if kept is None:
         return ranked(preselect)
-    _, serves = _process_share(now)
     read = BOOK_PRESELECT if serves == 1 else BOOK_PRESELECT_SHARED
     return kept.heads((*_shape(state), cap is None), max(preselect, read), kept_with_payloads, _in_background)
 
@@ -592,9 +599,10 @@ def _payload_builds(ids: list[uuid.UUID]) -> list[DerivationBuild]:
     return [setsql.from_row(DerivationBuild, _PAYLOAD_FIELDS, row) for row in rows]
 
 
-@functools.lru_cache(maxsize=1 << 16)
 def _build_id(job_key: str) -> uuid.UUID:
-    return uuid.UUID(job_key.removeprefix("build:"))  # parsed in Python: once per key
+    build_id = parse_uuid(job_key.removeprefix("build:"))  # remembered: parsed once per key
+    assert build_id is not None  # a key this process made from a build's row
+    return build_id
 
 
 def _assign_eval(state: selectors.WorkerState, now: datetime, tried: list[uuid.UUID]) -> Assignment | None:
