@@ -92,6 +92,50 @@ async def test_the_next_request_is_claimed_while_the_completion_before_it_is_sti
     await finish(comm)
 
 
+async def test_a_request_sent_once_the_completion_is_being_applied_does_not_wait_for_it(
+    make_worker: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As a worker on the network sends them: the RequestJob is a frame of its own that comes after the
+    session's queue of reports has emptied and their batch has started. It is claimed while that batch
+    is still held, not after it."""
+    import asyncio
+
+    worker_id, token = await _setup(make_worker)
+    release = threading.Event()
+    held = threading.Event()
+    real = jobloop.reports_batch
+
+    def slow_reports(batch: Any) -> Any:
+        if any(isinstance(message, JobCompleted) for _, message in batch):
+            held.set()
+            assert release.wait(TIMEOUT * 2)
+        return real(batch)
+
+    monkeypatch.setattr(jobloop, "reports_batch", slow_reports)
+    comm, _ = await handshake(worker_id, token)
+    await comm.send_json_to({**CAPABILITIES, "max_concurrent_builds": 1})
+    first = await assigned(comm, "build")
+    for frame in _finished(first):
+        await comm.send_json_to(frame)
+    try:
+        for _ in range(int(TIMEOUT * 100)):
+            if held.is_set():
+                break
+            await asyncio.sleep(0.01)
+        assert held.is_set(), "the JobCompleted's batch started"
+        await asyncio.sleep(0.05)  # the session's queue is empty: it waits for that batch or a message
+        second = await assigned(comm, "build")
+        assert second["job_id"] != first["job_id"]
+        rows = await database_sync_to_async(
+            lambda: {d.job_id: d.finished_at for d in DispatchedJob.objects.all()}
+        )()
+        assert rows[first["job_id"]] is None, "the completion was still held when the next build went out"
+    finally:
+        release.set()
+    await _completed(comm, first)
+    await finish(comm)
+
+
 async def _completed(comm: WebsocketCommunicator, assign: dict[str, Any]) -> None:
     """Once the held batch went through, the first build is Completed (its report was applied)."""
     import asyncio
