@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from typing import Any
+from unittest import mock
 
 import pytest
 from django.db.models import signals
@@ -157,7 +158,7 @@ def test_the_generic_plan_settings_hold_from_the_blocks_first_fixed_statement_to
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("literal", [True, False])
 def test_a_blocks_transaction_begins_in_its_first_round_trip_and_still_commits_or_rolls_back_whole(
-    literal: bool,
+    literal: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """psycopg's own BEGIN is a round trip of its own; in a generic-plan block it goes with the first
     statement, the reads along with it too, and the block is one transaction all the same."""
@@ -176,16 +177,38 @@ def test_a_blocks_transaction_begins_in_its_first_round_trip_and_still_commits_o
     class Boom(Exception):
         pass
 
+    simple_queries: list[str | None] = []
+    pipelines: list[int] = []
+    real_send_first = setsql._send_first
+
+    def send_first(cursor: Any, begin: str, statement: str | None) -> None:
+        simple_queries.append(statement)
+        real_send_first(cursor, begin, statement)
+
+    monkeypatch.setattr(setsql, "_send_first", send_first)
     with pytest.raises(Boom), transaction.atomic(durable=True), setsql.generic_plans(reads_along=[along]):
+        conn = connection.connection
+        real_pipeline = conn.pipeline
+
+        def pipeline() -> Any:
+            pipelines.append(1)
+            return real_pipeline()
+
+        monkeypatch.setattr(conn, "pipeline", pipeline)
         with fixed_cursor(literal=literal) as cursor:
             cursor.execute(
                 "UPDATE derivation_build SET drv_path = %s WHERE id = %s"
-                # Literal: the transaction began in the message that carries this statement. Prepared: in
-                # the one before, which carried the plan settings (psycopg's BEGIN would be a third).
+                # Literal: the transaction began in the simple query that carries this statement.
+                # Prepared: BEGIN, the settings and the reads along are statements of their own, sent in
+                # one pipeline with it (psycopg's BEGIN would be a round trip of its own).
                 " RETURNING transaction_timestamp() = statement_timestamp()",
                 ["/changed", build.id],
             )
             assert cursor.fetchall() == [(literal,)]
+        # One round trip either way: no message of their own for the BEGIN and the settings.
+        assert (simple_queries, pipelines) == (([mock.ANY], []) if literal else ([], [1]))
+        if literal:
+            assert "UPDATE derivation_build" in str(simple_queries[0])
         assert setsql.read_along(along) == [(1,)]
         assert setsql.read_along(along) is None  # handed out once
         with connection.execute_wrapper(seen):
@@ -207,3 +230,32 @@ def test_a_blocks_transaction_begins_in_its_first_round_trip_and_still_commits_o
     build.refresh_from_db()
     assert (build.drv_path, build.system) == ("/changed", "changed-too")  # committed, both
     assert setsql.read_along(along) is None  # outside a block: nothing
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("literal", [True, False])
+def test_a_first_cursor_left_unused_leaves_the_begin_and_the_settings_to_the_next_statement(
+    literal: bool,
+) -> None:
+    from django.db import connection, transaction
+
+    if connection.vendor != "postgresql":
+        pytest.skip("the BEGIN and the plan settings are PostgreSQL's")
+    build = DerivationBuildFactory()
+
+    class Boom(Exception):
+        pass
+
+    with pytest.raises(Boom), transaction.atomic(durable=True), setsql.generic_plans():
+        with fixed_cursor(literal=literal):
+            pass  # nothing sent
+        with fixed_cursor(literal=not literal) as cursor:
+            cursor.execute(
+                "UPDATE derivation_build SET drv_path = %s WHERE id = %s "
+                "RETURNING current_setting('plan_cache_mode'), current_setting('enable_seqscan')",
+                ["/changed", build.id],
+            )
+            assert cursor.fetchall() == [("force_generic_plan", "off")]
+        raise Boom
+    build.refresh_from_db()
+    assert build.drv_path != "/changed"  # it was in the block's transaction, rolled back with it

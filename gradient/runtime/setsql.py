@@ -58,17 +58,20 @@ def fixed_cursor(*, literal: bool = False) -> Iterator[Any]:
             if generic and _generic.pending:
                 _generic.pending = False
                 begin = _begin_here(conn)
-                if isinstance(cursor, psycopg.ClientCursor):  # literal: the settings go in front of
-                    yield _SettingsFirst(cursor, begin)  # this statement, in its round trip
-                    return
-                plain, plain_kept = _cursor(conn, psycopg.Cursor)
-                try:
-                    _send_first(plain, begin, None)
-                finally:
-                    if plain_kept:
-                        _cursors.busy.discard(psycopg.Cursor)
-                    else:
-                        plain.close()
+                # Literal: the settings go in front of this statement, in its simple query. Prepared:
+                # the BEGIN, the settings and the reads along are statements of their own, sent with
+                # it in one pipeline. Either way one round trip, whose results are the statement's.
+                first: _SettingsFirst | _PipelinedFirst = (
+                    _SettingsFirst(cursor, begin)
+                    if isinstance(cursor, psycopg.ClientCursor)
+                    else _PipelinedFirst(cursor, conn, begin)
+                )
+                yield first
+                if first.unsent:  # nothing went: the block's next statement sends all that instead
+                    _generic.pending = True
+                    if begin:
+                        conn.autocommit = False
+                return
             yield cursor
         finally:
             if kept:
@@ -193,6 +196,10 @@ class _SettingsFirst:
         self._begin = begin
         self._first = True
 
+    @property
+    def unsent(self) -> bool:
+        return self._first
+
     def execute(self, query: Any, params: Any = None, **kwargs: Any) -> Any:
         if not self._first:
             return self._cursor.execute(query, params, **kwargs)
@@ -202,6 +209,56 @@ class _SettingsFirst:
         return self._cursor
 
     def __getattr__(self, name: str) -> Any:
+        return getattr(self._cursor, name)
+
+
+class _PipelinedFirst:
+    """A prepared statement's cursor whose first `execute` goes in one pipeline after the transaction's
+    BEGIN (if it is still to be sent), the generic-plan settings and the reads along: one round trip
+    (psycopg's pipeline mode: each is a statement of its own, the lot followed by one sync). Anything
+    else used first (executemany, copy) gets the settings in a round trip of their own before it.
+    Everything else is the cursor's."""
+
+    def __init__(self, cursor: psycopg.Cursor[Any], conn: psycopg.Connection[Any], begin: str) -> None:
+        self._cursor = cursor
+        self._conn = conn
+        self._begin = begin
+        self._first = True
+
+    @property
+    def unsent(self) -> bool:
+        return self._first
+
+    def execute(self, query: Any, params: Any = None, **kwargs: Any) -> Any:
+        if not self._first:
+            return self._cursor.execute(query, params, **kwargs)
+        self._first = False
+        conn = self._conn
+        riders: tuple[str, ...] = _generic.riders
+        with conn.pipeline():
+            if self._begin:
+                conn.execute("BEGIN")
+            conn.execute(_GENERIC_PLANS)
+            along = [(sql, conn.execute(sql)) for sql in riders]
+            self._cursor.execute(query, params, **kwargs)
+        for sql, rows in along:
+            _generic.ridden[sql] = rows.fetchall()
+        return self._cursor
+
+    def _settings_apart(self) -> None:
+        if self._first:
+            self._first = False
+            plain, kept = _cursor(self._conn, psycopg.Cursor)
+            try:
+                _send_first(plain, self._begin, None)
+            finally:
+                if kept:
+                    _cursors.busy.discard(psycopg.Cursor)
+                else:
+                    plain.close()
+
+    def __getattr__(self, name: str) -> Any:
+        self._settings_apart()
         return getattr(self._cursor, name)
 
 
