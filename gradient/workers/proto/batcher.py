@@ -99,7 +99,11 @@ class Batcher:
         if not self._items:
             self._first_at = loop.time()
         self._items.append(_Item(session, message, future, id(session)))
-        self._wake.set()
+        if self._free:
+            # Nothing is being applied: the loop may start a batch. While every slot is busy it is not
+            # woken for each message (a task step each, several per hand-out): the batch that ends
+            # starts the next one (_applied).
+            self._wake.set()
         if self._task is None or self._task.done():
             self._task = loop.create_task(self._run())
         return future

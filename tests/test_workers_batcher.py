@@ -1,0 +1,69 @@
+"""The batcher (workers/proto/batcher.py): what queues while a batch is applied goes together in the next
+one, which starts as the first ends; each session's messages apply in the order queued; the batcher's
+loop is not woken for every message while its slots are busy."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+
+from gradient.runtime import lanes
+from gradient.workers.proto.batcher import Batcher
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+async def test_what_queues_while_a_batch_is_applied_goes_in_the_next_one_in_each_sessions_order() -> None:
+    release = threading.Event()
+    started = threading.Event()
+    batches: list[list[tuple[str, int]]] = []
+
+    def apply(batch: Sequence[tuple[Any, Any]]) -> list[Any]:
+        batches.append([(session.name, message) for session, message in batch])
+        if len(batches) == 1:
+            started.set()
+            assert release.wait(10)  # the first batch is held until everything else has queued
+        return [message * 10 for _, message in batch]
+
+    class Session:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+    a, b = Session("a"), Session("b")
+    batcher = Batcher(apply, window=0.001, in_flight=1, lane=lanes.HOT)
+    first = batcher.enqueue(a, 0)
+    assert await asyncio.to_thread(started.wait, 10)  # the first batch is being applied
+    wake = batcher._wake
+    sets: list[int] = []
+    real_set = wake.set
+
+    def counted_set() -> None:
+        sets.append(1)
+        real_set()
+
+    wake.set = counted_set  # type: ignore[method-assign]
+    later = [batcher.enqueue(a if i % 2 else b, i) for i in range(1, 101)]
+    assert sets == [], "not woken per message while its one slot is busy"
+    release.set()
+    assert await asyncio.wait_for(first, 10) == 0
+    assert [await asyncio.wait_for(f, 10) for f in later] == [i * 10 for i in range(1, 101)]
+    assert len(batches) == 2, "the hundred went together, as soon as the first batch ended"
+    for name in ("a", "b"):
+        order = [m for s, m in batches[1] if s == name]
+        assert order == sorted(order), "each session's messages in the order it queued them"
+
+
+async def test_a_lone_message_is_applied_within_its_window() -> None:
+    applied: list[int] = []
+
+    def apply(batch: Sequence[tuple[Any, Any]]) -> list[Any]:
+        applied.extend(message for _, message in batch)
+        return [None for _ in batch]
+
+    batcher = Batcher(apply, window=0.002, in_flight=1, lane=lanes.HOT)
+    await asyncio.wait_for(batcher.enqueue(object(), 7), 5)
+    assert applied == [7]
