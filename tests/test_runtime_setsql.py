@@ -259,3 +259,32 @@ def test_a_first_cursor_left_unused_leaves_the_begin_and_the_settings_to_the_nex
         raise Boom
     build.refresh_from_db()
     assert build.drv_path != "/changed"  # it was in the block's transaction, rolled back with it
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("literal", [True, False])
+def test_a_first_statement_that_is_no_execute_still_runs_in_the_blocks_transaction_and_settings(
+    literal: bool,
+) -> None:
+    from django.db import connection, transaction
+
+    if connection.vendor != "postgresql":
+        pytest.skip("the BEGIN and the plan settings are PostgreSQL's")
+    builds = [DerivationBuildFactory() for _ in range(2)]
+
+    class Boom(Exception):
+        pass
+
+    with pytest.raises(Boom), transaction.atomic(durable=True), setsql.generic_plans():
+        with fixed_cursor(literal=literal) as cursor:
+            cursor.executemany(
+                "UPDATE derivation_build SET drv_path = %s WHERE id = %s",
+                [(f"/changed-{b.id}", b.id) for b in builds],
+            )
+        with fixed_cursor() as cursor:
+            cursor.execute("SELECT current_setting('plan_cache_mode'), current_setting('enable_seqscan')")
+            assert cursor.fetchall() == [("force_generic_plan", "off")]
+        raise Boom
+    for build in builds:
+        build.refresh_from_db()
+        assert not build.drv_path.startswith("/changed"), "rolled back with the block's transaction"

@@ -61,8 +61,8 @@ def fixed_cursor(*, literal: bool = False) -> Iterator[Any]:
                 # Literal: the settings go in front of this statement, in its simple query. Prepared:
                 # the BEGIN, the settings and the reads along are statements of their own, sent with
                 # it in one pipeline. Either way one round trip, whose results are the statement's.
-                first: _SettingsFirst | _PipelinedFirst = (
-                    _SettingsFirst(cursor, begin)
+                first: _FirstStatement = (
+                    _SettingsFirst(cursor, conn, begin)
                     if isinstance(cursor, psycopg.ClientCursor)
                     else _PipelinedFirst(cursor, conn, begin)
                 )
@@ -186,38 +186,11 @@ def _send_first(cursor: psycopg.Cursor[Any], begin: str, statement: str | None) 
 _generic = threading.local()
 
 
-class _SettingsFirst:
-    """A client-side cursor whose first statement is sent after the transaction's BEGIN (if it is still
-    to be sent), the generic-plan settings and the reads along, in one simple query (one round trip);
-    its results are the statement's. Everything else is the cursor's."""
-
-    def __init__(self, cursor: psycopg.ClientCursor[Any], begin: str) -> None:
-        self._cursor = cursor
-        self._begin = begin
-        self._first = True
-
-    @property
-    def unsent(self) -> bool:
-        return self._first
-
-    def execute(self, query: Any, params: Any = None, **kwargs: Any) -> Any:
-        if not self._first:
-            return self._cursor.execute(query, params, **kwargs)
-        self._first = False
-        text = self._cursor.mogrify(query, params)  # client-side binding, as the cursor's own execute
-        _send_first(self._cursor, self._begin, text)
-        return self._cursor
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._cursor, name)
-
-
-class _PipelinedFirst:
-    """A prepared statement's cursor whose first `execute` goes in one pipeline after the transaction's
-    BEGIN (if it is still to be sent), the generic-plan settings and the reads along: one round trip
-    (psycopg's pipeline mode: each is a statement of its own, the lot followed by one sync). Anything
-    else used first (executemany, copy) gets the settings in a round trip of their own before it.
-    Everything else is the cursor's."""
+class _FirstStatement:
+    """The cursor of a generic-plan block's first fixed-text statement: its first `execute` carries the
+    transaction's BEGIN (if it is still to be sent), the generic-plan settings and the reads along in
+    its own round trip (`_send_with`); anything else used first (executemany, copy) gets them in a round
+    trip of their own before it. Everything else is the cursor's."""
 
     def __init__(self, cursor: psycopg.Cursor[Any], conn: psycopg.Connection[Any], begin: str) -> None:
         self._cursor = cursor
@@ -233,19 +206,13 @@ class _PipelinedFirst:
         if not self._first:
             return self._cursor.execute(query, params, **kwargs)
         self._first = False
-        conn = self._conn
-        riders: tuple[str, ...] = _generic.riders
-        with conn.pipeline():
-            if self._begin:
-                conn.execute("BEGIN")
-            conn.execute(_GENERIC_PLANS)
-            along = [(sql, conn.execute(sql)) for sql in riders]
-            self._cursor.execute(query, params, **kwargs)
-        for sql, rows in along:
-            _generic.ridden[sql] = rows.fetchall()
+        self._send_with(query, params, kwargs)
         return self._cursor
 
-    def _settings_apart(self) -> None:
+    def _send_with(self, query: Any, params: Any, kwargs: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+    def __getattr__(self, name: str) -> Any:
         if self._first:
             self._first = False
             plain, kept = _cursor(self._conn, psycopg.Cursor)
@@ -256,10 +223,33 @@ class _PipelinedFirst:
                     _cursors.busy.discard(psycopg.Cursor)
                 else:
                     plain.close()
-
-    def __getattr__(self, name: str) -> Any:
-        self._settings_apart()
         return getattr(self._cursor, name)
+
+
+class _SettingsFirst(_FirstStatement):
+    """A client-side (literal) cursor: the statement, bound here, goes last in one simple query."""
+
+    def _send_with(self, query: Any, params: Any, kwargs: dict[str, Any]) -> None:
+        assert isinstance(self._cursor, psycopg.ClientCursor)
+        text = self._cursor.mogrify(query, params)  # client-side binding, as the cursor's own execute
+        _send_first(self._cursor, self._begin, text)
+
+
+class _PipelinedFirst(_FirstStatement):
+    """A prepared statement's cursor: BEGIN, the settings and the reads along are statements of their
+    own, sent with it in one psycopg pipeline (one sync for the lot)."""
+
+    def _send_with(self, query: Any, params: Any, kwargs: dict[str, Any]) -> None:
+        conn = self._conn
+        riders: tuple[str, ...] = _generic.riders
+        with conn.pipeline():
+            if self._begin:
+                conn.execute("BEGIN")
+            conn.execute(_GENERIC_PLANS)
+            along = [(sql, conn.execute(sql)) for sql in riders]
+            self._cursor.execute(query, params, **kwargs)
+        for sql, rows in along:
+            _generic.ridden[sql] = rows.fetchall()
 
 
 # Both for the rest of the transaction, in one round trip. A generic plan is made once per connection
