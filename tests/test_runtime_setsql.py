@@ -79,6 +79,10 @@ def _setting(name: str) -> str:
 KEYED = "SELECT id FROM derivation_build WHERE id = ANY(%b::uuid[])"
 
 
+class _RolledBack(Exception):
+    """Raised inside a block to roll its transaction back."""
+
+
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.usefixtures("postgres_only")
 def test_a_generic_plan_block_prepares_its_statements_once_and_ends_with_its_transaction() -> None:
@@ -174,9 +178,6 @@ def test_a_blocks_transaction_begins_in_its_first_round_trip_and_still_commits_o
         sent.append(sql)
         return execute(sql, params, many, context)
 
-    class Boom(Exception):
-        pass
-
     simple_queries: list[str | None] = []
     pipelines: list[int] = []
     real_send_first = setsql._send_first
@@ -186,7 +187,11 @@ def test_a_blocks_transaction_begins_in_its_first_round_trip_and_still_commits_o
         real_send_first(cursor, begin, statement)
 
     monkeypatch.setattr(setsql, "_send_first", send_first)
-    with pytest.raises(Boom), transaction.atomic(durable=True), setsql.generic_plans(reads_along=[along]):
+    with (
+        pytest.raises(_RolledBack),
+        transaction.atomic(durable=True),
+        setsql.generic_plans(reads_along=[along]),
+    ):
         conn = connection.connection
         real_pipeline = conn.pipeline
 
@@ -214,7 +219,7 @@ def test_a_blocks_transaction_begins_in_its_first_round_trip_and_still_commits_o
         with connection.execute_wrapper(seen):
             DerivationBuild.objects.filter(id=build.id).update(system="changed-too")  # the ORM: inside
         assert sent and not any(s.strip().upper().startswith("BEGIN") for s in sent)
-        raise Boom
+        raise _RolledBack
     build.refresh_from_db()
     assert (build.drv_path, build.system) != ("/changed", "changed-too")  # rolled back, both
     assert connection.connection.autocommit  # Django's autocommit again, psycopg's with it
@@ -233,20 +238,16 @@ def test_a_blocks_transaction_begins_in_its_first_round_trip_and_still_commits_o
 
 
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("postgres_only")
 @pytest.mark.parametrize("literal", [True, False])
 def test_a_first_cursor_left_unused_leaves_the_begin_and_the_settings_to_the_next_statement(
     literal: bool,
 ) -> None:
-    from django.db import connection, transaction
+    from django.db import transaction
 
-    if connection.vendor != "postgresql":
-        pytest.skip("the BEGIN and the plan settings are PostgreSQL's")
     build = DerivationBuildFactory()
 
-    class Boom(Exception):
-        pass
-
-    with pytest.raises(Boom), transaction.atomic(durable=True), setsql.generic_plans():
+    with pytest.raises(_RolledBack), transaction.atomic(durable=True), setsql.generic_plans():
         with fixed_cursor(literal=literal):
             pass  # nothing sent
         with fixed_cursor(literal=not literal) as cursor:
@@ -256,35 +257,29 @@ def test_a_first_cursor_left_unused_leaves_the_begin_and_the_settings_to_the_nex
                 ["/changed", build.id],
             )
             assert cursor.fetchall() == [("force_generic_plan", "off")]
-        raise Boom
+        raise _RolledBack
     build.refresh_from_db()
     assert build.drv_path != "/changed"  # it was in the block's transaction, rolled back with it
 
 
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("postgres_only")
 @pytest.mark.parametrize("literal", [True, False])
 def test_a_first_statement_that_is_no_execute_still_runs_in_the_blocks_transaction_and_settings(
     literal: bool,
 ) -> None:
-    from django.db import connection, transaction
+    from django.db import transaction
 
-    if connection.vendor != "postgresql":
-        pytest.skip("the BEGIN and the plan settings are PostgreSQL's")
     builds = [DerivationBuildFactory() for _ in range(2)]
 
-    class Boom(Exception):
-        pass
-
-    with pytest.raises(Boom), transaction.atomic(durable=True), setsql.generic_plans():
+    with pytest.raises(_RolledBack), transaction.atomic(durable=True), setsql.generic_plans():
         with fixed_cursor(literal=literal) as cursor:
             cursor.executemany(
                 "UPDATE derivation_build SET drv_path = %s WHERE id = %s",
                 [(f"/changed-{b.id}", b.id) for b in builds],
             )
-        with fixed_cursor() as cursor:
-            cursor.execute("SELECT current_setting('plan_cache_mode'), current_setting('enable_seqscan')")
-            assert cursor.fetchall() == [("force_generic_plan", "off")]
-        raise Boom
+        assert (_setting("plan_cache_mode"), _setting("enable_seqscan")) == ("force_generic_plan", "off")
+        raise _RolledBack
     for build in builds:
         build.refresh_from_db()
         assert not build.drv_path.startswith("/changed"), "rolled back with the block's transaction"
