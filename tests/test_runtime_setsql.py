@@ -91,6 +91,7 @@ def test_a_generic_plan_block_prepares_its_statements_once_and_ends_with_its_tra
     builds = [DerivationBuildFactory() for _ in range(3)]
     with transaction.atomic(), setsql.generic_plans():
         assert (_setting("plan_cache_mode"), _setting("enable_seqscan")) == ("force_generic_plan", "off")
+        assert _setting("jit") == "off"  # a scan priced as disabled must not compile the plan each time
         for build in builds:
             with fixed_cursor() as cursor:
                 cursor.execute(KEYED, [[build.id]])

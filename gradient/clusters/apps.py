@@ -20,7 +20,7 @@ class ClustersConfig(AppConfig):
         register_discovery_provider(kind=JobKind.CLUSTER, provider=cluster_discovery)
         register_name_provider(cluster_names)
 
-        from gradient.clusters.selectors import RESERVATION_SQL, workers_reserved_for
+        from gradient.clusters.selectors import RESERVATION_SQL, RESERVED_SEAT_SQL, workers_reserved_for
         from gradient.clusters.services.dispatch import cluster_idle_kick
         from gradient.clusters.services.members import cluster_member_message, cluster_worker_lost
         from gradient.scheduling.selectors import register_seat_hold
@@ -32,7 +32,7 @@ class ClustersConfig(AppConfig):
         # answers go to its attempt; a reserved seat gets no single job; an unanswered RequestJob may
         # place a waiting cluster at once; a lost worker's members are lost into their attempts.
         register_member_handler(cluster_member_message)
-        register_seat_hold(workers_reserved_for, reads=[RESERVATION_SQL])
+        register_seat_hold(workers_reserved_for, reads=[RESERVATION_SQL], condition=RESERVED_SEAT_SQL)
         register_idle_listener(cluster_idle_kick)
         register_session_hooks(
             lost=lambda worker_id, reason, now: cluster_worker_lost(worker_id=worker_id, now=now)

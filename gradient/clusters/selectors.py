@@ -186,6 +186,14 @@ RESERVATION_SQL = (
 )
 
 
+# is_reserved in SQL, for the claim statement (scheduling.selectors.register_seat_hold): the seat's worker
+# and kind in the reservation's JSON (ReservedSeat.as_json).
+RESERVED_SEAT_SQL = (
+    "EXISTS (SELECT 1 FROM cluster_reservation cr CROSS JOIN LATERAL jsonb_array_elements(cr.seats) seat "
+    "WHERE cr.singleton = true AND seat->>'kind' = {kind} AND seat->>'worker_id' = {worker}::text)"
+)
+
+
 def worker_reserved_for(worker_id: uuid.UUID | str, kind: str) -> bool:
     """Whether single assignment must not give this worker a new job of `kind` ("eval"/"flake" or
     "build"): a reserved seat keeps its running jobs but gets nothing new of the reserved kind."""

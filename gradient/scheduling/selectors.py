@@ -679,20 +679,36 @@ def build_queue_position(build: DerivationBuild) -> int:
 SeatHold = Callable[[Sequence[uuid.UUID], JobKind], set[uuid.UUID]]
 _seat_holds: list[SeatHold] = []
 _seat_hold_reads: list[str] = []
+_seat_hold_conditions: list[str] = []
 
 
-def register_seat_hold(hold: SeatHold, reads: Sequence[str] = ()) -> None:
+def register_seat_hold(hold: SeatHold, reads: Sequence[str] = (), condition: str | None = None) -> None:
     """A rule that keeps single assignment from giving a worker a new job of a kind (the cluster code's
     reserved seats, registered from its AppConfig.ready): such a request stays an idle slot. `reads`:
     fixed statements (no parameters) the rule reads on PostgreSQL, sent along with a claim batch's first
-    read instead of in round trips of their own (setsql.read_along)."""
+    read instead of in round trips of their own (setsql.read_along). `condition`: the same rule as SQL,
+    true where the worker `{worker}` (a uuid expression) is held for the kind `{kind}` (a text
+    expression); the claim statement checks it on PostgreSQL, so a batch needs no read of it first."""
     if hold not in _seat_holds:
         _seat_holds.append(hold)
         _seat_hold_reads.extend(r for r in reads if r not in _seat_hold_reads)
+        if condition is not None:
+            _seat_hold_conditions.append(condition)
 
 
 def seat_hold_reads() -> tuple[str, ...]:
     return tuple(_seat_hold_reads)
+
+
+def seat_held_sql(*, worker: str, kind: str) -> str:
+    """Every registered rule's condition for one worker and kind, or-ed ("false" when none is)."""
+    parts = [f"({c.format(worker=worker, kind=kind)})" for c in _seat_hold_conditions]
+    return " OR ".join(parts) if parts else "false"
+
+
+def seat_holds_in_sql() -> bool:
+    """Whether every registered rule has its condition in SQL (the claim statement can check them all)."""
+    return len(_seat_hold_conditions) == len(_seat_holds)
 
 
 def workers_held(worker_ids: Sequence[uuid.UUID], kind: JobKind) -> set[uuid.UUID]:

@@ -38,6 +38,9 @@ class Presence:
 
 
 _pending: dict[uuid.UUID, Presence] = {}
+# Each open session's latest heartbeat, kept after the flush: a claim batch scores with it (the worker's
+# row has it only once flushed).
+_latest: dict[uuid.UUID, tuple[WorkerMetrics, datetime]] = {}
 _lock = threading.Lock()
 
 
@@ -62,12 +65,19 @@ def note_metrics(
         entry.seen_at = max(entry.seen_at, now)
         entry.metrics = metrics
         entry.metrics_at = now
+        _latest[session_id] = (metrics, now)
+
+
+def latest_metrics(session_id: uuid.UUID) -> tuple[WorkerMetrics, datetime] | None:
+    """The session's latest heartbeat and when it came, or None before its first."""
+    return _latest.get(session_id)
 
 
 def forget(session_id: uuid.UUID) -> None:
     """The session ended: what it showed since the last flush is not written."""
     with _lock:
         _pending.pop(session_id, None)
+        _latest.pop(session_id, None)
 
 
 def take() -> list[Presence]:

@@ -7,6 +7,7 @@ the caller sends the returned message once this function has returned.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import os
 import threading
@@ -23,7 +24,7 @@ from django.db import InterfaceError, OperationalError, connection, transaction
 from django.utils import timezone
 
 from gradient.core.ids import parse_uuid
-from gradient.core.protocol import AssignJob, FlakeStep, Job
+from gradient.core.protocol import AssignJob, FlakeStep, Job, WorkerMetrics
 from gradient.core.vocab import EvaluationStatus, JobKind, JobKindName, job_kind_of
 from gradient.runtime import boot, instances, lanes, setsql
 from gradient.runtime.setsql import fixed_cursor
@@ -40,10 +41,11 @@ from gradient.scheduling.decisions.scoring import (
 )
 from gradient.scheduling.models import DerivationBuild, Evaluation
 from gradient.scheduling.selectors import PRESELECT
+from gradient.scheduling.services import claims as claims_sql
 from gradient.scheduling.services import lifecycle, offers
 from gradient.scheduling.services.claims import BuildClaim
 from gradient.scheduling.services.lifecycle import ClaimTerms
-from gradient.workers.models import IdleSlot
+from gradient.workers.models import METRIC_FIELDS, IdleSlot
 
 log = logging.getLogger("gradient.assignment")
 
@@ -154,6 +156,9 @@ class _Asking:
     now: datetime | None = None  # when the group's order is scored
     at: int = 0
     lost: bool = False  # a claim of this request lost
+    room: int | None = None  # its worker's slots left for it, checked by the claim statement (BuildClaim)
+    finishing: int = 0
+    refused: str = ""  # why the claim statement refused its claim for its worker (claims.REFUSED_*)
 
     def next_choice(
         self, taken: set[str], pool: PoolView, policy: str, hints: dict[int, int] | None = None
@@ -200,6 +205,7 @@ def request_builds(
     lost: set[int] | None = None,
     session_ids: Sequence[uuid.UUID] | None = None,
     finishing: Sequence[int] | None = None,
+    metrics: Sequence[SessionMetrics | None] | None = None,
 ) -> list[Assignment | None]:
     """Answer a batch of RequestJob{build}, one entry per request (a worker with several free slots asks
     once per slot), in one transaction that this entry owns: the workers read together, the pending
@@ -213,12 +219,22 @@ def request_builds(
     claim statement checks it on the session's locked row). `finishing`, one per request when known:
     how many of its worker's open builds have ended on the worker, their JobCompleted or JobFailed
     sent before the request and not applied yet: their slots count as free (the worker asks only for a
-    free slot; the report batch applies those ends beside this claim instead of before it)."""
+    free slot; the report batch applies those ends beside this claim instead of before it). `metrics`,
+    one per request when known: its session's latest heartbeat, newer than what its worker's row may
+    hold (the presence flush writes it every few seconds).
+
+    With session ids on PostgreSQL, what the process read of each session's worker is kept (its card,
+    _Card) and the batch reads only the workers it has no card of: the claim statement checks what a
+    card may have wrong (the session open and not draining, the seat held, the slots free), and a
+    request a card left without a choice is decided again from a fresh read."""
     answers: list[Assignment | None] = [None] * len(worker_ids)
     chosen: set[str] = set()
+    # The seat holds are read first, along with the batch's first statement, unless the claim statement
+    # checks them itself.
+    reads = () if _held_in_claim() else selectors.seat_hold_reads()
     try:
         # Its statements read and write rows by their keys: planned once per connection.
-        with transaction.atomic(durable=True), setsql.generic_plans(reads_along=selectors.seat_hold_reads()):
+        with transaction.atomic(durable=True), setsql.generic_plans(reads_along=reads):
             _request_builds(
                 worker_ids,
                 answers,
@@ -228,6 +244,7 @@ def request_builds(
                 lost if lost is not None else set(),
                 session_ids,
                 finishing,
+                metrics,
             )
     finally:
         with _claiming_lock:
@@ -251,30 +268,242 @@ def _request_builds(
     lost: set[int],
     session_ids: Sequence[uuid.UUID] | None,
     finishing: Sequence[int] | None,
+    metrics: Sequence[SessionMetrics | None] | None,
 ) -> None:
-    states, open_builds, scores = selectors.workers_scored_of_batch(worker_ids)
-    held = selectors.workers_held(list(states), JobKind.BUILD)
-    full: list[uuid.UUID] = []
-    idle: list[uuid.UUID] = []
+    batch = _Batch(worker_ids, answers, chosen, now, tried, lost, session_ids, finishing, metrics)
+    everyone = list(range(len(worker_ids)))
+    workers = _workers(batch, everyone, remembered=_cards_kept(session_ids))
+    unsure = _answer(batch, everyone, workers)
+    if unsure:
+        # Left without a choice by what the process remembered of their workers (a card behind a change
+        # of the worker's projects, say): decided again from what the database holds now.
+        for index in unsure:
+            assert session_ids is not None  # cards are kept only for requests with sessions
+            forget_card(session_ids[index])
+        _answer(batch, unsure, _workers(batch, unsure, remembered=False))
+    _clear_idle_slots(batch.clear, JobKind.BUILD)  # no claim statement took them: nothing was chosen
+    _record_idle_slots(batch.idle, JobKind.BUILD, now)
+
+
+@dataclass
+class _Batch:
+    """One batch of RequestJob{build} while it is answered (request_builds' arguments, and what it
+    collects: the workers whose idle slots go, and those to record idle)."""
+
+    worker_ids: Sequence[uuid.UUID]
+    answers: list[Assignment | None]
+    chosen: set[str]
+    now: datetime
+    tried: list[uuid.UUID]
+    lost: set[int]
+    session_ids: Sequence[uuid.UUID] | None
+    finishing: Sequence[int] | None
+    metrics: Sequence[SessionMetrics | None] | None
+    clear: list[uuid.UUID] = field(default_factory=list)
+    idle: list[uuid.UUID] = field(default_factory=list)
+
+
+@dataclass
+class _Workers:
+    """The batch's workers as assignment sees them: their states and scores, their open builds where
+    read now (None where a card served them: the claim statement counts them), and which came from a
+    card."""
+
+    states: dict[uuid.UUID, selectors.WorkerState]
+    open_builds: dict[uuid.UUID, selectors.OpenBuilds]
+    scores: dict[uuid.UUID, selectors.Scores]
+    large: dict[uuid.UUID, int]
+    carded: set[uuid.UUID]
+
+
+# A session's latest heartbeat and when it came (gradient.workers.presence keeps it in memory).
+SessionMetrics = tuple[WorkerMetrics, datetime]
+
+# --- What this process remembers of its sessions' workers: their cards ---------------------------------
+#
+# A claim batch read every asking worker first (its row, projects, session, open builds and scores): a
+# round trip of its three, and a fifth of its thread's time. A worker's row changes through its own
+# session's messages (WorkerCapabilities, RequestJobChunk, Draining: the handlers forget its card, and the
+# heartbeat's metrics come with each request), so the batch reads only the workers it has no card of.
+# What a card may have wrong the claim statement checks (claims.BuildClaim: the session open and not
+# draining, the seat not held, the slots free): memory can make a claim lose, never win. A card older
+# than CARD_SECS is read again beside the batches (a change by someone else: an operator's edit of the
+# worker's projects); one not used for CARD_FORGET_SECS goes.
+CARD_SECS = 10.0
+CARD_FORGET_SECS = 60.0
+
+
+@dataclass(slots=True)
+class _Card:
+    state: selectors.WorkerState
+    scores: dict[str, tuple[int, int]]
+    large: int  # open builds that transfer much, when read (scoring's saturation)
+    read_at: float  # time.monotonic()
+    refreshing: bool = False
+
+
+_cards: dict[uuid.UUID, _Card] = {}  # by session id
+_cards_epoch = 0  # one more at every forget_card: a read begun before it keeps nothing
+_cards_lock = threading.Lock()
+_cards_swept = 0.0
+
+
+def forget_card(session_id: uuid.UUID) -> None:
+    """What this process remembers of the session's worker is behind (its capabilities, scores or
+    draining changed, or the session ended): its next request reads it again."""
+    global _cards_epoch
+    with _cards_lock:
+        _cards.pop(session_id, None)
+        _cards_epoch += 1
+
+
+def _cards_kept(session_ids: Sequence[uuid.UUID] | None) -> bool:
+    """Cards serve the requests of known sessions on PostgreSQL, whose claim statement checks them."""
+    return session_ids is not None and connection.vendor == "postgresql"
+
+
+def _held_in_claim() -> bool:
+    """Whether the claim statement checks every seat hold itself (PostgreSQL)."""
+    return connection.vendor == "postgresql" and selectors.seat_holds_in_sql()
+
+
+def _workers(batch: _Batch, indices: list[int], *, remembered: bool) -> _Workers:
+    """The workers of the requests at `indices`: from their cards where `remembered`, the others read
+    now in one statement (and kept as cards where the batch keeps them). Each request's heartbeat, when
+    newer, replaces its worker's metrics."""
+    worker_ids, session_ids = batch.worker_ids, batch.session_ids
+    states: dict[uuid.UUID, selectors.WorkerState] = {}
+    scores: dict[uuid.UUID, selectors.Scores] = {}
+    large: dict[uuid.UUID, int] = {}
+    carded: set[uuid.UUID] = set()
+    missing: dict[uuid.UUID, None] = {}
+    due: list[_Card] = []
+    tick = time.monotonic()
+    with _cards_lock:
+        epoch = _cards_epoch
+        for index in indices:
+            worker_id = worker_ids[index]
+            if worker_id in states or worker_id in missing:
+                continue
+            card = _cards.get(session_ids[index]) if remembered and session_ids is not None else None
+            if card is None or card.state.id != worker_id:
+                missing[worker_id] = None
+                continue
+            states[worker_id], scores[worker_id], large[worker_id] = card.state, card.scores, card.large
+            carded.add(worker_id)
+            if tick - card.read_at >= CARD_SECS and not card.refreshing:
+                card.refreshing = True
+                due.append(card)
+    open_builds: dict[uuid.UUID, selectors.OpenBuilds] = {}
+    if missing:
+        read, open_builds, read_scores = selectors.workers_scored_of_batch(list(missing), batch.now)
+        states.update(read)
+        scores.update(read_scores)
+        large.update((w, o.large_transfers) for w, o in open_builds.items())
+        if _cards_kept(session_ids):
+            _keep_cards(read, open_builds, read_scores, epoch, tick, gone=())
+    if due:
+        _in_background(functools.partial(_refresh_cards, due))
+    if batch.metrics is not None:
+        for index in indices:
+            state = states.get(worker_ids[index])
+            if state is not None and (beat := batch.metrics[index]) is not None:
+                _with_metrics(state.worker, *beat)
+    for worker_id in carded:
+        selectors.scoring_metrics(states[worker_id].worker, batch.now)
+    return _Workers(states, open_builds, scores, large, carded)
+
+
+def _with_metrics(worker: Any, metrics: WorkerMetrics, at: datetime) -> None:
+    """The heartbeat's metrics on the worker's row (not saved: the presence flush writes them), when
+    newer than those it holds."""
+    if worker.metrics_at is None or at > worker.metrics_at:
+        for name in METRIC_FIELDS:
+            setattr(worker, name, getattr(metrics, name))
+        worker.metrics_at = at
+
+
+def _keep_cards(
+    read: dict[uuid.UUID, selectors.WorkerState],
+    open_builds: dict[uuid.UUID, selectors.OpenBuilds],
+    scores: dict[uuid.UUID, selectors.Scores],
+    epoch: int,
+    tick: float,
+    gone: Sequence[uuid.UUID],
+) -> None:
+    """Keep what a read begun at `epoch` found, unless a card was forgotten since (it may be older than
+    that change); `gone`: sessions whose worker the read no longer found (closed, deactivated)."""
+    global _cards_swept
+    with _cards_lock:
+        if _cards_epoch != epoch:
+            return
+        for worker_id, state in read.items():
+            _cards[state.session_id] = _Card(
+                state,
+                scores.get(worker_id, {}),
+                open_builds.get(worker_id, selectors.OpenBuilds()).large_transfers,
+                tick,
+            )
+        for session_id in gone:
+            _cards.pop(session_id, None)
+        if tick - _cards_swept >= CARD_SECS:
+            _cards_swept = tick
+            for session_id in [s for s, c in _cards.items() if tick - c.read_at >= CARD_FORGET_SECS]:
+                del _cards[session_id]
+
+
+def _refresh_cards(due: list[_Card]) -> None:
+    """Read the due cards' workers again (beside the claim batches, on another thread of the claims
+    lane): a change nobody announced (an operator's) reaches the cards within CARD_SECS."""
+    with _cards_lock:
+        epoch = _cards_epoch
+    tick = time.monotonic()
+    try:
+        read, open_builds, scores = selectors.workers_scored_of_batch([c.state.id for c in due])
+        found = {state.session_id for state in read.values()}
+        gone = [c.state.session_id for c in due if c.state.session_id not in found]
+        _keep_cards(read, open_builds, scores, epoch, tick, gone=gone)
+    finally:
+        for card in due:
+            card.refreshing = False
+
+
+def _answer(batch: _Batch, indices: list[int], workers: _Workers) -> list[int]:
+    """Answer the batch's requests at `indices`; returns those a card served that were left without a
+    choice, refused by nothing (to be decided again from a fresh read)."""
+    worker_ids, now = batch.worker_ids, batch.now
+    check_in_claim = _cards_kept(batch.session_ids)
+    held = set() if _held_in_claim() else selectors.workers_held(list(workers.states), JobKind.BUILD)
     asking: list[_Asking] = []
+    # The batch's requests already answered count against their workers' slots.
     planned: dict[uuid.UUID, int] = {}
-    for index, worker_id in enumerate(worker_ids):
-        state = states.get(worker_id)
+    for index, answer in enumerate(batch.answers):
+        if answer is not None:
+            planned[worker_ids[index]] = planned.get(worker_ids[index], 0) + 1
+    for index in indices:
+        worker_id = worker_ids[index]
+        state = workers.states.get(worker_id)
         if state is None or state.draining:
             continue
-        if session_ids is not None and session_ids[index] != state.session_id:
+        if batch.session_ids is not None and batch.session_ids[index] != state.session_id:
             continue  # asked by a session closed since: its worker has another now (or none)
-        counts = open_builds.get(worker_id, selectors.OpenBuilds())
-        running = max(0, counts.running - (finishing[index] if finishing is not None else 0))
-        if running + planned.get(worker_id, 0) >= max(1, state.worker.max_concurrent_builds):
-            full.append(worker_id)
-            continue
+        finishing = batch.finishing[index] if batch.finishing is not None else 0
+        slots = max(1, state.worker.max_concurrent_builds)
+        if worker_id not in workers.carded:
+            counts = workers.open_builds.get(worker_id, selectors.OpenBuilds())
+            running = max(0, counts.running - finishing)
+            if running + planned.get(worker_id, 0) >= slots:
+                batch.clear.append(worker_id)  # full
+                continue
         if worker_id in held:
-            idle.append(worker_id)  # a reserved seat: it waits, idle, for its cluster
+            batch.idle.append(worker_id)  # a reserved seat: it waits, idle, for its cluster
             continue
+        room = slots - planned.get(worker_id, 0) if check_in_claim else None
         planned[worker_id] = planned.get(worker_id, 0) + 1
-        view = _worker_view(state, counts.large_transfers)
-        asking.append(_Asking(index, state, view, scores.get(worker_id, {})))
+        view = _worker_view(state, workers.large.get(worker_id, 0))
+        asking.append(
+            _Asking(index, state, view, workers.scores.get(worker_id, {}), room=room, finishing=finishing)
+        )
     pool = selectors.pool_view(now)
     policy = _policy()
     with _claiming_lock:
@@ -282,10 +511,10 @@ def _request_builds(
     _rank_each(asking, pool, policy, now, len(busy))
     # The idle slots of the workers served or full go; those of the asking workers go with the first
     # claim statement (those left unanswered are recorded again below).
-    clear = full + [a.state.id for a in asking]
-    won = _claim_choices(asking, answers, pool, policy, now, tried, busy, chosen, clear)
+    batch.clear.extend(a.state.id for a in asking)
+    _claim_choices(asking, batch.answers, pool, policy, now, batch.tried, busy, batch.chosen, batch.clear)
     kept = queue_book.book()
-    behind = [a for a in asking if answers[a.index] is None and a.shared is not None]
+    behind = [a for a in asking if batch.answers[a.index] is None and a.shared is not None and not a.refused]
     if kept is not None and behind:
         # Left unanswered from the book: its entry may be behind (claims of another process, a change
         # not announced yet). Once more from the queue itself.
@@ -293,11 +522,24 @@ def _request_builds(
             kept.forget((*_shape(a.state), wait_cap_secs(pool) is None))
             a.shared, a.at = None, 0
         _rank_each(behind, pool, policy, now, len(busy))
-        won += _claim_choices(behind, answers, pool, policy, now, tried, busy | chosen, chosen, clear)
-    lost.update(a.index for a in asking if answers[a.index] is None and a.lost)
-    idle.extend(a.state.id for a in asking if answers[a.index] is None)
-    _clear_idle_slots(clear, JobKind.BUILD)  # no claim statement took them: nothing was chosen
-    _record_idle_slots(idle, JobKind.BUILD, now)
+        _claim_choices(
+            behind,
+            batch.answers,
+            pool,
+            policy,
+            now,
+            batch.tried,
+            busy | batch.chosen,
+            batch.chosen,
+            batch.clear,
+        )
+    unanswered = [a for a in asking if batch.answers[a.index] is None]
+    unsure = [a.index for a in unanswered if not a.refused and not a.lost and a.state.id in workers.carded]
+    batch.lost.update(a.index for a in unanswered if a.lost and not a.refused)
+    batch.idle.extend(
+        a.state.id for a in unanswered if a.refused in ("", claims_sql.REFUSED_HELD) and a.index not in unsure
+    )
+    return unsure
 
 
 def _uuid4s(n: int) -> list[uuid.UUID]:
@@ -525,14 +767,20 @@ def _claim_choices(
                 assignment_id=assignment_id,
                 job_builtins=job_builtins,
                 session_id=a.state.session_id,
+                room=a.room,
+                finishing=a.finishing,
             )
             claims.append((a, choice, claim, job))
-        won = lifecycle.claim_builds(claims=[c for _, _, c, _ in claims], now=claimed_at, idle_cleared=clear)
+        refused: dict[uuid.UUID, str] = {}
+        won = lifecycle.claim_builds(
+            claims=[c for _, _, c, _ in claims], now=claimed_at, idle_cleared=clear, refused=refused
+        )
         if claims:  # the statement took them
             clear.clear()
         if (kept := queue_book.book()) is not None:
             # Claimed, or lost (taken elsewhere, no longer Queued or wanted): out of the book either way.
-            kept.gone(_build_id(c.job_id) for _, c in chosen_now)
+            # A claim refused for its worker says nothing of its build.
+            kept.gone(_build_id(c.job_id) for a, c, claim, _ in claims if claim.assignment_id not in refused)
         waiting = []
         for a, choice, claim, payload in claims:
             if claim.assignment_id in won:
@@ -540,6 +788,12 @@ def _claim_choices(
                     claim.assignment_id, choice.job_id, JobKind.BUILD, payload, choice
                 )
                 served.append(a.state.id)
+            elif claim.assignment_id in refused:
+                # Its worker's session closed or draining, its seat held or its slots full: what the
+                # process remembered of it was behind; no next choice.
+                a.refused = refused[claim.assignment_id]
+                if a.refused != claims_sql.REFUSED_HELD:
+                    forget_card(a.state.session_id)
             else:
                 a.lost = True
                 waiting.append(a)
@@ -719,12 +973,13 @@ def hand_out_builds(
     now: datetime,
     session_ids: Sequence[uuid.UUID] | None = None,
     finishing: Sequence[int] | None = None,
+    metrics: Sequence[SessionMetrics | None] | None = None,
 ) -> list[AssignJob | AskAgain | None]:
     """A batch of RequestJob{build} from any sessions of this process (the dispatcher's): the AssignJob
     of each, ASK_AGAIN for one whose claims lost, or None for one left unanswered, once the batch's
     claims committed. A claim whose commit went unheard is handed out as in hand_out. `session_ids`:
     the session that asked each, and `finishing`, its worker's builds whose end is on its way
-    (request_builds)."""
+    (request_builds), and `metrics`, its session's latest heartbeat."""
     tried: list[uuid.UUID] = []
     lost: set[int] = set()
     try:
@@ -735,6 +990,7 @@ def hand_out_builds(
             lost=lost,
             session_ids=session_ids,
             finishing=finishing,
+            metrics=metrics,
         )
     except (OperationalError, InterfaceError):
         return list(_unheard_or_raise(worker_ids, tried))

@@ -30,7 +30,7 @@ from gradient.core.vocab import (
 )
 from gradient.runtime import setsql
 from gradient.runtime.setsql import fixed_cursor
-from gradient.scheduling import history
+from gradient.scheduling import history, selectors
 from gradient.scheduling.models import DispatchedJob
 
 _COLUMNS = (
@@ -262,6 +262,20 @@ class BuildClaim:
     missing_count: int | None = None
     cluster_attempt_id: uuid.UUID | None = None
     session_id: uuid.UUID | None = None  # as ClaimRequest's: the claim holds only while it is open
+    # A RequestJob's claim on PostgreSQL: the worker's build slots left for it (its slots less the
+    # batch's earlier requests of that worker), and how many of its open builds are finishing (their end
+    # on its way). The claim holds only while its open builds, less those, stay below `room`. None: no
+    # check (a cluster's seat, or the caller checked already).
+    room: int | None = None
+    finishing: int = 0
+
+
+# Why the claim statement refused a claim for its worker rather than for its build (claim_builds'
+# `refused`): the session closed or draining, the worker's seat held (a cluster's reservation), or its
+# slots full. A claim lost for its build (taken, no longer Queued, not wanted) is in neither.
+REFUSED_SESSION = "session"
+REFUSED_HELD = "held"
+REFUSED_FULL = "full"
 
 
 # Claims and starts of a whole batch of shared builds in one statement (PostgreSQL): each build's row is
@@ -277,26 +291,48 @@ WITH req AS (
     -- element by element in Python, a fifth of a claim batch's time on its thread).
     SELECT * FROM json_to_recordset(%(claims)s::json) AS r(aid uuid, build_id uuid, worker_id uuid,
         cluster_attempt_id uuid, score float8, breakdown jsonb, nar bigint, cnt int, job jsonb,
-        queued_at timestamptz, session_id uuid)
+        queued_at timestamptz, session_id uuid, room int, fin int)
 ), sess AS (
+    -- Open and not draining (the worker's Draining, or its serve's), locked: see _session_condition.
     SELECT s.id FROM worker_session s
-    WHERE s.id = ANY(ARRAY(SELECT session_id FROM req)) AND s.closed_at IS NULL
+    WHERE s.id = ANY(ARRAY(SELECT session_id FROM req)) AND s.closed_at IS NULL AND NOT s.draining
     FOR KEY SHARE
+), busy AS (
+    -- The open build assignments of the workers whose claims check their slots (room).
+    SELECT d.worker_id, count(*) AS n FROM dispatched_job d
+    WHERE d.worker_id = ANY(ARRAY(SELECT worker_id FROM req WHERE room IS NOT NULL))
+      AND d.finished_at IS NULL AND d.kind = %(kind)s
+    GROUP BY d.worker_id
+), checked AS (
+    -- Each claim with what its worker allows: a claim naming a session holds while it is open; a
+    -- RequestJob's (no cluster attempt) not on a seat a rule holds (a cluster's reservation), nor
+    -- beyond its worker's free slots. What the process remembers of its sessions (their capabilities,
+    -- their slots) may be behind: checked here.
+    SELECT r.*,
+        CASE
+            WHEN r.session_id IS NOT NULL AND r.session_id NOT IN (SELECT id FROM sess) THEN '{session}'
+            WHEN r.cluster_attempt_id IS NULL AND ({held}) THEN '{held_reason}'
+            WHEN r.room IS NOT NULL AND GREATEST(
+                COALESCE((SELECT n FROM busy WHERE busy.worker_id = r.worker_id), 0) - r.fin, 0) >= r.room
+                THEN '{full}'
+            ELSE ''
+        END AS refused
+    FROM req r
 ), cleared AS (
     -- The idle build slots of the batch's workers go (recorded again, after, for those left unanswered):
     -- here rather than a statement of their own, one round trip less per batch.
     DELETE FROM idle_slot WHERE worker_id = ANY(%(idle)b::uuid[]) AND kind = %(kind)s
 ), locked AS (
     SELECT b.id, b.queued_at FROM derivation_build b
-    WHERE b.id IN (SELECT build_id FROM req) AND b.status = %(queued_status)s
+    WHERE b.id IN (SELECT build_id FROM checked WHERE refused = '') AND b.status = %(queued_status)s
       AND (b.retry_at IS NULL OR b.retry_at <= %(now)s)
     FOR NO KEY UPDATE SKIP LOCKED
 ), eligible AS (
     -- A RequestJob's claim (no cluster attempt) holds only for a build no live cluster has as a member
     -- and that an active evaluation of one of the worker's projects needs: the choice came from the
     -- process's book, which may be behind (gradient.scheduling.book); checked on the locked row.
-    SELECT r.*, l.queued_at AS row_queued_at FROM req r JOIN locked l ON l.id = r.build_id
-    WHERE (r.session_id IS NULL OR r.session_id IN (SELECT id FROM sess))
+    SELECT r.*, l.queued_at AS row_queued_at FROM checked r JOIN locked l ON l.id = r.build_id
+    WHERE r.refused = ''
     AND (r.cluster_attempt_id IS NOT NULL OR (
         NOT EXISTS (
             SELECT 1 FROM cluster_member m JOIN cluster_job c ON c.id = m.cluster_job_id
@@ -325,8 +361,28 @@ WITH req AS (
     SELECT gen_random_uuid(), s.build_id, s.aid, s.worker_id, s.attempts, %(running)s, '', %(now)s
     FROM started s
 )
-SELECT aid, attempts FROM started
+SELECT aid, attempts, '' FROM started
+UNION ALL
+SELECT aid, NULL, refused FROM checked WHERE refused <> ''
 """
+
+
+_statements: dict[str, str] = {}
+
+
+def _claim_builds_sql() -> str:
+    """_CLAIM_BUILDS with the registered seat holds' condition (made once: its text is fixed, and so its
+    prepared plan)."""
+    sql = _statements.get("claim")
+    if sql is None:
+        held = selectors.seat_held_sql(worker="r.worker_id", kind="%(kind)s")
+        sql = _statements["claim"] = (
+            _CLAIM_BUILDS.replace("{held}", held)
+            .replace("{session}", REFUSED_SESSION)
+            .replace("{held_reason}", REFUSED_HELD)
+            .replace("{full}", REFUSED_FULL)
+        )
+    return sql
 
 
 _encode_json = msgspec.json.Encoder().encode
@@ -346,15 +402,22 @@ class _ClaimRow(msgspec.Struct):
     job: dict[str, Any]
     queued_at: datetime | None
     session_id: uuid.UUID | None
+    room: int | None
+    fin: int
 
 
 def claim_builds_statement(
-    *, claims: Sequence[BuildClaim], now: datetime, idle_cleared: Sequence[uuid.UUID] = ()
+    *,
+    claims: Sequence[BuildClaim],
+    now: datetime,
+    idle_cleared: Sequence[uuid.UUID] = (),
+    refused: dict[uuid.UUID, str] | None = None,
 ) -> dict[uuid.UUID, int]:
     """The batch's claims and starts in one statement (PostgreSQL only; the caller has a transaction):
     won assignment id -> the build's attempt number. Two claims of one build in a batch: one wins; a
     build another transaction holds is lost at once (SKIP LOCKED), never waited for. `idle_cleared`:
-    workers whose idle build slots the same statement deletes (a RequestJob batch's)."""
+    workers whose idle build slots the same statement deletes (a RequestJob batch's). `refused` gets
+    the claims refused for their worker (REFUSED_*), by assignment id."""
     if not claims:
         return {}
     rows = [
@@ -370,6 +433,8 @@ def claim_builds_statement(
             c.job,
             c.queued_at,
             c.session_id,
+            c.room,
+            c.finishing,
         )
         for c in claims
     ]
@@ -384,6 +449,12 @@ def claim_builds_statement(
         "cluster_ended": [s.value for s in CLUSTER_TERMINAL],
         "active": [s.value for s in EVALUATION_ACTIVE],
     }
+    won: dict[uuid.UUID, int] = {}
     with fixed_cursor() as cursor:
-        cursor.execute(_CLAIM_BUILDS, params)
-        return {row[0]: int(row[1]) for row in cursor.fetchall()}
+        cursor.execute(_claim_builds_sql(), params)
+        for aid, attempts, why in cursor.fetchall():
+            if not why:
+                won[aid] = int(attempts)
+            elif refused is not None:
+                refused[aid] = why
+    return won

@@ -167,10 +167,13 @@ def build_claim(
     assignment_id: uuid.UUID,
     job_builtins: dict[str, Any] | None = None,
     session_id: uuid.UUID | None = None,
+    room: int | None = None,
+    finishing: int = 0,
 ) -> BuildClaim:
     """What claim_builds needs to claim `build` for a worker, with the AssignJob's `job` payload (and
     its plain form, when the caller keeps it made already). With `session_id`, the claim holds only
-    while that session of the worker is open (the one its AssignJob goes to)."""
+    while that session of the worker is open (the one its AssignJob goes to); with `room`, only while
+    the worker's open builds less `finishing` stay below it (BuildClaim)."""
     return BuildClaim(
         assignment_id=assignment_id,
         build_id=build.id,
@@ -183,6 +186,8 @@ def build_claim(
         missing_count=terms.missing_count,
         cluster_attempt_id=terms.cluster_attempt_id,
         session_id=session_id,
+        room=room,
+        finishing=finishing,
     )
 
 
@@ -192,6 +197,7 @@ def claim_builds(
     now: datetime,
     skip_locked: bool = True,
     idle_cleared: Sequence[uuid.UUID] = (),
+    refused: dict[uuid.UUID, str] | None = None,
 ) -> set[uuid.UUID]:
     """Claim and start a batch of shared builds, each for its worker, inside the caller's transaction:
     THE claim-and-start of a shared build (a RequestJob batch, a single claim, a cluster's seat). Each
@@ -205,11 +211,16 @@ def claim_builds(
     transaction instead, taking its locks in the order every other claim does (the assignment row, then
     the build's), so that it never deadlocks with one: claim by claim, each in a savepoint.
     `idle_cleared`: workers whose idle build slots go with the claims (a RequestJob batch's: in the
-    claim statement on PostgreSQL, by the caller elsewhere)."""
+    claim statement on PostgreSQL, by the caller elsewhere). `refused`: on PostgreSQL, the claims the
+    statement refused for their worker rather than their build (claims.REFUSED_*: the session closed
+    or draining, the seat held, the slots full), by assignment id; elsewhere the caller checks those."""
     if not claims:
         return set()
+    turned: dict[uuid.UUID, str] = {}
     if connection.vendor == "postgresql" and skip_locked:
-        won = set(claim_builds_statement(claims=claims, now=now, idle_cleared=idle_cleared))
+        won = set(claim_builds_statement(claims=claims, now=now, idle_cleared=idle_cleared, refused=turned))
+        if refused is not None:
+            refused.update(turned)
     else:
         if idle_cleared:
             IdleSlot.objects.filter(worker_id__in=list(idle_cleared), kind=JobKind.BUILD).delete()
@@ -218,7 +229,7 @@ def claim_builds(
     # the rows of builds no longer visible (offers._fresh_candidates): a delete of one row per worker
     # offered the build, on every claim, was most of a hand-out's writes. Back in the pool (requeue_job,
     # fail_build, abandon_assignment) a build's rows go at once, so it is offered again.
-    if lost := len(claims) - len(won):
+    if lost := len(claims) - len(won) - len(turned):
         metrics.count(metrics.CLAIMS_LOST, amount=float(lost))
     return won
 

@@ -56,6 +56,7 @@ def worker_capabilities(*, session: SessionRef, message: WorkerCapabilities) -> 
     """Replace the stored capabilities; the consumer then triggers assignment (`job_offers`, on the
     offer lane: what the worker can run now; running jobs and earlier offers stay)."""
     services.worker_capabilities_replace(session=session, capabilities=message, now=timezone.now())
+    assignment.forget_card(session.session_id)
     return []
 
 
@@ -95,6 +96,7 @@ def reports_batch(batch: Sequence[tuple[SessionRef, Incoming]]) -> list[reports.
 def draining(*, session: SessionRef, message: Draining) -> list[ServerMessage]:
     """The worker is stopping: assign it nothing more."""
     services.worker_session_drain(session=session, now=timezone.now())
+    assignment.forget_card(session.session_id)
     return []
 
 
@@ -107,6 +109,7 @@ def request_job_list(*, session: SessionRef, message: RequestJobList) -> list[Se
 def request_job_chunk(*, session: SessionRef, message: RequestJobChunk) -> list[ServerMessage]:
     """Store the worker's scores of offered candidates."""
     offers.candidate_scores_store(worker_id=session.worker_id, scores=message.scores, now=timezone.now())
+    assignment.forget_card(session.session_id)
     return []
 
 
@@ -148,6 +151,7 @@ def request_builds_batch(
         now=timezone.now(),
         session_ids=[session.session_id for session, _ in batch],
         finishing=[request.finishing for _, request in batch],
+        metrics=[presence.latest_metrics(session.session_id) for session, _ in batch],
     )
 
 
