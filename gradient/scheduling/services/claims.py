@@ -297,12 +297,6 @@ WITH req AS (
     SELECT s.id FROM worker_session s
     WHERE s.id = ANY(ARRAY(SELECT session_id FROM req)) AND s.closed_at IS NULL AND NOT s.draining
     FOR KEY SHARE
-), busy AS (
-    -- The open build assignments of the workers whose claims check their slots (room).
-    SELECT d.worker_id, count(*) AS n FROM dispatched_job d
-    WHERE d.worker_id = ANY(ARRAY(SELECT worker_id FROM req WHERE room IS NOT NULL))
-      AND d.finished_at IS NULL AND d.kind = %(kind)s
-    GROUP BY d.worker_id
 ), checked AS (
     -- Each claim with what its worker allows: a claim naming a session holds while it is open; a
     -- RequestJob's (no cluster attempt) not on a seat a rule holds (a cluster's reservation), nor
@@ -312,8 +306,12 @@ WITH req AS (
         CASE
             WHEN r.session_id IS NOT NULL AND r.session_id NOT IN (SELECT id FROM sess) THEN '{session}'
             WHEN r.cluster_attempt_id IS NULL AND ({held}) THEN '{held_reason}'
-            WHEN r.room IS NOT NULL AND GREATEST(
-                COALESCE((SELECT n FROM busy WHERE busy.worker_id = r.worker_id), 0) - r.fin, 0) >= r.room
+            -- The worker's open build assignments, on the index of open assignments by worker (a
+            -- generic plan made the first time walked every open assignment for each claim instead).
+            WHEN r.room IS NOT NULL AND GREATEST((
+                SELECT count(*) FROM dispatched_job d
+                WHERE d.worker_id = r.worker_id AND d.finished_at IS NULL AND d.kind = %(kind)s
+            ) - r.fin, 0) >= r.room
                 THEN '{full}'
             ELSE ''
         END AS refused
