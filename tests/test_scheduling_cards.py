@@ -5,6 +5,7 @@ again from what the database holds. Memory may make a claim lose, never win."""
 
 from __future__ import annotations
 
+import time
 import uuid
 from datetime import timedelta
 
@@ -179,3 +180,14 @@ def test_the_claim_statement_says_why_it_refused_a_claim_for_its_worker() -> Non
     # Nothing written for a refused claim: b is still Queued, with no assignment.
     assert DerivationBuild.objects.get(id=b.id).status == BuildStatus.QUEUED
     assert not DispatchedJob.objects.filter(derivation_build_id=b.id).exists()
+
+
+def test_a_read_begun_before_a_sessions_card_was_forgotten_keeps_nothing_of_that_session() -> None:
+    project = ProjectFactory()
+    first, second = connected_worker([project]), connected_worker([project])
+    epoch = assignment._cards_epoch
+    states, open_builds, scores = selectors.workers_scored_of_batch([first.id, second.id])
+    assignment.forget_card(_session(first).id)  # its WorkerCapabilities handled while the read ran
+    assignment._keep_cards(states, open_builds, scores, epoch, time.monotonic(), gone=())
+    assert _session(first).id not in assignment._cards
+    assert assignment._cards[_session(second).id].state.id == second.id

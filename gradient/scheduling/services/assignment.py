@@ -306,7 +306,7 @@ class _Batch:
 @dataclass
 class _Workers:
     """The batch's workers as assignment sees them: their states and scores, their open builds where
-    read now (None where a card served them: the claim statement counts them), and which came from a
+    read now (not those a card served: the claim statement counts theirs), and which came from a
     card."""
 
     states: dict[uuid.UUID, selectors.WorkerState]
@@ -343,7 +343,10 @@ class _Card:
 
 
 _cards: dict[uuid.UUID, _Card] = {}  # by session id
-_cards_epoch = 0  # one more at every forget_card: a read begun before it keeps nothing
+_cards_epoch = 0  # one more at every forget_card
+# When each session's card was last forgotten (the epoch it made, the time): a read begun before keeps
+# nothing of that session (it may be older than the change).
+_forgotten: dict[uuid.UUID, tuple[int, float]] = {}
 _cards_lock = threading.Lock()
 _cards_swept = 0.0
 
@@ -355,6 +358,7 @@ def forget_card(session_id: uuid.UUID) -> None:
     with _cards_lock:
         _cards.pop(session_id, None)
         _cards_epoch += 1
+        _forgotten[session_id] = (_cards_epoch, time.monotonic())
 
 
 def _cards_kept(session_ids: Sequence[uuid.UUID] | None) -> bool:
@@ -431,13 +435,14 @@ def _keep_cards(
     tick: float,
     gone: Sequence[uuid.UUID],
 ) -> None:
-    """Keep what a read begun at `epoch` found, unless a card was forgotten since (it may be older than
-    that change); `gone`: sessions whose worker the read no longer found (closed, deactivated)."""
+    """Keep what a read begun at `epoch` found, but for the sessions whose card was forgotten since (it
+    may be older than that change); `gone`: sessions whose worker the read no longer found (closed,
+    deactivated)."""
     global _cards_swept
     with _cards_lock:
-        if _cards_epoch != epoch:
-            return
         for worker_id, state in read.items():
+            if _forgotten.get(state.session_id, (0, 0.0))[0] > epoch:
+                continue
             _cards[state.session_id] = _Card(
                 state,
                 scores.get(worker_id, {}),
@@ -450,6 +455,8 @@ def _keep_cards(
             _cards_swept = tick
             for session_id in [s for s, c in _cards.items() if tick - c.read_at >= CARD_FORGET_SECS]:
                 del _cards[session_id]
+            for session_id in [s for s, (_, at) in _forgotten.items() if tick - at >= CARD_FORGET_SECS]:
+                del _forgotten[session_id]
 
 
 def _refresh_cards(due: list[_Card]) -> None:
