@@ -10,6 +10,7 @@ from django.utils import timezone
 
 from gradient.core.protocol import decode_worker_message
 from gradient.scheduling.services.assignment import Assignment, request_job
+from gradient.scheduling.services.claims import BuildClaim
 from gradient.scheduling.services.reports import ReportOutcome, handle_report
 
 
@@ -92,3 +93,19 @@ def build(worker_id: uuid.UUID, a: Assignment) -> None:
     outputs = [{"name": o["name"], "path": o["path"], "nar_size": 4096} for o in spec["outputs"]]
     update(worker_id, a, kind="build_output", build_id=spec["build_id"], outputs=outputs, substituted=False)
     report(worker_id, a, "JobCompleted", elapsed_ms=5)
+
+
+def build_claim_for(
+    build: Any, worker: Any, session_id: uuid.UUID | None, room: int | None = None, finishing: int = 0
+) -> BuildClaim:
+    """A claim of `build` for `worker`'s session, as a RequestJob batch makes it (empty payload)."""
+    return BuildClaim(
+        assignment_id=uuid.uuid4(),
+        build_id=build.id,
+        worker_id=worker.id,
+        job={},
+        queued_at=build.queued_at,
+        session_id=session_id,
+        room=room,
+        finishing=finishing,
+    )

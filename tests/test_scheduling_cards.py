@@ -18,10 +18,10 @@ from gradient.scheduling import selectors
 from gradient.scheduling.models import DerivationBuild, DispatchedJob, build_key
 from gradient.scheduling.services import assignment, graph, lifecycle
 from gradient.scheduling.services.assignment import request_builds
-from gradient.scheduling.services.claims import REFUSED_FULL, REFUSED_HELD, REFUSED_SESSION, BuildClaim
+from gradient.scheduling.services.claims import REFUSED_FULL, REFUSED_HELD, REFUSED_SESSION
 from gradient.workers.models import Worker, WorkerSession
 from tests.factories import ClusterJobFactory, EvaluationFactory, ProjectFactory, connected_worker
-from tests.scheduling_helpers import drv
+from tests.scheduling_helpers import build_claim_for, drv
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("postgres_only")]
 
@@ -131,21 +131,6 @@ def test_the_heartbeat_newer_than_the_workers_row_is_what_the_card_is_scored_wit
     assert _ask(worker, session, metrics=[calm_again]) is not None
 
 
-def _claim(
-    build: DerivationBuild, worker: Worker, session: WorkerSession, room: int, fin: int = 0
-) -> BuildClaim:
-    return BuildClaim(
-        assignment_id=uuid.uuid4(),
-        build_id=build.id,
-        worker_id=worker.id,
-        job={},
-        queued_at=build.queued_at,
-        session_id=session.id,
-        room=room,
-        finishing=fin,
-    )
-
-
 def test_the_claim_statement_says_why_it_refused_a_claim_for_its_worker() -> None:
     project = ProjectFactory()
     a, b = _queued(project, "a", "b")
@@ -161,19 +146,19 @@ def test_the_claim_statement_says_why_it_refused_a_claim_for_its_worker() -> Non
     hold = ClusterReservation.objects.create(
         cluster_job=ClusterJobFactory(), seats=reservation, created_at=now, expires_at=held_until
     )
-    held = _claim(a, worker, session, room=1)
+    held = build_claim_for(a, worker, session.id, room=1)
     assert lifecycle.claim_builds(claims=[held], now=now, refused=refused) == set()
     assert refused == {held.assignment_id: REFUSED_HELD}
     hold.delete()
 
-    won = _claim(a, worker, session, room=1)
+    won = build_claim_for(a, worker, session.id, room=1)
     assert lifecycle.claim_builds(claims=[won], now=now, refused=refused) == {won.assignment_id}
-    full = _claim(b, worker, session, room=1)
+    full = build_claim_for(b, worker, session.id, room=1)
     assert lifecycle.claim_builds(claims=[full], now=now, refused=refused) == set()
     assert refused[full.assignment_id] == REFUSED_FULL
 
     WorkerSession.objects.filter(id=session.id).update(draining=True)
-    draining = _claim(b, worker, session, room=2)
+    draining = build_claim_for(b, worker, session.id, room=2)
     assert lifecycle.claim_builds(claims=[draining], now=now, refused=refused) == set()
     assert refused[draining.assignment_id] == REFUSED_SESSION
 

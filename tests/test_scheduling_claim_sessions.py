@@ -16,11 +16,11 @@ from gradient.core.vocab import BuildStatus, EvaluationStatus, JobKind
 from gradient.scheduling.models import DerivationBuild, DispatchedJob, build_key, eval_key
 from gradient.scheduling.services import assignment, graph, lifecycle
 from gradient.scheduling.services.assignment import request_builds
-from gradient.scheduling.services.claims import BuildClaim, ClaimRequest, claim_assignment
+from gradient.scheduling.services.claims import ClaimRequest, claim_assignment
 from gradient.workers.models import Worker, WorkerSession
 from gradient.workers.services import worker_session_close
 from tests.factories import EvaluationFactory, ProjectFactory, WorkerSessionFactory, connected_worker
-from tests.scheduling_helpers import drv
+from tests.scheduling_helpers import build_claim_for, drv
 
 
 def _queued_build_and_worker() -> tuple[DerivationBuild, Worker, WorkerSession]:
@@ -35,25 +35,15 @@ def _queued_build_and_worker() -> tuple[DerivationBuild, Worker, WorkerSession]:
     )
 
 
-def _claim(build: DerivationBuild, worker: Worker, session_id: uuid.UUID | None) -> BuildClaim:
-    return BuildClaim(
-        assignment_id=uuid.uuid4(),
-        build_id=build.id,
-        worker_id=worker.id,
-        job={},
-        queued_at=build.queued_at,
-        session_id=session_id,
-    )
-
-
 @pytest.mark.django_db
 def test_a_build_claim_for_a_closed_session_loses_and_one_for_the_open_session_wins() -> None:
     build, worker, session = _queued_build_and_worker()
     closed = WorkerSessionFactory(worker=worker, closed_at=timezone.now(), close_reason="gone")
-    assert lifecycle.claim_builds(claims=[_claim(build, worker, closed.id)], now=timezone.now()) == set()
+    stale = build_claim_for(build, worker, closed.id)
+    assert lifecycle.claim_builds(claims=[stale], now=timezone.now()) == set()
     assert not DispatchedJob.objects.exists()
     assert DerivationBuild.objects.get(id=build.id).status == BuildStatus.QUEUED
-    claim = _claim(build, worker, session.id)
+    claim = build_claim_for(build, worker, session.id)
     assert lifecycle.claim_builds(claims=[claim], now=timezone.now()) == {claim.assignment_id}
     assert DispatchedJob.objects.get(job_id=build_key(build.id)).id == claim.assignment_id
 

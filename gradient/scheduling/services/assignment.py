@@ -724,16 +724,14 @@ def _claim_choices(
     busy: set[str],
     chosen: set[str],
     clear: list[uuid.UUID],
-) -> list[uuid.UUID]:
+) -> None:
     """Claim each request's best free choice, all in one statement; the requests whose claim lost try
     their next choice, up to CLAIM_ROUNDS rounds. `busy`: builds other batches are claiming now;
     `chosen` collects this batch's choices (while it runs, the other batches pass over them); `clear`,
-    workers whose idle slots the first claim statement deletes (emptied once it has). Fills `answers`;
-    returns the workers served."""
+    workers whose idle slots the first claim statement deletes (emptied once it has). Fills `answers`."""
     taken: set[str] = set(busy)
     hints: dict[int, int] = {}  # for next_choice, by id(): the requests keep their shared orders alive
     waiting = list(asking)
-    served: list[uuid.UUID] = []
     for _round in range(CLAIM_ROUNDS):
         chosen_now: list[tuple[_Asking, Score]] = []
         with _claiming_lock:  # chosen and marked at once: two batches never choose the same build
@@ -794,7 +792,6 @@ def _claim_choices(
                 answers[a.index] = Assignment(
                     claim.assignment_id, choice.job_id, JobKind.BUILD, payload, choice
                 )
-                served.append(a.state.id)
             elif claim.assignment_id in refused:
                 # Its worker's session closed or draining, its seat held or its slots full: what the
                 # process remembered of it was behind; no next choice.
@@ -804,7 +801,6 @@ def _claim_choices(
             else:
                 a.lost = True
                 waiting.append(a)
-    return served
 
 
 _Payload = tuple[DerivationBuild, Job, dict[str, Any] | None]
