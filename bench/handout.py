@@ -117,6 +117,7 @@ class Config:
     naive_window: float = 10.0
     naive_jobs: int = 200_000
     naive_connections: int = 8
+    latencies_to: str | None = None
 
 
 # --- the database side -------------------------------------------------------------------------------
@@ -616,6 +617,9 @@ async def drive(
     bench.stopped_at = timezone.now()
     handouts = len(bench.handed) - handed_before
     latencies = [ms for at, ms in bench.latencies if start.at <= at <= end.at]
+    if config.latencies_to:  # every answered RequestJob: seconds since the clients started, ms waited
+        lines = "".join(f"{at - bench.started:.3f} {ms:.1f}\n" for at, ms in bench.latencies)
+        await asyncio.to_thread(Path(config.latencies_to).write_text, lines)
     backends = await asyncio.to_thread(backend_pids, conn)
     await asyncio.sleep(STATS_FLUSH_SECS)  # the clients are quiet: every backend's statistics flushed
     db_end = await asyncio.to_thread(db_counters, conn)
@@ -826,6 +830,11 @@ def main() -> None:
         type=int,
         default=200_000,
         help="jobs seeded into the naive queue; the run fails if its window empties them",
+    )
+    parser.add_argument(
+        "--latencies-to",
+        default=None,
+        help="write each answered RequestJob as a line: seconds since the clients started, ms waited",
     )
     args = parser.parse_args()
     if min(args.clients, args.builds, args.ceiling_jobs, args.ceiling_threads, args.naive_jobs) < 1:

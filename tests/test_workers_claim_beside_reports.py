@@ -1,6 +1,7 @@
 """A RequestJob{build} right after the JobCompleted that freed its slot is claimed beside that report's
 batch, not after it: the hand-out waits for one commit (the claim's), and the slot the report frees
-counts as free already. A worker that asks while its slots are all taken still gets nothing."""
+counts as free already, one round ahead at most: the reports of the round before wait for nothing
+more. A worker that asks while its slots are all taken still gets nothing."""
 
 from __future__ import annotations
 
@@ -28,12 +29,12 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 @database_sync_to_async
-def _setup(make_worker: Any) -> tuple[str, str]:
+def _setup(make_worker: Any, names: tuple[str, ...] = ("a", "b")) -> tuple[str, str]:
     project = ProjectFactory(name="p")
     worker, token = make_worker(projects=("p",))
     evaluation = EvaluationFactory(project=project, status=EvaluationStatus.BUILDING)
-    graph.ingest_eval_result(evaluation=evaluation, derivations=[drv("a"), drv("b")], now=timezone.now())
-    assert DerivationBuild.objects.filter(status=BuildStatus.QUEUED).count() == 2
+    graph.ingest_eval_result(evaluation=evaluation, derivations=[drv(n) for n in names], now=timezone.now())
+    assert DerivationBuild.objects.filter(status=BuildStatus.QUEUED).count() == len(names)
     return str(worker.id), token
 
 
@@ -133,6 +134,46 @@ async def test_a_request_sent_once_the_completion_is_being_applied_does_not_wait
     finally:
         release.set()
     await _completed(comm, first)
+    await finish(comm)
+
+
+async def test_claims_run_one_round_ahead_of_the_reports_at_most(
+    make_worker: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While the first build's JobCompleted is held, the second build is handed out beside it; once the
+    second is finished too, the third request waits for the first round's reports: a session's claims
+    do not outrun its reports (300 workers on a deep queue queued 58 000 reports so, each worker's next
+    request waiting seconds behind them)."""
+    worker_id, token = await _setup(make_worker, ("a", "b", "c"))
+    release = threading.Event()
+    real = jobloop.reports_batch
+
+    def slow_reports(batch: Any) -> Any:
+        if any(isinstance(message, JobCompleted) for _, message in batch):
+            assert release.wait(TIMEOUT * 2)
+        return real(batch)
+
+    monkeypatch.setattr(jobloop, "reports_batch", slow_reports)
+    comm, _ = await handshake(worker_id, token)
+    await comm.send_json_to({**CAPABILITIES, "max_concurrent_builds": 1})
+    first = await assigned(comm, "build")
+    for frame in _finished(first):
+        await comm.send_json_to(frame)
+    try:
+        second = await assigned(comm, "build")  # beside the held completion, as above
+        for frame in _finished(second):
+            await comm.send_json_to(frame)
+        await comm.send_json_to({"type": "RequestJob", "kind": "build"})
+        assert await comm.receive_nothing(timeout=0.5), "the third waits for the first round's reports"
+        rows = await database_sync_to_async(lambda: DispatchedJob.objects.count())()
+        assert rows == 2, "nothing more was claimed"
+    finally:
+        release.set()
+    third = await comm.receive_json_from(timeout=TIMEOUT)
+    assert third["type"] == "AssignJob", third
+    assert third["job_id"] not in (first["job_id"], second["job_id"])
+    await _completed(comm, first)
+    await _completed(comm, second)
     await finish(comm)
 
 

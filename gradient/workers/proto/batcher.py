@@ -34,6 +34,9 @@ log = logging.getLogger("gradient.workers")
 
 WINDOW_SECS = 0.003
 MAX_BATCH = 256
+# A hand-out brings four reports (AssignJobResponse, two JobUpdates, JobCompleted): the report batcher
+# takes as many hand-outs' worth as the claim batcher takes requests.
+MAX_REPORTS_BATCH = 4 * MAX_BATCH
 # Batches of each kind applied at once. A session's messages are in one batch at a time (what it queued
 # meanwhile waits for the next), so they apply in the order it sent them. One: since a claim batch lost
 # five of its round trips (its sessions, idle slots, scores and payloads went into its other statements,
@@ -70,6 +73,7 @@ class Batcher:
         window: float = WINDOW_SECS,
         in_flight: int | None = None,
         lane: lanes.Lane = lanes.HOT,
+        max_batch: int = MAX_BATCH,
     ) -> None:
         if in_flight is None:
             from django.conf import settings
@@ -78,6 +82,7 @@ class Batcher:
         self._apply = apply
         self._window = window
         self._lane = lane
+        self._max_batch = max_batch
         self._free = in_flight  # batches that may start now
         self._applying: set[asyncio.Task[None]] = set()
         self._sessions_applying: dict[int, int] = {}  # session key -> its items in batches being applied
@@ -141,7 +146,7 @@ class Batcher:
         applying = self._sessions_applying
         for item in self._items:
             key = item.key
-            if len(taken) >= MAX_BATCH or key in blocked or key in applying:
+            if len(taken) >= self._max_batch or key in blocked or key in applying:
                 blocked.add(key)
                 held.append(item)
             else:
@@ -198,7 +203,9 @@ _batchers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[Apply, Batc
 _last: tuple[Callable[[], asyncio.AbstractEventLoop | None], dict[Apply, Batcher]] = (lambda: None, {})
 
 
-def batcher_for(apply: Apply, window: float = WINDOW_SECS, lane: lanes.Lane = lanes.HOT) -> Batcher:
+def batcher_for(
+    apply: Apply, window: float = WINDOW_SECS, lane: lanes.Lane = lanes.HOT, max_batch: int = MAX_BATCH
+) -> Batcher:
     """This event loop's batcher of `apply` (tests run several loops, one per test): one for reports on
     the hot lane, one for RequestJobs on the claims lane."""
     global _last
@@ -209,5 +216,5 @@ def batcher_for(apply: Apply, window: float = WINDOW_SECS, lane: lanes.Lane = la
         _last = (weakref.ref(loop), mine)
     batcher = mine.get(apply)
     if batcher is None:
-        batcher = mine[apply] = Batcher(apply, window, lane=lane)
+        batcher = mine[apply] = Batcher(apply, window, lane=lane, max_batch=max_batch)
     return batcher
