@@ -148,10 +148,28 @@ class TimedHttpProtocol(HttpToolsProtocol):
             self.transport.close()
 
 
+class _LoopKeptQueue(asyncio.Queue):  # type: ignore[type-arg]
+    """asyncio.Queue asks for the running loop at every get() that waits (asyncio's _LoopBoundMixin), a
+    getpid() system call on Python 3.11 (its fork check): once per frame a socket receives. This one
+    keeps the protocol's loop, the only one it is used on."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__()
+        self._kept_loop = loop
+
+    def _get_loop(self) -> asyncio.AbstractEventLoop:
+        return self._kept_loop
+
+
 class StrictTextWebSocketProtocol(WebSocketsSansIOProtocol):
     """uvicorn's WebSocket protocol (websockets' sans-I/O), with a text frame that is no UTF-8 closed
     with 1007 as before but logged as one INFO line: uvicorn logs it at ERROR with a traceback, so any
-    client could fill the log with them. (A server's own failure still logs its traceback.)"""
+    client could fill the log with them. (A server's own failure still logs its traceback.) Its receive
+    queue keeps its loop (_LoopKeptQueue)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.queue = _LoopKeptQueue(self.loop)
 
     def send_receive_event_to_app(self) -> None:
         if self.curr_msg_data_type != "text" or self.close_sent:

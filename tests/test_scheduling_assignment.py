@@ -412,3 +412,36 @@ def test_the_pool_view_is_the_mean_wait_of_the_last_hour_and_the_idle_fetchers()
     view = selectors._pool_view(now)
     assert view.mean_wait_secs == pytest.approx((20 + 40) / 2)
     assert (view.fetch_workers_total, view.fetch_workers_idle) == (2, 1)
+
+
+def test_a_claim_batch_does_not_wait_for_the_pool_view_it_reads_again(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Once a second the pool view is read again; given a way to run it elsewhere (a serve's claim
+    batches: another thread of the claims lane), the caller gets the one it had at once and the read
+    happens there, one at a time; without one it is read in place, as before."""
+    import time
+
+    from gradient.scheduling import selectors
+    from gradient.scheduling.decisions.scoring import PoolView
+
+    reads: list[int] = []
+
+    def read(now):  # type: ignore[no-untyped-def]
+        reads.append(1)
+        return PoolView(mean_wait_secs=float(len(reads)))
+
+    monkeypatch.setattr(selectors, "_pool_view", read)
+    monkeypatch.setattr(selectors, "_pool_cache", None)
+    now = timezone.now()
+    queued: list = []  # type: ignore[type-arg]
+    first = selectors.pool_view(now, background=queued.append)
+    assert first.mean_wait_secs == 1.0 and not queued, "nothing kept yet: read in place"
+    assert selectors.pool_view(now, background=queued.append) is first and not queued, "fresh: kept"
+    stale_at = time.monotonic() - 2 * selectors._POOL_CACHE_SECS
+    monkeypatch.setattr(selectors, "_pool_cache", (stale_at, first))
+    assert selectors.pool_view(now, background=queued.append) is first, "stale: the kept one at once"
+    assert selectors.pool_view(now, background=queued.append) is first
+    assert len(queued) == 1 and reads == [1], "one read again, elsewhere, not yet run"
+    queued[0]()
+    assert selectors.pool_view(now, background=queued.append).mean_wait_secs == 2.0
+    monkeypatch.setattr(selectors, "_pool_cache", (stale_at, first))
+    assert selectors.pool_view(now).mean_wait_secs == 3.0, "no way to read elsewhere: read in place"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
@@ -516,18 +517,45 @@ def worker_can_run_eval_steps(worker: Worker, steps: tuple[str, ...]) -> bool:
 
 _POOL_CACHE_SECS = 1.0
 _pool_cache: tuple[float, PoolView] | None = None
+_pool_refreshing = False
+_pool_lock = threading.Lock()
 
 
-def pool_view(now: datetime) -> PoolView:
+def pool_view(now: datetime, background: Callable[[Callable[[], None]], object] | None = None) -> PoolView:
     """The mean wait of the last hour's hand-outs and how busy the fetch-capable workers are. Every
-    RequestJob scores with it, so a process reuses it for a second."""
-    global _pool_cache
+    RequestJob scores with it, so a process reuses it for a second. With `background` (a way to run a
+    call on another thread: the claim batches), one older than that is read again there and returned
+    meanwhile: a claim batch does not wait for it."""
+    global _pool_cache, _pool_refreshing
     tick = time.monotonic()
-    if _pool_cache is not None and tick - _pool_cache[0] < _POOL_CACHE_SECS:
-        return _pool_cache[1]
+    cached = _pool_cache
+    if cached is not None and tick - cached[0] < _POOL_CACHE_SECS:
+        return cached[1]
+    if cached is not None and background is not None:
+        with _pool_lock:
+            if _pool_refreshing:
+                return cached[1]
+            _pool_refreshing = True
+        try:
+            background(_refresh_pool)
+        except RuntimeError:  # no thread to run it (the process is stopping): read it here
+            with _pool_lock:
+                _pool_refreshing = False
+        else:
+            return cached[1]
     view = _pool_view(now)
     _pool_cache = (tick, view)
     return view
+
+
+def _refresh_pool() -> None:
+    global _pool_cache, _pool_refreshing
+    try:
+        tick = time.monotonic()
+        _pool_cache = (tick, _pool_view(timezone.now()))
+    finally:
+        with _pool_lock:
+            _pool_refreshing = False
 
 
 # _pool_view in one fixed-text statement (PostgreSQL): the mean is taken by the database, not by

@@ -511,7 +511,8 @@ def _answer(batch: _Batch, indices: list[int], workers: _Workers) -> list[int]:
         asking.append(
             _Asking(index, state, view, workers.scores.get(worker_id, {}), room=room, finishing=finishing)
         )
-    pool = selectors.pool_view(now)
+    # Read again beside the batches once a second, where the claim batch's workers are known sessions.
+    pool = selectors.pool_view(now, background=_in_background if check_in_claim else None)
     policy = _policy()
     with _claiming_lock:
         busy = set(_claiming)

@@ -74,6 +74,7 @@ class Batcher:
         in_flight: int | None = None,
         lane: lanes.Lane = lanes.HOT,
         max_batch: int = MAX_BATCH,
+        loop: asyncio.AbstractEventLoop | None = None,
     ) -> None:
         if in_flight is None:
             from django.conf import settings
@@ -83,6 +84,9 @@ class Batcher:
         self._window = window
         self._lane = lane
         self._max_batch = max_batch
+        # The loop it serves, kept: asyncio.get_running_loop() is a getpid() system call on Python 3.11
+        # (its fork check), and the hot path asked it several times a message.
+        self._loop = loop if loop is not None else asyncio.get_running_loop()
         self._free = in_flight  # batches that may start now
         self._applying: set[asyncio.Task[None]] = set()
         self._sessions_applying: dict[int, int] = {}  # session key -> its items in batches being applied
@@ -99,7 +103,7 @@ class Batcher:
         """Queue `message` of `session` for the next batch, at once: the future has its result. What one
         session queues is applied in the order it was queued (in one batch, or in batches one after
         the other), so a session may queue several reports without waiting for each."""
-        loop = asyncio.get_running_loop()
+        loop = self._loop
         future: asyncio.Future[Any] = loop.create_future()
         if not self._items:
             self._first_at = loop.time()
@@ -123,7 +127,7 @@ class Batcher:
             # Let the other sessions' messages join, unless the oldest has waited a window already (it
             # came while the last batch was applied: under load the next batch is there, and waiting
             # more would leave the lane idle for nothing).
-            waited = asyncio.get_running_loop().time() - self._first_at
+            waited = self._loop.time() - self._first_at
             if waited < self._window:
                 await asyncio.sleep(self._window - waited)
             self._start()
@@ -135,7 +139,7 @@ class Batcher:
             if not items:
                 return
             self._free -= 1
-            self._applying.add(asyncio.get_running_loop().create_task(self._apply_batch(items)))
+            self._applying.add(self._loop.create_task(self._apply_batch(items)))
 
     def _take(self) -> list[_Item]:
         """The next batch: up to MAX_BATCH items, in order, of sessions with none in a batch being
@@ -160,7 +164,7 @@ class Batcher:
         """A batch has been applied (or has failed): its sessions and its slot are free, and the next
         batch starts now if its messages have waited a window, before this one's results go out (the
         lane is busy again while the event loop answers them)."""
-        task = asyncio.current_task()
+        task = asyncio.current_task(self._loop)
         if task is not None:
             self._applying.discard(task)
         applying = self._sessions_applying
@@ -172,7 +176,7 @@ class Batcher:
                 del applying[item.key]
         self._free += 1
         if self._items:
-            if asyncio.get_running_loop().time() - self._first_at >= self._window:
+            if self._loop.time() - self._first_at >= self._window:
                 self._start()
             else:
                 self._wake.set()  # what was held back for these sessions may go after its window
@@ -204,17 +208,23 @@ _last: tuple[Callable[[], asyncio.AbstractEventLoop | None], dict[Apply, Batcher
 
 
 def batcher_for(
-    apply: Apply, window: float = WINDOW_SECS, lane: lanes.Lane = lanes.HOT, max_batch: int = MAX_BATCH
+    apply: Apply,
+    window: float = WINDOW_SECS,
+    lane: lanes.Lane = lanes.HOT,
+    max_batch: int = MAX_BATCH,
+    loop: asyncio.AbstractEventLoop | None = None,
 ) -> Batcher:
     """This event loop's batcher of `apply` (tests run several loops, one per test): one for reports on
-    the hot lane, one for RequestJobs on the claims lane."""
+    the hot lane, one for RequestJobs on the claims lane. `loop`: the running one, where the caller
+    keeps it (asking for it is a system call, see Batcher)."""
     global _last
-    loop = asyncio.get_running_loop()
+    if loop is None:
+        loop = asyncio.get_running_loop()
     last_loop, mine = _last
     if last_loop() is not loop:  # WeakKeyDictionary.setdefault makes a weak reference per call
         mine = _batchers.setdefault(loop, {})
         _last = (weakref.ref(loop), mine)
     batcher = mine.get(apply)
     if batcher is None:
-        batcher = mine[apply] = Batcher(apply, window, lane=lane, max_batch=max_batch)
+        batcher = mine[apply] = Batcher(apply, window, lane=lane, max_batch=max_batch, loop=loop)
     return batcher

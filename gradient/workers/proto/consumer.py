@@ -269,8 +269,8 @@ _DISCONNECT_CAUSES = {
 }
 
 
-def _reports_batcher() -> Batcher:
-    return batcher_for(jobloop.reports_batch, max_batch=MAX_REPORTS_BATCH)
+def _reports_batcher(loop: asyncio.AbstractEventLoop) -> Batcher:
+    return batcher_for(jobloop.reports_batch, max_batch=MAX_REPORTS_BATCH, loop=loop)
 
 
 def _finishing(pending: list[tuple[asyncio.Future[Any], Message]]) -> int:
@@ -501,7 +501,8 @@ class WorkerConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]  # channels 
             return
         await self.accept()
         admission.register(self, address)
-        loop = asyncio.get_running_loop()
+        # Kept: asking for the running loop is a getpid() system call on Python 3.11 (batcher.Batcher).
+        loop = self._loop = asyncio.get_running_loop()
         remember_serve_loop(loop)
         _live.add(self)
         self._handshake_timer: asyncio.TimerHandle | None = loop.call_later(
@@ -548,7 +549,7 @@ class WorkerConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]  # channels 
         if arrival is not None and not arrival.done():
             arrival.set_result(None)
         if self._runner is None or self._runner.done():
-            self._runner = asyncio.get_running_loop().create_task(self._run_inbox(self.session))
+            self._runner = self._loop.create_task(self._run_inbox(self.session))
         if self._inbox_bytes > INBOX_MAX_BYTES:
             self._inbox_room.clear()
             await self._inbox_room.wait()
@@ -597,7 +598,7 @@ class WorkerConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]  # channels 
                     presence.note_seen(
                         session_id=session.session_id, worker_id=session.worker_id, now=timezone.now()
                     )
-                    pending.append((_reports_batcher().enqueue(session, message), message))
+                    pending.append((_reports_batcher(self._loop).enqueue(session, message), message))
                 elif isinstance(message, RequestJob) and message.kind == "build":
                     if behind:
                         older = [p for p in pending if p[0] in behind]
@@ -630,7 +631,7 @@ class WorkerConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]  # channels 
         """Wait until a message is queued (True) or `last`, the latest queued report, has its result
         (False; a session's reports are applied in the order they were queued, so the earlier ones have
         theirs too)."""
-        arrival = self._arrival = asyncio.get_running_loop().create_future()
+        arrival = self._arrival = self._loop.create_future()
 
         def wake(_: asyncio.Future[Any]) -> None:
             if not arrival.done():
@@ -760,12 +761,14 @@ class WorkerConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]  # channels 
         answered = True
         try:
             if self._pipelined(message):
-                result = await _reports_batcher().submit(session, message)
+                result = await _reports_batcher(self._loop).submit(session, message)
                 if isinstance(result, Failed):
                     raise result.error
                 replies: list[ServerMessage] = []
             elif isinstance(message, RequestJob) and message.kind == "build":
-                claims = batcher_for(jobloop.request_builds_batch, CLAIM_WINDOW_SECS, lanes.CLAIMS)
+                claims = batcher_for(
+                    jobloop.request_builds_batch, CLAIM_WINDOW_SECS, lanes.CLAIMS, loop=self._loop
+                )
                 request = jobloop.BuildRequest(message, finishing)
                 handed = await claims.submit(session, request)
                 for _ in range(ASK_AGAIN_BATCHES):  # its claims lost to another process's: once more
