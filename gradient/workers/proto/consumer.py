@@ -490,6 +490,9 @@ class WorkerConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]  # channels 
         self._inbox_room.set()
         self._runner: asyncio.Task[None] | None = None
         self._arrival: asyncio.Future[None] | None = None  # set when the inbox gets a message
+        # The session's reports queued for the report batcher whose results the inbox's task has not
+        # seen yet (_run_inbox), in the order they came.
+        self._pending: list[tuple[asyncio.Future[Any], Message]] = []
         self._ended = asyncio.Event()
         self._build_slots = 1
         self.handshaking = False
@@ -543,6 +546,16 @@ class WorkerConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]  # channels 
             # A worker asks again every 10 s while a slot is idle: while as many requests as it has slots
             # still wait here, unanswered, the repeat would find its slots taken; it is dropped.
             return
+        if not self._inbox and self._pipelined(message):
+            # Nothing of the session's waits before it: a report goes to the report batcher from here,
+            # as the inbox's task would send it, without waking that task for it (four reports a
+            # hand-out, a task step each); the task sees its result with the others'.
+            session = self.session
+            presence.note_seen(session_id=session.session_id, worker_id=session.worker_id, now=timezone.now())
+            self._pending.append((_reports_batcher(self._loop).enqueue(session, message), message))
+            if self._runner is None or self._runner.done():
+                self._runner = self._loop.create_task(self._run_inbox(session))
+            return
         self._inbox.append((handler, message, len(text_data)))
         self._inbox_bytes += len(text_data)
         arrival = self._arrival
@@ -576,7 +589,7 @@ class WorkerConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]  # channels 
         # report batches were the slower (300 workers on 60 000 builds: 58 000 reports queued after 20 s,
         # their workers' next requests waiting up to 10 s behind them, bench/handout.py); with it the
         # claims wait for the reports, and the socket for both (back-pressure).
-        pending: list[tuple[asyncio.Future[Any], Message]] = []
+        pending = self._pending  # receive adds to it too, while nothing waits in the inbox
         behind: set[asyncio.Future[Any]] = set()  # the reports of the round before the last RequestJob
         while self._inbox or pending:
             if not self._inbox:
@@ -588,6 +601,8 @@ class WorkerConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]  # channels 
                 # still seen above (receive starts no second task while this one runs).
                 if not pending[-1][0].done() and await self._message_or_reports(pending[-1][0]):
                     continue
+                if not pending[-1][0].done():
+                    continue  # reports came meanwhile (receive queued them): wait for theirs as well
                 if not await self._settle(session, pending):
                     self._inbox_room.set()
                     return
