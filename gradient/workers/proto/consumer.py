@@ -411,7 +411,15 @@ class WorkerConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]  # channels 
         this consumer never touches the ORM from the event loop or Channels' thread-sensitive executor;
         its database work runs on the lanes' own threads (gradient.runtime.lanes), whose long-lived
         connections are kept healthy there (a dead one is dropped and the call made again), and its few
-        `database_sync_to_async` calls (the server's drain) close old connections themselves."""
+        `database_sync_to_async` calls (the server's drain) close old connections themselves. A frame
+        goes to receive() at once, as AsyncWebsocketConsumer.websocket_receive would pass it."""
+        if message["type"] == "websocket.receive":
+            text = message.get("text")
+            if text is not None:
+                await self.receive(text_data=text)
+            else:
+                await self.receive(bytes_data=message.get("bytes"))
+            return
         handler = getattr(self, get_handler_name(message), None)
         if handler is None:
             raise ValueError(f"No handler for message type {message['type']}")
@@ -941,7 +949,8 @@ class WorkerConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]  # channels 
         """Send a frame; a peer that has left already (uvicorn's ClientDisconnected, an OSError) is no
         failure of ours: its disconnect ends the session."""
         try:
-            await self.send(text_data=frame)
+            # What AsyncWebsocketConsumer.send(text_data=) does, without its two coroutine layers.
+            await self.base_send({"type": "websocket.send", "text": frame})
         except OSError:
             log.info("%s left before a frame to it went out", self._who())
             self.closing = True
