@@ -333,8 +333,11 @@ def job_offers(*, worker_id: uuid.UUID, now: datetime) -> list[JobOffer]:
 # is made once per shape and reused for SHARED_FIRST_OFFER_SECS by this process: 100 workers connecting
 # to a queue of 30 000 builds made it 100 times (~45 ms of Python and as much of PostgreSQL each, on the
 # offers lane, while the hand-outs began). A job claimed meanwhile drops out of the worker's sent set
-# at its next delta, as it would had it been claimed right after the offer.
-SHARED_FIRST_OFFER_SECS = 1.0
+# at its next delta, as it would had it been claimed right after the offer; one queued meanwhile comes
+# with that delta. As old as the candidate messages it is made of may be (RECENT_SECS, an assignment
+# pass's interval): made again each second, the list was made five times while 300 workers connected to
+# 20 000 builds (the offers lane 1.27 s of CPU in serve's first 10 s against 1.00 s, bench/handout.py).
+SHARED_FIRST_OFFER_SECS = RECENT_SECS
 _first_offers: dict[tuple[object, ...], tuple[float, list[JobCandidate], uuid.UUID]] = {}
 # A shared first offer no worker points at any more is deleted once this old (its workers had their
 # first delta; the lists made by any process's offers in the last SHARED_FIRST_OFFER_SECS stay).
