@@ -445,3 +445,27 @@ def test_a_claim_batch_does_not_wait_for_the_pool_view_it_reads_again(monkeypatc
     assert selectors.pool_view(now, background=queued.append).mean_wait_secs == 2.0
     monkeypatch.setattr(selectors, "_pool_cache", (stale_at, first))
     assert selectors.pool_view(now).mean_wait_secs == 3.0, "no way to read elsewhere: read in place"
+
+
+@pytest.mark.django_db
+def test_a_workers_state_in_one_statement_is_the_one_the_orm_reads() -> None:
+    """selectors.worker_state's fixed statement (PostgreSQL) reads what worker_states reads with the
+    ORM: the worker's row, its open session, draining or not, its projects; nothing for a worker whose
+    session is closed or that is not active."""
+    from gradient.scheduling import selectors
+
+    now = timezone.now()
+    projects = [ProjectFactory(), ProjectFactory()]
+    worker = connected_worker(projects, cpu_count=12, architectures=["x86_64-linux", "aarch64-linux"])
+    WorkerSession.objects.filter(worker=worker).update(draining=True)
+    one = selectors.worker_state(worker.id, now)
+    orm = selectors.worker_states([worker.id], now)[worker.id]
+    assert one is not None
+    assert (one.session_id, one.draining, one.project_ids) == (orm.session_id, True, orm.project_ids)
+    assert one.project_ids == frozenset(p.id for p in projects)
+    fields = [f.attname for f in type(one.worker)._meta.concrete_fields]
+    assert [getattr(one.worker, f) for f in fields] == [getattr(orm.worker, f) for f in fields]
+    WorkerSession.objects.filter(worker=worker).update(closed_at=now)
+    assert selectors.worker_state(worker.id, now) is None
+    inactive = connected_worker(projects, active=False)
+    assert selectors.worker_state(inactive.id, now) is None

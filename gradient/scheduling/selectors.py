@@ -77,7 +77,22 @@ def scoring_metrics(worker: Worker, now: datetime) -> Worker:
 
 
 def worker_state(worker_id: uuid.UUID, now: datetime | None = None) -> WorkerState | None:
-    """The worker with its open session, or None when it is not connected or not active."""
+    """The worker with its open session, or None when it is not connected or not active. On PostgreSQL
+    one statement of fixed text (each worker's offers read it: 300 connecting at once paid the ORM's
+    two queries each, on the offers lane, beside the hand-outs)."""
+    if connection.vendor == "postgresql":
+        with fixed_cursor() as cursor:
+            cursor.execute(_WORKER_STATE, {"id": worker_id})
+            row = cursor.fetchone()
+        if row is None:
+            return None
+        session_id, draining, projects, *values = row
+        return WorkerState(
+            worker=scoring_metrics(setsql.from_row(Worker, _WORKER_NAMES, values), now or timezone.now()),
+            session_id=session_id,
+            draining=draining,
+            project_ids=frozenset(projects or ()),
+        )
     session = (
         WorkerSession.objects.select_related("worker")
         .filter(worker_id=worker_id, closed_at__isnull=True, worker__active=True)
@@ -203,6 +218,15 @@ _WORKERS_OF_BATCH = (
     " CROSS JOIN LATERAL (SELECT array_agg(cs.job_id) AS jobs, array_agg(cs.missing_nar_size) AS sizes,"
     " array_agg(cs.missing_count) AS counts FROM candidate_score cs WHERE cs.worker_id = w.id) sc"
     " WHERE s.worker_id = ANY(%(ids)s::uuid[]) AND s.closed_at IS NULL AND w.active"
+)
+
+
+_WORKER_STATE = (
+    "SELECT s.id, s.draining, "  # noqa: S608 (column names from the model, no input)
+    "(SELECT array_agg(wp.project_id) FROM worker_project wp WHERE wp.worker_id = w.id), "
+    + ", ".join(f"w.{f.column}" for f in Worker._meta.concrete_fields)
+    + " FROM worker_session s JOIN worker w ON w.id = s.worker_id"
+    " WHERE s.worker_id = %(id)s AND s.closed_at IS NULL AND w.active ORDER BY s.id LIMIT 1"
 )
 
 
