@@ -535,5 +535,15 @@ def candidate_scores_store(
 
 def forget_worker_offers(worker_id: uuid.UUID) -> None:
     """A worker's session opened or ended: it has been offered nothing (its next offer is a full one)."""
+    if connection.vendor == "postgresql":  # every handshake: one statement (a fleet's come at once)
+        with fixed_cursor() as cursor:
+            cursor.execute(_FORGET_WORKER_OFFERS, {"w": worker_id})
+        return
     SentCandidate.objects.filter(worker_id=worker_id).delete()
     SentOffer.objects.filter(worker_id=worker_id).delete()
+
+
+_FORGET_WORKER_OFFERS = """
+WITH rows AS (DELETE FROM sent_candidate WHERE worker_id = %(w)s)
+DELETE FROM sent_offer WHERE worker_id = %(w)s
+"""
