@@ -142,7 +142,7 @@ class Batcher:
             self._applying.add(self._loop.create_task(self._apply_batch(items)))
 
     def _take(self) -> list[_Item]:
-        """The next batch: up to MAX_BATCH items, in order, of sessions with none in a batch being
+        """The next batch: up to its max_batch items, in order, of sessions with none in a batch being
         applied (a session held back has all its items held back, so its order stays)."""
         taken: list[_Item] = []
         held: list[_Item] = []
