@@ -82,7 +82,7 @@ def run(pending: int, cycles: int, workers: int) -> None:
     )
     from gradient.workers import presence
     from gradient.workers.models import WorkerSession
-    from gradient.workers.proto import jobloop
+    from gradient.workers.proto import dispatcher, jobloop
     from gradient.workers.services import SessionRef
 
     REPORT = object()  # a report, answer or log piece: through the batch entry
@@ -115,7 +115,7 @@ def run(pending: int, cycles: int, workers: int) -> None:
         one here (one worker); under load the batcher puts many sessions' reports in one commit."""
         presence.note_seen(session_id=session.session_id, worker_id=session.worker_id, now=_now())
         if handler is REPORT:
-            [result] = jobloop.reports_batch([(session, msg)])
+            [result] = dispatcher.reports_batch([(session, msg)])
             return result
         return handler(session=session, message=msg)
 

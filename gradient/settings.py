@@ -323,7 +323,7 @@ GRADIENT_PRESENCE_FLUSH_SECS = float(os.environ.get("GRADIENT_PRESENCE_FLUSH_SEC
 GRADIENT_HOT_LANE_THREADS = _env_int("GRADIENT_HOT_LANE_THREADS", 4)
 GRADIENT_OFFER_LANE_THREADS = _env_int("GRADIENT_OFFER_LANE_THREADS", 1)
 GRADIENT_CLAIM_LANE_THREADS = _env_int("GRADIENT_CLAIM_LANE_THREADS", 4)
-# Batches of each kind (claims, reports) applied at once by one serve (workers/proto/batcher.py).
+# Batches of each kind (claims, reports) applied at once by one serve (workers/proto/dispatcher.py).
 GRADIENT_BATCH_IN_FLIGHT = _env_int("GRADIENT_BATCH_IN_FLIGHT", 1)
 # serve's garbage collector (gradient/runtime/heap.py): young collections every this many allocations,
 # the objects of startup frozen; 0 leaves CPython's defaults.

@@ -1,4 +1,4 @@
-"""The batcher (workers/proto/batcher.py): what queues while a batch is applied goes together in the next
+"""The batcher (workers/proto/dispatcher.py): what queues while a batch is applied goes together in the next
 one, which starts as the first ends; each session's messages apply in the order queued; the batcher's
 loop is not woken for every message while its slots are busy."""
 
@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from gradient.runtime import lanes
-from gradient.workers.proto.batcher import Batcher
+from gradient.workers.proto.dispatcher import Batcher
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

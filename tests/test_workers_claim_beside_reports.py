@@ -19,7 +19,7 @@ from gradient.scheduling.models import BuildStatus, DerivationBuild, DispatchedJ
 from gradient.scheduling.services import graph
 from gradient.workers.models import WorkerSession
 from gradient.workers.proto import consumer as consumer_module
-from gradient.workers.proto import jobloop
+from gradient.workers.proto import dispatcher
 from gradient.workers.services import SessionRef
 from tests.factories import EvaluationFactory, ProjectFactory
 from tests.scheduling_helpers import drv
@@ -65,7 +65,7 @@ async def test_the_next_request_is_claimed_while_the_completion_before_it_is_sti
     worker_id, token = await _setup(make_worker)
     release = threading.Event()
     held: list[int] = []
-    real = jobloop.reports_batch
+    real = dispatcher.reports_batch
 
     def slow_reports(batch: Any) -> Any:
         if any(isinstance(message, JobCompleted) for _, message in batch):
@@ -73,7 +73,7 @@ async def test_the_next_request_is_claimed_while_the_completion_before_it_is_sti
             assert release.wait(TIMEOUT * 2)  # the JobCompleted's batch waits until the test lets it go
         return real(batch)
 
-    monkeypatch.setattr(jobloop, "reports_batch", slow_reports)
+    monkeypatch.setattr(dispatcher, "reports_batch", slow_reports)
     comm, _ = await handshake(worker_id, token)
     await comm.send_json_to({**CAPABILITIES, "max_concurrent_builds": 1})  # one build slot
     first = await assigned(comm, "build")
@@ -104,7 +104,7 @@ async def test_a_request_sent_once_the_completion_is_being_applied_does_not_wait
     worker_id, token = await _setup(make_worker)
     release = threading.Event()
     held = threading.Event()
-    real = jobloop.reports_batch
+    real = dispatcher.reports_batch
 
     def slow_reports(batch: Any) -> Any:
         if any(isinstance(message, JobCompleted) for _, message in batch):
@@ -112,7 +112,7 @@ async def test_a_request_sent_once_the_completion_is_being_applied_does_not_wait
             assert release.wait(TIMEOUT * 2)
         return real(batch)
 
-    monkeypatch.setattr(jobloop, "reports_batch", slow_reports)
+    monkeypatch.setattr(dispatcher, "reports_batch", slow_reports)
     comm, _ = await handshake(worker_id, token)
     await comm.send_json_to({**CAPABILITIES, "max_concurrent_builds": 1})
     first = await assigned(comm, "build")
@@ -146,14 +146,14 @@ async def test_claims_run_one_round_ahead_of_the_reports_at_most(
     request waiting seconds behind them)."""
     worker_id, token = await _setup(make_worker, ("a", "b", "c"))
     release = threading.Event()
-    real = jobloop.reports_batch
+    real = dispatcher.reports_batch
 
     def slow_reports(batch: Any) -> Any:
         if any(isinstance(message, JobCompleted) for _, message in batch):
             assert release.wait(TIMEOUT * 2)
         return real(batch)
 
-    monkeypatch.setattr(jobloop, "reports_batch", slow_reports)
+    monkeypatch.setattr(dispatcher, "reports_batch", slow_reports)
     comm, _ = await handshake(worker_id, token)
     await comm.send_json_to({**CAPABILITIES, "max_concurrent_builds": 1})
     first = await assigned(comm, "build")
@@ -203,9 +203,9 @@ async def test_a_worker_whose_slot_is_taken_and_not_finishing_gets_nothing_more(
     await assigned(comm, "build")
     session = await _session_ref(worker_id)
     request = RequestJob(kind="build")
-    batch = database_sync_to_async(jobloop.request_builds_batch)
-    assert await batch([(session, jobloop.BuildRequest(request, finishing=0))]) == [None]
-    [handed] = await batch([(session, jobloop.BuildRequest(request, finishing=1))])
+    batch = database_sync_to_async(dispatcher.request_builds_batch)
+    assert await batch([(session, dispatcher.BuildRequest(request, finishing=0))]) == [None]
+    [handed] = await batch([(session, dispatcher.BuildRequest(request, finishing=1))])
     assert handed is not None and handed.job_id.startswith("build:"), "its build's end on the way frees it"
     await finish(comm)
     assert consumer_module.CLAIM_WINDOW_SECS > 0

@@ -11,9 +11,9 @@ Four lanes, so that slow work cannot hold up fast work:
 - `SESSIONS`: handshakes, session closes and the presence flush (gradient.workers.presence): however
   deep the job traffic's queue, a worker connects, a closed session is closed at once (its worker may
   reconnect), and "seen" reaches the database long before the liveness timeout.
-- `CLAIMS`: the batches of RequestJob{build} (the claim batcher, gradient.workers.proto.batcher), and
+- `CLAIMS`: the batches of RequestJob{build} (the claim batcher, gradient.workers.proto.dispatcher), and
   a single RequestJob for an evaluation.
-- `HOT`: the batched reports (gradient.workers.proto.batcher).
+- `HOT`: the batched reports (gradient.workers.proto.dispatcher).
 - `OFFERS`: the offer pass of one worker (JobOffer deltas, JobListChunk pages) and score uploads, which
   with a deep queue take far longer than a claim; they queue behind each other, never behind a claim.
 

@@ -2,7 +2,7 @@
 AssignJobResponse to an AssignJob, and BuildLog pieces. They arrive as the protocol's typed messages and
 are matched by type.
 
-Reports come in batches (gradient.workers.proto.batcher collects those of every session of a process
+Reports come in batches (gradient.workers.proto.dispatcher collects those of every session of a process
 for a few milliseconds): `worker_reports` applies a whole batch in one transaction, which it owns. The
 fence is one statement for the batch (services.fence): each report acts only when its assignment_id is
 the job's open assignment on the worker that sent it; anything else is dropped (no state change, no

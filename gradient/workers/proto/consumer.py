@@ -82,8 +82,8 @@ from gradient.runtime.boot import current_boot
 from gradient.runtime.outbox import CLOSE_SERVER_DRAINING, remember_serve_loop, worker_group
 from gradient.scheduling.services.reports import Failed, Incoming
 from gradient.workers import presence, services
-from gradient.workers.proto import admission, jobloop, known
-from gradient.workers.proto.batcher import MAX_REPORTS_BATCH, Batcher, batcher_for
+from gradient.workers.proto import admission, dispatcher, jobloop, known
+from gradient.workers.proto.dispatcher import MAX_REPORTS_BATCH, Batcher, batcher_for
 from gradient.workers.selectors import workers_with_open_assignments
 from gradient.workers.services import HandshakeRejected, SessionRef
 
@@ -112,7 +112,7 @@ JOB_LOOP: dict[type[Message], Handler] = {
 }
 
 # Reports, answers and log pieces (what reports.worker_reports takes): applied in batches with every
-# other session's (batcher.py). An eval_result goes alone (a batch of one): its part may take long to
+# other session's (dispatcher.py). An eval_result goes alone (a batch of one): its part may take long to
 # store and must not hold up others.
 BATCHED: tuple[type[Message], ...] = get_args(Incoming)
 # A session's messages queued for its task beyond this many bytes make its socket wait (back-pressure);
@@ -270,7 +270,7 @@ _DISCONNECT_CAUSES = {
 
 
 def _reports_batcher(loop: asyncio.AbstractEventLoop) -> Batcher:
-    return batcher_for(jobloop.reports_batch, max_batch=MAX_REPORTS_BATCH, loop=loop)
+    return batcher_for(dispatcher.reports_batch, max_batch=MAX_REPORTS_BATCH, loop=loop)
 
 
 def _finishing(pending: list[tuple[asyncio.Future[Any], Message]]) -> int:
@@ -512,7 +512,7 @@ class WorkerConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]  # channels 
             return
         await self.accept()
         admission.register(self, address)
-        # Kept: asking for the running loop is a getpid() system call on Python 3.11 (batcher.Batcher).
+        # Kept: asking for the running loop is a getpid() system call on Python 3.11 (dispatcher.Batcher).
         loop = self._loop = asyncio.get_running_loop()
         remember_serve_loop(loop)
         _live.add(self)
@@ -790,12 +790,12 @@ class WorkerConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]  # channels 
                 replies: list[ServerMessage] = []
             elif isinstance(message, RequestJob) and message.kind == "build":
                 claims = batcher_for(
-                    jobloop.request_builds_batch, CLAIM_WINDOW_SECS, lanes.CLAIMS, loop=self._loop
+                    dispatcher.request_builds_batch, CLAIM_WINDOW_SECS, lanes.CLAIMS, loop=self._loop
                 )
-                request = jobloop.BuildRequest(message, finishing)
+                request = dispatcher.BuildRequest(message, finishing)
                 handed = await claims.submit(session, request)
                 for _ in range(ASK_AGAIN_BATCHES):  # its claims lost to another process's: once more
-                    if handed is not jobloop.ASK_AGAIN:
+                    if handed is not dispatcher.ASK_AGAIN:
                         break
                     handed = await claims.submit(session, request)
                 replies = [handed] if isinstance(handed, AssignJob) else []

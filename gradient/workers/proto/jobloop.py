@@ -20,14 +20,11 @@ assignment_id is not the job's open assignment on this worker changes nothing.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
-from dataclasses import dataclass
 
 from django.utils import timezone
 
 from gradient.clusters.services import cluster_signal_forward
 from gradient.core.protocol import (
-    AssignJob,
     AssignJobResponse,
     BuildLog,
     BuildProgress,
@@ -85,14 +82,6 @@ def presence_flush() -> int:
         raise
 
 
-def reports_batch(batch: Sequence[tuple[SessionRef, Incoming]]) -> list[reports.Result]:
-    """A batch of reports, answers and log pieces from any sessions of this process, in one transaction
-    (see the consumer's batcher); one result per message."""
-    return reports.worker_reports(
-        batch=[(session.worker_id, message) for session, message in batch], now=timezone.now()
-    )
-
-
 def draining(*, session: SessionRef, message: Draining) -> list[ServerMessage]:
     """The worker is stopping: assign it nothing more."""
     services.worker_session_drain(session=session, now=timezone.now())
@@ -124,35 +113,6 @@ def request_job(*, session: SessionRef, message: RequestJob) -> list[ServerMessa
         session_id=session.session_id,
     )
     return [handed] if handed is not None else []
-
-
-ASK_AGAIN = assignment.ASK_AGAIN
-
-
-@dataclass(frozen=True, slots=True)
-class BuildRequest:
-    """A RequestJob{build} for the claim batcher, with how many of its worker's builds are finishing:
-    their JobCompleted or JobFailed sent before it and still on their way to the database (the report
-    batch applies them beside this claim, not before it)."""
-
-    message: RequestJob
-    finishing: int = 0
-
-
-def request_builds_batch(
-    batch: Sequence[tuple[SessionRef, BuildRequest]],
-) -> list[AssignJob | assignment.AskAgain | None]:
-    """RequestJob{build} from any sessions of this process, collected for a few milliseconds by the
-    consumer's claim batcher: claimed together in one transaction (assignment.hand_out_builds); one
-    AssignJob per request, ASK_AGAIN for one whose claims all lost (the consumer puts it in a next
-    batch), or None for one left unanswered. A single request is a batch of one."""
-    return assignment.hand_out_builds(
-        worker_ids=[session.worker_id for session, _ in batch],
-        now=timezone.now(),
-        session_ids=[session.session_id for session, _ in batch],
-        finishing=[request.finishing for _, request in batch],
-        metrics=[presence.latest_metrics(session.session_id) for session, _ in batch],
-    )
 
 
 def _report(session: SessionRef, message: Incoming) -> list[ServerMessage]:

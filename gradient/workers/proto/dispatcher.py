@@ -1,4 +1,4 @@
-"""The batchers: every session's messages of one kind in this process, applied together.
+"""The dispatcher: every session's messages of one kind in this process, applied together in batches.
 
 Two per process: the report batcher (JobUpdate, JobCompleted, JobFailed, BuildProgress, EvalProgress,
 BuildLog, and the AssignJobResponse answer; gradient.scheduling.services.reports.worker_reports, on the
@@ -16,6 +16,9 @@ every report is fenced by its assignment_id and every write is conditional, so a
 unheard changes nothing the second time; a claim batch hands out a claim that committed unheard,
 assignment.hand_out_builds); after its attempts the error goes to every message of the batch, and each
 consumer ends its session as for any failure of ours.
+
+What the two batchers apply is here too, one domain call per batch (`reports_batch`,
+`request_builds_batch`): the consumer's route table (jobloop) keeps the calls of single messages.
 """
 
 from __future__ import annotations
@@ -28,7 +31,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from django.utils import timezone
+
+from gradient.core.protocol import AssignJob, RequestJob
 from gradient.runtime import lanes
+from gradient.scheduling.services import assignment, reports
+from gradient.scheduling.services.reports import Incoming
+from gradient.workers import presence
+from gradient.workers.services import SessionRef
 
 log = logging.getLogger("gradient.workers")
 
@@ -228,3 +238,43 @@ def batcher_for(
     if batcher is None:
         batcher = mine[apply] = Batcher(apply, window, lane=lane, max_batch=max_batch, loop=loop)
     return batcher
+
+
+# --- What the two batchers apply: one domain call per batch ------------------------------------------
+
+
+def reports_batch(batch: Sequence[tuple[SessionRef, Incoming]]) -> list[reports.Result]:
+    """A batch of reports, answers and log pieces from any sessions of this process, in one transaction
+    (see Batcher); one result per message."""
+    return reports.worker_reports(
+        batch=[(session.worker_id, message) for session, message in batch], now=timezone.now()
+    )
+
+
+ASK_AGAIN = assignment.ASK_AGAIN
+
+
+@dataclass(frozen=True, slots=True)
+class BuildRequest:
+    """A RequestJob{build} for the claim batcher, with how many of its worker's builds are finishing:
+    their JobCompleted or JobFailed sent before it and still on their way to the database (the report
+    batch applies them beside this claim, not before it)."""
+
+    message: RequestJob
+    finishing: int = 0
+
+
+def request_builds_batch(
+    batch: Sequence[tuple[SessionRef, BuildRequest]],
+) -> list[AssignJob | assignment.AskAgain | None]:
+    """RequestJob{build} from any sessions of this process, collected for a few milliseconds by the
+    consumer's claim batcher: claimed together in one transaction (assignment.hand_out_builds); one
+    AssignJob per request, ASK_AGAIN for one whose claims all lost (the consumer puts it in a next
+    batch), or None for one left unanswered. A single request is a batch of one."""
+    return assignment.hand_out_builds(
+        worker_ids=[session.worker_id for session, _ in batch],
+        now=timezone.now(),
+        session_ids=[session.session_id for session, _ in batch],
+        finishing=[request.finishing for _, request in batch],
+        metrics=[presence.latest_metrics(session.session_id) for session, _ in batch],
+    )
