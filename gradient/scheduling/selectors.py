@@ -87,12 +87,7 @@ def worker_state(worker_id: uuid.UUID, now: datetime | None = None) -> WorkerSta
         if row is None:
             return None
         session_id, draining, projects, *values = row
-        return WorkerState(
-            worker=scoring_metrics(setsql.from_row(Worker, _WORKER_NAMES, values), now or timezone.now()),
-            session_id=session_id,
-            draining=draining,
-            project_ids=frozenset(projects or ()),
-        )
+        return _state_of_row(session_id, draining, projects, values, now or timezone.now())
     session = (
         WorkerSession.objects.select_related("worker")
         .filter(worker_id=worker_id, closed_at__isnull=True, worker__active=True)
@@ -178,17 +173,12 @@ def workers_scored_of_batch(
             },
         )
         for session_id, draining, projects, running, large, jobs, sizes, counts, *values in cursor.fetchall():
-            worker = setsql.from_row(Worker, _WORKER_NAMES, values)
+            state = _state_of_row(session_id, draining, projects, values, now)
             if jobs:
-                scores[worker.id] = dict(zip(jobs, zip(sizes, counts, strict=True), strict=True))
-            states[worker.id] = WorkerState(
-                worker=scoring_metrics(worker, now),
-                session_id=session_id,
-                draining=draining,
-                project_ids=frozenset(projects or ()),
-            )
+                scores[state.id] = dict(zip(jobs, zip(sizes, counts, strict=True), strict=True))
+            states[state.id] = state
             if running:
-                open_builds[worker.id] = OpenBuilds(running, large)
+                open_builds[state.id] = OpenBuilds(running, large)
     return states, open_builds, scores
 
 
@@ -206,13 +196,16 @@ def worker_scores(worker_ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, Scores]:
 
 
 _WORKER_NAMES = tuple(f.attname for f in Worker._meta.concrete_fields)
-_WORKERS_OF_BATCH = (
+# A worker's open session, its projects and (after `extra`) its row, as _state_of_row takes them.
+_SESSION_PROJECTS = (
     "SELECT s.id, s.draining, "  # noqa: S608 (column names from the model, no input)
-    "(SELECT array_agg(wp.project_id) FROM worker_project wp WHERE wp.worker_id = w.id), "
-    "o.running, o.large, sc.jobs, sc.sizes, sc.counts, "
+    "(SELECT array_agg(wp.project_id) FROM worker_project wp WHERE wp.worker_id = w.id), {extra}"
     + ", ".join(f"w.{f.column}" for f in Worker._meta.concrete_fields)
     + " FROM worker_session s JOIN worker w ON w.id = s.worker_id"
-    " CROSS JOIN LATERAL (SELECT count(*) AS running,"
+)
+_WORKERS_OF_BATCH = (
+    _SESSION_PROJECTS.format(extra="o.running, o.large, sc.jobs, sc.sizes, sc.counts, ")  # noqa: S608
+    + " CROSS JOIN LATERAL (SELECT count(*) AS running,"
     " count(*) FILTER (WHERE d.missing_nar_size >= %(large)s) AS large FROM dispatched_job d"
     " WHERE d.worker_id = w.id AND d.finished_at IS NULL AND d.kind = %(build)s) o"
     " CROSS JOIN LATERAL (SELECT array_agg(cs.job_id) AS jobs, array_agg(cs.missing_nar_size) AS sizes,"
@@ -221,13 +214,25 @@ _WORKERS_OF_BATCH = (
 )
 
 
-_WORKER_STATE = (
-    "SELECT s.id, s.draining, "  # noqa: S608 (column names from the model, no input)
-    "(SELECT array_agg(wp.project_id) FROM worker_project wp WHERE wp.worker_id = w.id), "
-    + ", ".join(f"w.{f.column}" for f in Worker._meta.concrete_fields)
-    + " FROM worker_session s JOIN worker w ON w.id = s.worker_id"
+_WORKER_STATE = _SESSION_PROJECTS.format(extra="") + (
     " WHERE s.worker_id = %(id)s AND s.closed_at IS NULL AND w.active ORDER BY s.id LIMIT 1"
 )
+
+
+def _state_of_row(
+    session_id: uuid.UUID,
+    draining: bool,
+    projects: Sequence[uuid.UUID] | None,
+    values: Sequence[Any],
+    now: datetime,
+) -> WorkerState:
+    """A row of _SESSION_PROJECTS (the worker's columns in `values`) as a WorkerState."""
+    return WorkerState(
+        worker=scoring_metrics(setsql.from_row(Worker, _WORKER_NAMES, values), now),
+        session_id=session_id,
+        draining=draining,
+        project_ids=frozenset(projects or ()),
+    )
 
 
 def open_builds_of(worker_ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, OpenBuilds]:

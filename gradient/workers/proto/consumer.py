@@ -559,8 +559,7 @@ class WorkerConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]  # channels 
             # as the inbox's task would send it, without waking that task for it (four reports a
             # hand-out, a task step each); the task sees its result with the others'.
             session = self.session
-            presence.note_seen(session_id=session.session_id, worker_id=session.worker_id, now=timezone.now())
-            self._pending.append((_reports_batcher(self._loop).enqueue(session, message), message))
+            self._queue_report(session, message)
             if self._runner is None or self._runner.done():
                 self._runner = self._loop.create_task(self._run_inbox(session))
             return
@@ -574,6 +573,12 @@ class WorkerConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]  # channels 
         if self._inbox_bytes > INBOX_MAX_BYTES:
             self._inbox_room.clear()
             await self._inbox_room.wait()
+
+    def _queue_report(self, session: SessionRef, message: Message) -> None:
+        """The worker was seen; its report goes to the report batcher, its result to the session's
+        pending reports (the inbox's task settles them in order)."""
+        presence.note_seen(session_id=session.session_id, worker_id=session.worker_id, now=timezone.now())
+        self._pending.append((_reports_batcher(self._loop).enqueue(session, message), message))
 
     def _requests_waiting(self, kind: str) -> int:
         """RequestJobs of this kind queued and not yet started (the first entry is being handled)."""
@@ -618,10 +623,7 @@ class WorkerConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]  # channels 
             handler, message, size = self._inbox[0]
             try:
                 if self._pipelined(message):
-                    presence.note_seen(
-                        session_id=session.session_id, worker_id=session.worker_id, now=timezone.now()
-                    )
-                    pending.append((_reports_batcher(self._loop).enqueue(session, message), message))
+                    self._queue_report(session, message)
                 elif isinstance(message, RequestJob) and message.kind == "build":
                     if behind:
                         older = [p for p in pending if p[0] in behind]
