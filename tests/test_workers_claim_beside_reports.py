@@ -59,29 +59,41 @@ def _finished(assign: dict[str, Any]) -> list[dict[str, Any]]:
     ]
 
 
-async def test_the_next_request_is_claimed_while_the_completion_before_it_is_still_being_applied(
-    make_worker: Any, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    worker_id, token = await _setup(make_worker)
-    release = threading.Event()
-    held: list[int] = []
+def _hold_completions(monkeypatch: pytest.MonkeyPatch) -> tuple[threading.Event, threading.Event]:
+    """A report batch with a JobCompleted waits until the test sets `release`; `held` is set once one
+    does. Returns (release, held)."""
+    release, held = threading.Event(), threading.Event()
     real = dispatcher.reports_batch
 
     def slow_reports(batch: Any) -> Any:
         if any(isinstance(message, JobCompleted) for _, message in batch):
-            held.append(len(batch))
+            held.set()
             assert release.wait(TIMEOUT * 2)  # the JobCompleted's batch waits until the test lets it go
         return real(batch)
 
     monkeypatch.setattr(dispatcher, "reports_batch", slow_reports)
+    return release, held
+
+
+async def _first_finished(worker_id: str, token: str) -> tuple[WebsocketCommunicator, dict[str, Any]]:
+    """A session of one build slot that was handed its first build and has sent that build's reports."""
     comm, _ = await handshake(worker_id, token)
     await comm.send_json_to({**CAPABILITIES, "max_concurrent_builds": 1})  # one build slot
     first = await assigned(comm, "build")
     for frame in _finished(first):
         await comm.send_json_to(frame)
+    return comm, first
+
+
+async def test_the_next_request_is_claimed_while_the_completion_before_it_is_still_being_applied(
+    make_worker: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    worker_id, token = await _setup(make_worker)
+    release, held = _hold_completions(monkeypatch)
+    comm, first = await _first_finished(worker_id, token)
     try:
         second = await assigned(comm, "build")  # answered while the JobCompleted is held
-        assert held, "the JobCompleted's batch was being applied"
+        assert held.is_set(), "the JobCompleted's batch was being applied"
         assert second["job_id"] != first["job_id"]
         rows = await database_sync_to_async(
             lambda: {d.job_id: d.finished_at for d in DispatchedJob.objects.all()}
@@ -102,22 +114,8 @@ async def test_a_request_sent_once_the_completion_is_being_applied_does_not_wait
     import asyncio
 
     worker_id, token = await _setup(make_worker)
-    release = threading.Event()
-    held = threading.Event()
-    real = dispatcher.reports_batch
-
-    def slow_reports(batch: Any) -> Any:
-        if any(isinstance(message, JobCompleted) for _, message in batch):
-            held.set()
-            assert release.wait(TIMEOUT * 2)
-        return real(batch)
-
-    monkeypatch.setattr(dispatcher, "reports_batch", slow_reports)
-    comm, _ = await handshake(worker_id, token)
-    await comm.send_json_to({**CAPABILITIES, "max_concurrent_builds": 1})
-    first = await assigned(comm, "build")
-    for frame in _finished(first):
-        await comm.send_json_to(frame)
+    release, held = _hold_completions(monkeypatch)
+    comm, first = await _first_finished(worker_id, token)
     try:
         for _ in range(int(TIMEOUT * 100)):
             if held.is_set():
@@ -145,20 +143,8 @@ async def test_claims_run_one_round_ahead_of_the_reports_at_most(
     do not outrun its reports (300 workers on a deep queue queued 58 000 reports so, each worker's next
     request waiting seconds behind them)."""
     worker_id, token = await _setup(make_worker, ("a", "b", "c"))
-    release = threading.Event()
-    real = dispatcher.reports_batch
-
-    def slow_reports(batch: Any) -> Any:
-        if any(isinstance(message, JobCompleted) for _, message in batch):
-            assert release.wait(TIMEOUT * 2)
-        return real(batch)
-
-    monkeypatch.setattr(dispatcher, "reports_batch", slow_reports)
-    comm, _ = await handshake(worker_id, token)
-    await comm.send_json_to({**CAPABILITIES, "max_concurrent_builds": 1})
-    first = await assigned(comm, "build")
-    for frame in _finished(first):
-        await comm.send_json_to(frame)
+    release, _ = _hold_completions(monkeypatch)
+    comm, first = await _first_finished(worker_id, token)
     try:
         second = await assigned(comm, "build")  # beside the held completion, as above
         for frame in _finished(second):
