@@ -285,7 +285,8 @@ GRADIENT_PROTO_MAX_UNAUTHENTICATED_PER_ADDRESS = _env_int(
     "GRADIENT_PROTO_MAX_UNAUTHENTICATED_PER_ADDRESS", 16
 )
 GRADIENT_PROTO_SILENT_GRACE_SECS = _env_int("GRADIENT_PROTO_SILENT_GRACE_SECS", 5)
-GRADIENT_PROTO_HANDSHAKE_CONCURRENCY = _env_int("GRADIENT_PROTO_HANDSHAKE_CONCURRENCY", 16)
+# Handshakes opened together in one transaction (workers.services.worker_sessions_open), per process.
+GRADIENT_PROTO_HANDSHAKE_CONCURRENCY = _env_int("GRADIENT_PROTO_HANDSHAKE_CONCURRENCY", 256)
 # Derivations of one eval_result, of all its parts together (0: no cap): past it the evaluation fails and
 # nothing of the result is built (scheduling.services.eval_parts).
 GRADIENT_EVAL_MAX_DERIVATIONS = _env_int("GRADIENT_EVAL_MAX_DERIVATIONS", 250_000)

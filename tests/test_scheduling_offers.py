@@ -248,3 +248,53 @@ def test_a_shared_first_offer_is_one_list_and_forgetting_a_key_or_claiming_it_ac
 
     offer_service.forget_worker_offers(third.id)  # a new session of it
     assert offer_service.sent_keys(third.id) == set()
+
+
+def test_an_empty_first_offer_is_made_once_per_shape_until_the_book_hears_of_a_change(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A fleet connecting to an idle service (issue 31: 1 000 at once) is not 1 000 empty offers made one
+    after the other on the offers lane; a change of the queue the book hears of makes it again, so the
+    next worker of that shape is offered the new build."""
+    from gradient.scheduling import book as queue_book
+
+    monkeypatch.setattr(offer_service, "_empty_first_offers", {})
+    monkeypatch.setattr(queue_book, "_book", queue_book.QueueBook())
+    project = ProjectFactory()
+    made: list[object] = []
+    real = offer_service._diffed_candidates
+
+    def counted(state: Any, *args: Any, **kwargs: Any) -> Any:
+        made.append(state.id)
+        return real(state, *args, **kwargs)
+
+    monkeypatch.setattr(offer_service, "_diffed_candidates", counted)
+    fleet = [connected_worker([project]) for _ in range(4)]
+    assert [job_offers(worker_id=w.id, now=timezone.now()) for w in fleet] == [[]] * 4
+    assert made == [fleet[0].id], "made once for the four"
+    evaluation = EvaluationFactory(project=project, status=EvaluationStatus.BUILDING)
+    graph.ingest_eval_result(evaluation=evaluation, derivations=[drv("new")], now=timezone.now())
+    book = queue_book.book()
+    assert book is not None
+    book.changed()  # what the book's LISTEN thread does on the queue's NOTIFY
+    late = connected_worker([project])
+    [offer] = job_offers(worker_id=late.id, now=timezone.now())
+    assert [c["job_id"] for c in offer["candidates"]] == [
+        b.job_key for b in DerivationBuild.objects.filter(status="Queued")
+    ]
+    assert made[-1] == late.id
+
+
+def test_without_a_book_an_empty_first_offer_is_made_each_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where no book hears of the queue's changes (the embedded mode, Celery), nothing says when an
+    empty offer is behind: it is not kept."""
+    from gradient.scheduling import book as queue_book
+
+    monkeypatch.setattr(offer_service, "_empty_first_offers", {})
+    monkeypatch.setattr(queue_book, "_book", None)
+    project = ProjectFactory()
+    workers = [connected_worker([project]) for _ in range(2)]
+    assert job_offers(worker_id=workers[0].id, now=timezone.now()) == []
+    EvaluationFactory(project=project)
+    [offer] = job_offers(worker_id=workers[1].id, now=timezone.now())
+    assert len(offer["candidates"]) == 1

@@ -36,7 +36,7 @@ class SchedulingConfig(AppConfig):
         register_read_access(kind=JobKind.EVALUATION, provider=evaluation_read_access)
 
         from gradient.scheduling.services.lifecycle import worker_jobs_return_lost
-        from gradient.scheduling.services.offers import forget_worker_offers
+        from gradient.scheduling.services.offers import forget_offers_of_workers, forget_worker_offers
         from gradient.workers.services import register_session_hooks
 
         def worker_lost(worker_id: uuid.UUID, reason: str, now: datetime) -> None:
@@ -45,4 +45,4 @@ class SchedulingConfig(AppConfig):
 
         # A new session has been offered nothing; a lost worker's single jobs go back to the pool (also
         # those of a worker whose server died with its socket, which has no session to close).
-        register_session_hooks(opened=forget_worker_offers, lost=worker_lost, without_session=True)
+        register_session_hooks(opened=forget_offers_of_workers, lost=worker_lost, without_session=True)

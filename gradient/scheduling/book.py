@@ -85,6 +85,12 @@ class QueueBook:
         self._payloads: dict[uuid.UUID, Any] = {}  # insertion-ordered: the oldest first
         self._refilling: set[Hashable] = set()  # shapes being read in the background
 
+    @property
+    def generation(self) -> int:
+        """Bumped by every announced change of the queue (and every clear): what was read under an older
+        one may be behind."""
+        return self._generation
+
     def changed(self) -> None:
         """Something may have put a build ahead of what the book holds: every entry is read again."""
         with self._lock:

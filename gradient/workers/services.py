@@ -69,8 +69,9 @@ class HandshakeRejected:
     reason: str
 
 
-SessionOpened = Callable[[uuid.UUID], object]
-"""Called with the worker's id in the transaction that opens a session (it has been offered nothing)."""
+SessionOpened = Callable[[Sequence[uuid.UUID]], object]
+"""Called with the workers' ids in the transaction that opens their sessions (each has been offered
+nothing): one call for a batch of handshakes."""
 WorkerLost = Callable[[uuid.UUID, str, datetime], object]
 """Called with (worker id, reason, now) in the transaction that closes a worker's session: the jobs it
 held are lost."""
@@ -97,10 +98,10 @@ def register_session_hooks(
         _session_hooks.append(hooks)
 
 
-def _session_opened(worker_id: uuid.UUID) -> None:
+def _sessions_opened(worker_ids: Sequence[uuid.UUID]) -> None:
     for hooks in _session_hooks:
         if hooks.opened is not None:
-            hooks.opened(worker_id)
+            hooks.opened(worker_ids)
 
 
 def _worker_lost(worker_id: uuid.UUID, reason: str, now: datetime, *, has_session: bool) -> None:
@@ -192,9 +193,10 @@ def worker_session_open(
     channel_name: str,
     server_boot: uuid.UUID,
     now: datetime,
+    session_id: uuid.UUID | None = None,
 ) -> HandshakeAccepted | HandshakeRejected:
     """The handshake's decision and its one write: a new open session (at most one per worker, by
-    idx-worker_session-open, whichever server holds the other one)."""
+    idx-worker_session-open, whichever server holds the other one), with `session_id` if given."""
     wid = parse_uuid(worker_id)
     worker = Worker.objects.filter(id=wid).first() if wid is not None else None
     if worker is None:
@@ -208,6 +210,7 @@ def worker_session_open(
         try:
             with transaction.atomic():
                 session = WorkerSession.objects.create(
+                    id=session_id or uuid.uuid4(),
                     worker_id=worker.id,
                     channel_name=channel_name,
                     server_boot=server_boot,
@@ -228,7 +231,7 @@ def worker_session_open(
                     raise _Deactivated
                 # A new session has been offered nothing and holds no idle slot yet.
                 IdleSlot.objects.filter(worker_id=worker.id).delete()
-                _session_opened(worker.id)
+                _sessions_opened([worker.id])
                 projects = worker_project_names(worker_id=worker.id)
             return HandshakeAccepted(SessionRef(session.id, worker.id), projects)
         except _Deactivated:
@@ -239,6 +242,162 @@ def worker_session_open(
             if not _close_sessions_of_dead_boots(worker_id=worker.id, now=now):
                 break
     return HandshakeRejected(496, "this worker already has an open session")
+
+
+@dataclass(frozen=True, slots=True)
+class SessionOpen:
+    """One handshake for worker_sessions_open: the InitConnection's claims and the socket's channel.
+    `session_id` is chosen by the caller, so that a batch applied again after a commit it did not hear
+    finds its own sessions open (and accepts them) rather than refusing them as another's."""
+
+    worker_id: str
+    token: str
+    capabilities: InitCapabilities
+    channel_name: str
+    session_id: uuid.UUID
+
+
+_OPEN_SESSIONS = """
+INSERT INTO worker_session
+    (id, worker_id, channel_name, server_boot, draining, opened_at, last_seen, closed_at, close_reason)
+SELECT v.id, v.worker_id, v.channel_name, %(boot)s, false, %(now)s, %(now)s, NULL, ''
+FROM unnest(%(ids)s::uuid[], %(workers)s::uuid[], %(channels)s::text[]) AS v(id, worker_id, channel_name)
+ON CONFLICT (worker_id) WHERE closed_at IS NULL DO NOTHING
+RETURNING id, worker_id
+"""
+
+# The worker row locked by its UPDATE, as the single handshake does: a deactivation that committed
+# first leaves it out (and its new session is deleted again); one that comes after waits for this commit
+# and then sees the session, which it closes.
+_OPENED_WORKERS = """
+UPDATE worker w SET can_fetch = v.can_fetch, can_eval = v.can_eval, can_build = v.can_build,
+    last_seen = %(now)s, metrics_at = NULL, {metrics}
+FROM unnest(%(workers)s::uuid[], %(fetch)s::bool[], %(eval)s::bool[], %(build)s::bool[])
+    AS v(worker_id, can_fetch, can_eval, can_build)
+WHERE w.id = v.worker_id AND w.active
+RETURNING w.id
+""".format(metrics=", ".join(f"{name} = NULL" for name in METRIC_FIELDS))
+
+
+def worker_sessions_open(
+    *, requests: Sequence[SessionOpen], server_boot: uuid.UUID, now: datetime
+) -> list[HandshakeAccepted | HandshakeRejected]:
+    """A batch of handshakes (every InitConnection of this process in a few milliseconds), decided as
+    worker_session_open decides one, in one read and one transaction of set statements on PostgreSQL:
+    the workers and their projects read together, the new sessions inserted together (one per worker,
+    by idx-worker_session-open), the workers' capabilities and idle slots written together. A handshake
+    whose worker already has an open session (or is named twice in the batch) goes through
+    worker_session_open alone afterwards, which closes the sessions of a dead server or refuses with 496.
+    One result per request, in order. Elsewhere (SQLite) each handshake is worker_session_open."""
+    if connection.vendor != "postgresql":
+        return [
+            worker_session_open(
+                worker_id=r.worker_id,
+                token=r.token,
+                capabilities=r.capabilities,
+                channel_name=r.channel_name,
+                server_boot=server_boot,
+                now=now,
+                session_id=r.session_id,
+            )
+            for r in requests
+        ]
+    results: list[HandshakeAccepted | HandshakeRejected | None] = [None] * len(requests)
+    ids = [parse_uuid(r.worker_id) for r in requests]
+    rows = Worker.objects.filter(id__in=[i for i in ids if i is not None]).values_list(
+        "id", "token_hash", "active"
+    )
+    known = {wid: (token_hash, active) for wid, token_hash, active in rows}
+    batch: dict[uuid.UUID, int] = {}  # worker -> the request of the batch's insert
+    alone: list[int] = []  # those decided one at a time after the batch
+    for i, (request, wid) in enumerate(zip(requests, ids, strict=True)):
+        row = known.get(wid) if wid is not None else None
+        if wid is None or row is None:
+            results[i] = HandshakeRejected(403, "unknown worker")
+        elif not token_matches(request.token, row[0]):
+            results[i] = HandshakeRejected(401, "bad token")
+        elif not row[1]:
+            results[i] = HandshakeRejected(403, "worker is deactivated")
+        elif wid in batch:
+            alone.append(i)
+        else:
+            batch[wid] = i
+    if batch:
+        order = list(batch)
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute(
+                _OPEN_SESSIONS,
+                {
+                    "boot": server_boot,
+                    "now": now,
+                    "ids": [requests[batch[w]].session_id for w in order],
+                    "workers": order,
+                    "channels": [requests[batch[w]].channel_name for w in order],
+                },
+            )
+            inserted = {worker_id: session_id for session_id, worker_id in cursor.fetchall()}
+            opened: list[uuid.UUID] = []
+            if inserted:
+                caps = [requests[batch[w]].capabilities for w in inserted]
+                cursor.execute(
+                    _OPENED_WORKERS,
+                    {
+                        "now": now,
+                        "workers": list(inserted),
+                        "fetch": [c.fetch for c in caps],
+                        "eval": [c.eval for c in caps],
+                        "build": [c.build for c in caps],
+                    },
+                )
+                updated = {row[0] for row in cursor.fetchall()}
+                deactivated = [inserted[w] for w in inserted if w not in updated]
+                if deactivated:
+                    WorkerSession.objects.filter(id__in=deactivated).delete()
+                opened = [w for w in inserted if w in updated]
+                if opened:
+                    IdleSlot.objects.filter(worker_id__in=opened).delete()
+                    _sessions_opened(opened)
+            projects: dict[uuid.UUID, list[str]] = {w: [] for w in opened}
+            for worker_id, name in (
+                Worker.projects.through.objects.filter(worker_id__in=opened)
+                .order_by("project__name")
+                .values_list("worker_id", "project__name")
+            ):
+                projects[worker_id].append(name)
+        for w in order:
+            i = batch[w]
+            if w in projects:
+                results[i] = HandshakeAccepted(SessionRef(inserted[w], w), projects[w])
+            elif w in inserted:
+                results[i] = HandshakeRejected(403, "worker is deactivated")
+            else:
+                alone.append(i)
+    if alone:
+        # Applied again after a commit it did not hear (lanes.retrying): its own session is open.
+        mine = set(
+            WorkerSession.objects.filter(
+                id__in=[requests[i].session_id for i in alone], closed_at__isnull=True
+            ).values_list("id", flat=True)
+        )
+        for i in sorted(alone):
+            request = requests[i]
+            if request.session_id in mine:
+                wid = ids[i]
+                assert wid is not None
+                results[i] = HandshakeAccepted(
+                    SessionRef(request.session_id, wid), worker_project_names(worker_id=wid)
+                )
+                continue
+            results[i] = worker_session_open(
+                worker_id=request.worker_id,
+                token=request.token,
+                capabilities=request.capabilities,
+                channel_name=request.channel_name,
+                server_boot=server_boot,
+                now=now,
+                session_id=request.session_id,
+            )
+    return [r for r in results if r is not None]
 
 
 def _close_sessions_of_dead_boots(*, worker_id: uuid.UUID, now: datetime) -> bool:

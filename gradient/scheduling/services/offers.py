@@ -29,6 +29,7 @@ from gradient.core.protocol import CandidateScore as CandidateScoreMessage
 from gradient.core.protocol import JobCandidate, JobListChunk, JobOffer
 from gradient.core.vocab import BUILD_UNFINISHED, EVALUATION_TERMINAL, BuildStatus, JobKeyKind
 from gradient.runtime.setsql import fixed_cursor
+from gradient.scheduling import book as queue_book
 from gradient.scheduling import jobs, selectors
 from gradient.scheduling.models import (
     CandidateScore,
@@ -337,8 +338,15 @@ def job_offers(*, worker_id: uuid.UUID, now: datetime) -> list[JobOffer]:
 # with that delta. As old as the candidate messages it is made of may be (RECENT_SECS, an assignment
 # pass's interval): made again each second, the list was made five times while 300 workers connected to
 # 20 000 builds (the offers lane 1.27 s of CPU in serve's first 10 s against 1.00 s, bench/handout.py).
+#
+# An empty first offer (nothing this shape can run) is kept too, while the process's book has heard of
+# no change of the queue (book.generation): 1 000 workers connecting at once to an idle service made it
+# 1 000 times, one after the other on the offers lane (~20 ms each), and the heartbeats' RequestJobList
+# waited behind them for 45 s (bench/connections.py). Without a book (no serve on PostgreSQL) it is
+# made each time.
 SHARED_FIRST_OFFER_SECS = RECENT_SECS
 _first_offers: dict[tuple[object, ...], tuple[float, list[JobCandidate], uuid.UUID]] = {}
+_empty_first_offers: dict[tuple[object, ...], tuple[float, int]] = {}  # shape -> (made at, book generation)
 # A shared first offer no worker points at any more is deleted once this old (its workers had their
 # first delta; the lists made by any process's offers in the last SHARED_FIRST_OFFER_SECS stay).
 SENT_LIST_KEEP_SECS = 60.0
@@ -364,6 +372,16 @@ def _shared_first_offer(state: selectors.WorkerState, now: datetime, limit: int)
     sent_candidate rows (~10 ms of PostgreSQL each worker) while the hand-outs began."""
     shape = _offer_shape(state, limit)
     tick = time.monotonic()
+    book = queue_book.book()
+    empty = _empty_first_offers.get(shape)
+    if (
+        empty is not None
+        and book is not None
+        and empty[1] == book.generation
+        and tick - empty[0] < SHARED_FIRST_OFFER_SECS
+    ):
+        return []
+    generation = book.generation if book is not None else 0  # read before the queue is
     kept = _first_offers.get(shape)
     # Kept only if its transaction committed: one that rolled back left no list to point at.
     if kept is not None and tick - kept[0] < SHARED_FIRST_OFFER_SECS and _point_at(state.id, kept[2], now):
@@ -372,6 +390,10 @@ def _shared_first_offer(state: selectors.WorkerState, now: datetime, limit: int)
         state, SentCandidate.objects.filter(worker_id=state.id), now, limit, remember=False
     )
     if not fresh:
+        if book is not None:
+            if len(_empty_first_offers) >= 64:
+                _empty_first_offers.clear()
+            _empty_first_offers[shape] = (tick, generation)
         return fresh
     SentList.objects.filter(
         made_at__lt=now - timedelta(seconds=SENT_LIST_KEEP_SECS), offers__isnull=True
@@ -535,15 +557,22 @@ def candidate_scores_store(
 
 def forget_worker_offers(worker_id: uuid.UUID) -> None:
     """A worker's session opened or ended: it has been offered nothing (its next offer is a full one)."""
-    if connection.vendor == "postgresql":  # every handshake: one statement (a fleet's come at once)
-        with fixed_cursor() as cursor:
-            cursor.execute(_FORGET_WORKER_OFFERS, {"w": worker_id})
+    forget_offers_of_workers([worker_id])
+
+
+def forget_offers_of_workers(worker_ids: Sequence[uuid.UUID]) -> None:
+    """forget_worker_offers of several workers (a batch of handshakes), in one statement."""
+    if not worker_ids:
         return
-    SentCandidate.objects.filter(worker_id=worker_id).delete()
-    SentOffer.objects.filter(worker_id=worker_id).delete()
+    if connection.vendor == "postgresql":  # every batch of handshakes: one statement
+        with fixed_cursor() as cursor:
+            cursor.execute(_FORGET_WORKER_OFFERS, {"w": list(worker_ids)})
+        return
+    SentCandidate.objects.filter(worker_id__in=worker_ids).delete()
+    SentOffer.objects.filter(worker_id__in=worker_ids).delete()
 
 
 _FORGET_WORKER_OFFERS = """
-WITH rows AS (DELETE FROM sent_candidate WHERE worker_id = %(w)s)
-DELETE FROM sent_offer WHERE worker_id = %(w)s
+WITH rows AS (DELETE FROM sent_candidate WHERE worker_id = ANY(%(w)s::uuid[]))
+DELETE FROM sent_offer WHERE worker_id = ANY(%(w)s::uuid[])
 """

@@ -30,6 +30,7 @@ import asyncio
 import functools
 import logging
 import time
+import uuid
 import weakref
 from collections import deque
 from collections.abc import Callable
@@ -121,6 +122,8 @@ INBOX_MAX_BYTES = 4 * 1024 * 1024
 INBOX_DRAIN_SECS = 10.0
 # RequestJob{build} of every session, collected this long and claimed together (one transaction).
 CLAIM_WINDOW_SECS = 0.002
+# InitConnections of every socket, collected this long and their sessions opened together.
+HANDSHAKE_WINDOW_SECS = 0.002
 # A RequestJob whose claims all lost (another process took those builds in the same moment) goes into
 # up to this many next batches before it is left to the worker's own repeat.
 ASK_AGAIN_BATCHES = 3
@@ -146,23 +149,6 @@ _live: weakref.WeakSet[WorkerConsumer] = weakref.WeakSet()
 # instead of being refused with 496 by the session it has just lost.
 _held: weakref.WeakValueDictionary[str, WorkerConsumer] = weakref.WeakValueDictionary()
 RECONNECT_WAIT_SECS = 10.0
-_handshake_semaphores: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = (
-    weakref.WeakKeyDictionary()
-)
-
-
-def _handshake_slots() -> asyncio.Semaphore:
-    """At most GRADIENT_PROTO_HANDSHAKE_CONCURRENCY handshakes of this process (of its event loop) at the
-    database at once; the others wait their turn, within the handshake time-out."""
-    loop = asyncio.get_running_loop()
-    semaphore = _handshake_semaphores.get(loop)
-    if semaphore is None:
-        semaphore = _handshake_semaphores[loop] = asyncio.Semaphore(
-            settings.GRADIENT_PROTO_HANDSHAKE_CONCURRENCY
-        )
-    return semaphore
-
-
 _server_draining = False
 
 
@@ -733,17 +719,25 @@ class WorkerConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]  # channels 
             )
             return
         try:
-            async with _handshake_slots():
-                result = await lanes.run(
-                    lanes.SESSIONS,
-                    services.worker_session_open,
+            # With every other handshake of this process in the same few milliseconds: one transaction
+            # (dispatcher.open_sessions_batch); a fleet connecting at once is not a transaction each.
+            handshakes = batcher_for(
+                dispatcher.open_sessions_batch,
+                HANDSHAKE_WINDOW_SECS,
+                lanes.SESSIONS,
+                max_batch=settings.GRADIENT_PROTO_HANDSHAKE_CONCURRENCY,
+                loop=self._loop,
+            )
+            result = await handshakes.submit(
+                self,
+                services.SessionOpen(
                     worker_id=message.worker_id,
                     token=message.token,
                     capabilities=message.capabilities,
                     channel_name=self.channel_name,
-                    server_boot=current_boot(),
-                    now=timezone.now(),
-                )
+                    session_id=uuid.uuid4(),
+                ),
+            )
         except Exception:
             log.exception("handshake of %s failed", self._peer())
             await self._close(1011, "internal error")

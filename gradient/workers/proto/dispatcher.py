@@ -1,6 +1,7 @@
 """The dispatcher: every session's messages of one kind in this process, applied together in batches.
 
-Two per process: the report batcher (JobUpdate, JobCompleted, JobFailed, BuildProgress, EvalProgress,
+Three per process: the handshake batcher (InitConnection; workers.services.worker_sessions_open, on
+the sessions lane), the report batcher (JobUpdate, JobCompleted, JobFailed, BuildProgress, EvalProgress,
 BuildLog, and the AssignJobResponse answer; gradient.scheduling.services.reports.worker_reports, on the
 hot lane) and the claim batcher (RequestJob{build}; assignment.hand_out_builds, on the claims lane). A
 session's consumer hands each message to `enqueue` (a report: without waiting for its result) or
@@ -35,10 +36,11 @@ from django.utils import timezone
 
 from gradient.core.protocol import AssignJob, RequestJob
 from gradient.runtime import lanes
+from gradient.runtime.boot import current_boot
 from gradient.scheduling.services import assignment, reports
 from gradient.scheduling.services.reports import Incoming
-from gradient.workers import presence
-from gradient.workers.services import SessionRef
+from gradient.workers import presence, services
+from gradient.workers.services import HandshakeAccepted, HandshakeRejected, SessionOpen, SessionRef
 
 log = logging.getLogger("gradient.workers")
 
@@ -240,7 +242,17 @@ def batcher_for(
     return batcher
 
 
-# --- What the two batchers apply: one domain call per batch ------------------------------------------
+# --- What the batchers apply: one domain call per batch ----------------------------------------------
+
+
+def open_sessions_batch(
+    batch: Sequence[tuple[Any, SessionOpen]],
+) -> list[HandshakeAccepted | HandshakeRejected]:
+    """The InitConnections of any sockets of this process (keyed by their consumer), collected for a few
+    milliseconds: their sessions opened together (services.worker_sessions_open); one result each."""
+    return services.worker_sessions_open(
+        requests=[request for _, request in batch], server_boot=current_boot(), now=timezone.now()
+    )
 
 
 def reports_batch(batch: Sequence[tuple[SessionRef, Incoming]]) -> list[reports.Result]:
