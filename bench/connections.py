@@ -1,7 +1,7 @@
 """Connections: memory and heartbeat handling for 1 000 connected workers on one `serve` process.
 
     .venv/bin/python bench/connections.py [--workers 1000] [--procs 2] [--heartbeat-secs 10] [--secs 60]
-        [--default-caps] [--at-once]
+        [--default-caps] [--at-once] [--pending N]
     .venv/bin/python bench/connections.py --restart [--workers 50] [--default-caps]
 
 Lightweight WebSocket clients (the `websockets` library, many to a process) speak the protocol as a
@@ -19,6 +19,11 @@ A client retries what a worker retries (HTTP 503 before the upgrade, Reject{503}
 back-off, and the retries are printed; any other refusal is an error. The per-address caps are lifted
 (all clients share one address) unless --default-caps: then serve runs with every cap as shipped, the
 case of a fleet behind one NAT. --at-once: every client of a process connects at once (not 50 at a time).
+
+--pending N: N Queued builds of the workers' project are seeded first (one evaluation Building), and
+each client waits for its first JobOffer after its WorkerCapabilities: printed, the time from the start
+of its connect to that offer. The heartbeats are then skipped (their RequestJobList fence would be the
+whole queue's list, 1 000 candidates a page, every 10 s for every worker: not a heartbeat).
 
 --restart: --workers reference worker processes (`python -m gradient.workers.client`, sim executor)
 connect; then `serve` is killed with SIGKILL and started again on the same port. Printed: how long after
@@ -79,6 +84,7 @@ async def _client(spec: dict, marker: Path) -> dict:  # type: ignore[type-arg]
     import websockets
 
     connect_ms: list[float] = []
+    first_offer_ms: list[float] = []
     heartbeat_ms: list[float] = []
     errors: list[str] = []
     retried: list[str] = []
@@ -100,6 +106,10 @@ async def _client(spec: dict, marker: Path) -> dict:  # type: ignore[type-arg]
             connect_ms.append((time.perf_counter() - started) * 1000)
             await ws.send(json.dumps(WORKER_CAPABILITIES))
             sockets.append(ws)
+            if spec["pending"]:
+                while json.loads(await asyncio.wait_for(ws.recv(), 120)).get("type") != "JobOffer":
+                    pass
+                first_offer_ms.append((time.perf_counter() - started) * 1000)
 
     async def _hello_once(worker_id: str, token: str):  # type: ignore[no-untyped-def]
         try:
@@ -163,10 +173,17 @@ async def _client(spec: dict, marker: Path) -> dict:  # type: ignore[type-arg]
             heartbeat_ms.append((time.perf_counter() - started) * 1000)
             await asyncio.sleep(max(0.0, period - (time.perf_counter() - started)))
 
-    results = await asyncio.gather(*(heartbeat(ws) for ws in sockets), return_exceptions=True)
-    errors.extend(repr(r) for r in results if isinstance(r, BaseException))
+    if not spec["pending"]:
+        results = await asyncio.gather(*(heartbeat(ws) for ws in sockets), return_exceptions=True)
+        errors.extend(repr(r) for r in results if isinstance(r, BaseException))
     await asyncio.gather(*(ws.close() for ws in sockets), return_exceptions=True)
-    return {"connect_ms": connect_ms, "heartbeat_ms": heartbeat_ms, "errors": errors, "retried": retried}
+    return {
+        "connect_ms": connect_ms,
+        "first_offer_ms": first_offer_ms,
+        "heartbeat_ms": heartbeat_ms,
+        "errors": errors,
+        "retried": retried,
+    }
 
 
 class _Retry(Exception):
@@ -199,6 +216,7 @@ def run(
     *,
     default_caps: bool,
     at_once: bool,
+    pending: int = 0,
 ) -> None:
     import psutil
     from django.db import close_old_connections
@@ -211,6 +229,16 @@ def run(
     limit = raise_fd_limit(workers + 200)
     reset_tables()
     project = project_create(name="connections")
+    if pending:
+        from common import seed_queued_builds
+        from django.utils import timezone
+
+        from gradient.scheduling.models import Evaluation, EvaluationStatus
+
+        evaluation = Evaluation.objects.create(
+            project=project, repository="sim:connections", commit="c", status=EvaluationStatus.BUILDING
+        )
+        seed_queued_builds(evaluation, pending, "connections", timezone.now())
     credentials = []
     for i in range(workers):
         worker, token = worker_register(name=f"conn-{i}", projects=[project])
@@ -241,6 +269,7 @@ def run(
                         "heartbeat_secs": heartbeat_secs,
                         "secs": secs,
                         "at_once": at_once,
+                        "pending": pending > 0,
                     }
                 )
             )
@@ -286,6 +315,7 @@ def run(
                     client.wait(10)
         close_old_connections()
         connect_ms: list[float] = []
+        first_offer_ms: list[float] = []
         heartbeat_ms: list[float] = []
         errors: list[str] = []
         retried: list[str] = []
@@ -294,6 +324,7 @@ def run(
                 data = json.loads(out.read_text())
                 retried += data["retried"]
                 connect_ms += data["connect_ms"]
+                first_offer_ms += data["first_offer_ms"]
                 heartbeat_ms += data["heartbeat_ms"]
                 errors += data["errors"]
             else:
@@ -303,15 +334,21 @@ def run(
     print(f"  connect + handshake: {summary(connect_ms)}")
     why = ", ".join(f"{n} {what}" for what, n in sorted(Counter(retried).items())) or "none"
     print(f"  retried (as a worker retries): {why}")
+    if pending:
+        print(f"  pending builds: {pending}; first JobOffer (from the start of the connect),")
+        print(f"    {len(first_offer_ms)} of {workers} workers: {summary(first_offer_ms)}")
     per_worker = (connected_rss - idle) * 1024 / max(1, len(connect_ms))
     print(f"  serve RSS: {idle:.0f} MiB idle, {connected_rss:.0f} MiB with every worker connected")
     print(f"             ({per_worker:.0f} KiB per connection), {after_rss:.0f} MiB after the heartbeats")
-    print(
-        f"  heartbeats (WorkerMetrics + RequestJobList fence, every {heartbeat_secs:g} s for {secs:g} s): "
-        f"{len(heartbeat_ms) / hb_elapsed:.0f}/s handled"
-    )
-    print(f"  heartbeat round trip: {summary(heartbeat_ms)}")
-    print(f"  serve CPU during the heartbeats: {cpu:.0f} % of one core; {load_average()}")
+    if pending:
+        print(f"  heartbeats: skipped (--pending); {load_average()}")
+    else:
+        print(
+            f"  heartbeats (WorkerMetrics + RequestJobList fence, every {heartbeat_secs:g} s for "
+            f"{secs:g} s): {len(heartbeat_ms) / hb_elapsed:.0f}/s handled"
+        )
+        print(f"  heartbeat round trip: {summary(heartbeat_ms)}")
+        print(f"  serve CPU during the heartbeats: {cpu:.0f} % of one core; {load_average()}")
     for error in errors[:5]:
         print(f"  error: {error}")
 
@@ -409,11 +446,14 @@ def main() -> None:
     )
     parser.add_argument("--at-once", action="store_true", help="every client of a process connects at once")
     parser.add_argument(
+        "--pending", type=int, default=0, help="Queued builds seeded; each worker's first JobOffer is timed"
+    )
+    parser.add_argument(
         "--restart", action="store_true", help="kill -9 serve with --workers reference workers connected"
     )
     args = parser.parse_args()
-    if args.workers < 1 or args.procs < 1 or args.heartbeat_secs <= 0 or args.secs <= 0:
-        parser.error("--workers and --procs must be >= 1, --heartbeat-secs and --secs > 0")
+    if args.workers < 1 or args.procs < 1 or args.heartbeat_secs <= 0 or args.secs <= 0 or args.pending < 0:
+        parser.error("--workers and --procs must be >= 1, --heartbeat-secs and --secs > 0, --pending >= 0")
     url = setup_django()
     print(f"machine: {describe_machine()}")
     print(f"database: {url}; Redis: {redis_url()}")
@@ -428,6 +468,7 @@ def main() -> None:
         url,
         default_caps=args.default_caps,
         at_once=args.at_once,
+        pending=args.pending,
     )
 
 

@@ -298,3 +298,55 @@ def test_without_a_book_an_empty_first_offer_is_made_each_time(monkeypatch: pyte
     EvaluationFactory(project=project)
     [offer] = job_offers(worker_id=workers[1].id, now=timezone.now())
     assert len(offer["candidates"]) == 1
+
+
+def test_a_fleets_offers_are_made_together_each_as_job_offers_would() -> None:
+    """job_offers_batch (issue 31: the WorkerCapabilities of a fleet connecting at once): workers alike
+    sent nothing share one first offer, pointed at in one statement whatever their number; a worker sent
+    something already gets its own delta; a draining worker nothing; one result per worker, in order."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from gradient.workers.models import WorkerSession
+
+    project, other = ProjectFactory(), ProjectFactory()
+    evaluation = EvaluationFactory(project=project, status=EvaluationStatus.BUILDING)
+    graph.ingest_eval_result(
+        evaluation=evaluation, derivations=[drv(f"f{i}") for i in range(3)], now=timezone.now()
+    )
+    keys = {b.job_key for b in DerivationBuild.objects.filter(status="Queued")}
+    offer_service._first_offers.clear()
+
+    def batch(workers: list[Any]) -> tuple[list[Any], int]:
+        with CaptureQueriesContext(connection) as queries:
+            made = offer_service.job_offers_batch(worker_ids=[w.id for w in workers], now=timezone.now())
+        return msgspec.to_builtins(made), len(queries.captured_queries)
+
+    first, _ = batch([connected_worker([project])])  # makes the shared list
+    few, few_statements = batch([connected_worker([project]) for _ in range(2)])
+    many, many_statements = batch([connected_worker([project]) for _ in range(12)])
+    assert many_statements == few_statements, "the statements do not grow with the fleet"
+    for offers in first + few + many:
+        [offer] = offers
+        assert {c["job_id"] for c in offer["candidates"]} == keys
+    assert SentList.objects.count() == 1 and SentOffer.objects.count() == 15
+    assert not SentCandidate.objects.exists()
+
+    veteran = connected_worker([project])
+    assert job_offers(worker_id=veteran.id, now=timezone.now())  # sent its first offer alone
+    graph.ingest_eval_result(evaluation=evaluation, derivations=[drv("later")], now=timezone.now())
+    later = DerivationBuild.objects.get(drv_path__endswith="later.drv").job_key
+    draining = connected_worker([project])
+    WorkerSession.objects.filter(worker=draining).update(draining=True)
+    stranger = connected_worker([other])
+    newcomer = connected_worker([project])
+    made = msgspec.to_builtins(
+        offer_service.job_offers_batch(
+            worker_ids=[veteran.id, draining.id, stranger.id, newcomer.id], now=timezone.now()
+        )
+    )
+    assert [[c["job_id"] for c in o["candidates"]] for o in made[0]] == [[later]], "its own delta"
+    assert made[1] == [] and made[2] == []
+    [offer] = made[3]
+    # The shared first offer, made a moment ago (SHARED_FIRST_OFFER_SECS): `later` comes with its delta.
+    assert {c["job_id"] for c in offer["candidates"]} == keys

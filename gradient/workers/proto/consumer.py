@@ -124,6 +124,8 @@ INBOX_DRAIN_SECS = 10.0
 CLAIM_WINDOW_SECS = 0.002
 # InitConnections of every socket, collected this long and their sessions opened together.
 HANDSHAKE_WINDOW_SECS = 0.002
+# The offers after WorkerCapabilities of every session, collected this long and made together.
+OFFER_WINDOW_SECS = 0.005
 # A RequestJob whose claims all lost (another process took those builds in the same moment) goes into
 # up to this many next batches before it is left to the worker's own repeat.
 ASK_AGAIN_BATCHES = 3
@@ -840,7 +842,11 @@ class WorkerConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]  # channels 
         while True:
             self._offer_again = False
             try:
-                offers = await lanes.run(lanes.OFFERS, _handle, jobloop.job_offers, session, message)
+                # With the other sessions' of the same few milliseconds (a fleet connecting at once):
+                # one transaction, the first offers of workers alike one statement.
+                offers = await batcher_for(
+                    dispatcher.offers_batch, OFFER_WINDOW_SECS, lanes.OFFERS, loop=self._loop
+                ).submit(session, message)
             except Exception:
                 log.exception(
                     "offering jobs to worker %s failed; the next pass offers them", session.worker_id

@@ -1,16 +1,18 @@
 """The dispatcher: every session's messages of one kind in this process, applied together in batches.
 
-Three per process: the handshake batcher (InitConnection; workers.services.worker_sessions_open, on
-the sessions lane), the report batcher (JobUpdate, JobCompleted, JobFailed, BuildProgress, EvalProgress,
-BuildLog, and the AssignJobResponse answer; gradient.scheduling.services.reports.worker_reports, on the
-hot lane) and the claim batcher (RequestJob{build}; assignment.hand_out_builds, on the claims lane). A
-session's consumer hands each message to `enqueue` (a report: without waiting for its result) or
-`submit` (a RequestJob: waiting for its AssignJob). The batcher collects what every session queued for
-at most its window (or MAX_BATCH items) and applies the lot in one call on its lane: one transaction,
-one commit. Up to IN_FLIGHT batches are applied at once; while they are, the next one fills, and it
-starts as soon as a batch ends, before that one's results are handed out (the lane works while the
-event loop answers). Under load batches grow and commits per message fall; a lone message waits at most
-the window. A session's messages are in one batch at a time, in the order it queued them.
+Four per process: the handshake batcher (InitConnection; workers.services.worker_sessions_open, on the
+sessions lane), the offers batcher (the offer delta after WorkerCapabilities;
+scheduling.services.offers.job_offers_batch, on the offers lane), the report batcher (JobUpdate,
+JobCompleted, JobFailed, BuildProgress, EvalProgress, BuildLog, and the AssignJobResponse answer;
+gradient.scheduling.services.reports.worker_reports, on the hot lane) and the claim batcher
+(RequestJob{build}; assignment.hand_out_builds, on the claims lane). A session's consumer hands each
+message to `enqueue` (a report: without waiting for its result) or `submit` (a RequestJob: waiting for its
+AssignJob). The batcher collects what every session queued for at most its window (or MAX_BATCH items) and
+applies the lot in one call on its lane: one transaction, one commit. Up to IN_FLIGHT batches are applied
+at once; while they are, the next one fills, and it starts as soon as a batch ends, before that one's
+results are handed out (the lane works while the event loop answers). Under load batches grow and commits
+per message fall; a lone message waits at most the window. A session's messages are in one batch at a
+time, in the order it queued them.
 
 A batch whose database connection died is applied again on a fresh connection (runtime.lanes.retrying:
 every report is fenced by its assignment_id and every write is conditional, so a batch that did commit
@@ -34,10 +36,10 @@ from typing import Any
 
 from django.utils import timezone
 
-from gradient.core.protocol import AssignJob, RequestJob
+from gradient.core.protocol import AssignJob, JobOffer, RequestJob, WorkerCapabilities
 from gradient.runtime import lanes
 from gradient.runtime.boot import current_boot
-from gradient.scheduling.services import assignment, reports
+from gradient.scheduling.services import assignment, offers, reports
 from gradient.scheduling.services.reports import Incoming
 from gradient.workers import presence, services
 from gradient.workers.services import HandshakeAccepted, HandshakeRejected, SessionOpen, SessionRef
@@ -243,6 +245,12 @@ def batcher_for(
 
 
 # --- What the batchers apply: one domain call per batch ----------------------------------------------
+
+
+def offers_batch(batch: Sequence[tuple[SessionRef, WorkerCapabilities]]) -> list[list[JobOffer]]:
+    """The offer deltas after WorkerCapabilities of any sessions of this process (a fleet connecting at
+    once), made together (offers.job_offers_batch); the JobOffers of each, in order."""
+    return offers.job_offers_batch(worker_ids=[session.worker_id for session, _ in batch], now=timezone.now())
 
 
 def open_sessions_batch(

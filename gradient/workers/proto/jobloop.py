@@ -50,17 +50,12 @@ log = logging.getLogger("gradient.workers")
 
 
 def worker_capabilities(*, session: SessionRef, message: WorkerCapabilities) -> list[ServerMessage]:
-    """Replace the stored capabilities; the consumer then triggers assignment (`job_offers`, on the
-    offer lane: what the worker can run now; running jobs and earlier offers stay)."""
+    """Replace the stored capabilities; the consumer then triggers assignment (the offer delta, made
+    with other sessions' by dispatcher.offers_batch on the offers lane: what the worker can run now;
+    running jobs and earlier offers stay)."""
     services.worker_capabilities_replace(session=session, capabilities=message, now=timezone.now())
     assignment.forget_card(session.session_id)
     return []
-
-
-def job_offers(*, session: SessionRef, message: WorkerCapabilities) -> list[ServerMessage]:
-    """After `message` (the worker's capabilities, stored by worker_capabilities): the offer delta of
-    this worker, what it can run now and was not offered yet."""
-    return list(offers.job_offers(worker_id=session.worker_id, now=timezone.now()))
 
 
 def worker_metrics(*, session: SessionRef, message: WorkerMetrics) -> list[ServerMessage]:
