@@ -340,3 +340,41 @@ def test_a_hundred_silent_sockets_of_one_address_write_a_few_lines_not_hundreds(
     ]
     # One line per address per 10 s each (the run lasts a few seconds): 2 at most, not one per socket.
     assert 1 <= len(access) <= 2 and 1 <= len(timeouts) <= 2, (access, timeouts)
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_a_socket_refused_for_load_is_an_http_503_to_retry_never_a_final_status(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Every unauthenticated socket of the process pending (admission refuses the newcomer): the answer
+    before the upgrade is HTTP 503 with Retry-After ("busy: try again", protocol.md), where it was the
+    close's HTTP 403, which a worker other than the reference one may take as final (issue 36)."""
+    from channels.testing import ApplicationCommunicator
+
+    from gradient.asgi import application
+    from gradient.workers.proto import admission
+
+    async def refuse(consumer: Any, address: str) -> bool:
+        return False
+
+    monkeypatch.setattr(admission, "admit", refuse)
+    scope = {
+        "type": "websocket",
+        "path": "/proto",
+        "raw_path": b"/proto",
+        "query_string": b"",
+        "headers": [(b"host", b"testserver")],
+        "subprotocols": [],
+        "client": ("10.0.0.9", 40000),
+        "server": ("testserver", 80),
+        "extensions": {"websocket.http.response": {}},
+    }
+    socket = ApplicationCommunicator(application, scope)
+    await socket.send_input({"type": "websocket.connect"})
+    start = await socket.receive_output(5)
+    body = await socket.receive_output(5)
+    assert start["type"] == "websocket.http.response.start" and start["status"] == 503
+    assert (b"retry-after", b"1") in start["headers"]
+    assert body["type"] == "websocket.http.response.body" and b"try again" in body["body"]
+    await socket.send_input({"type": "websocket.disconnect", "code": 1006})
+    await socket.wait(5)

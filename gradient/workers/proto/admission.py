@@ -14,8 +14,8 @@ reads their InitConnections. The caps are on silent sockets:
   taken all the same (the total bound below still holds);
 - in total, GRADIENT_PROTO_MAX_UNAUTHENTICATED sockets of this process, silent and pending together:
   over it the oldest silent socket of the address that has the most silent ones makes room (those past
-  the grace first). Only when every unauthenticated socket is pending is the newcomer refused (HTTP 403
-  before the upgrade; a worker retries).
+  the grace first). Only when every unauthenticated socket is pending is the newcomer refused (HTTP 503
+  with Retry-After before the upgrade, "busy: try again"; a worker retries).
 
 A socket closed to make room is answered Reject{503} (close 4503): "busy or making room, try again"
 (protocol.md), never a 400 that a worker takes as final. So silent sockets push out each other, a

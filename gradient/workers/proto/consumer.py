@@ -136,6 +136,7 @@ OFFER_LANE: tuple[type[Message], ...] = (RequestJobList, RequestJobChunk)
 HANDSHAKE_TIMEOUT_SECS = float(settings.GRADIENT_PROTO_HANDSHAKE_TIMEOUT_SECS)
 # Channel-layer group memberships expire (channels_redis: a day); a heartbeat renews it this often.
 GROUP_RENEW_SECS = 600.0
+BUSY_BODY = b"Busy: every connection not yet handshaken is being answered; try again.\r\n"
 # On SIGTERM: how long a session with open assignments may keep reporting before it is closed.
 DRAIN_GRACE_SECS = 15.0
 # A job-loop call whose database connection died is made again on a fresh connection this many times in
@@ -496,7 +497,7 @@ class WorkerConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]  # channels 
         address = str(self.scope["client"][0]) if self.scope.get("client") else ""
         if not await admission.admit(self, address):
             self.closing = True
-            await self.close()  # before the upgrade: HTTP 403; a worker retries with backoff
+            await self._refuse_busy()
             return
         await self.accept()
         admission.register(self, address)
@@ -993,6 +994,23 @@ class WorkerConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]  # channels 
         self.close_reason = reason
         log.info("closing the connection of %s with %s: %s", self._who(), code, reason)
         await self.close(code=code)
+
+    async def _refuse_busy(self) -> None:
+        """Refused before the upgrade for load (every unauthenticated socket of the process is pending):
+        HTTP 503 with Retry-After, "busy: try again" (protocol.md), never a status a worker may take as
+        final. Where the server cannot answer an upgrade with a response of its own (no ASGI websocket
+        denial response), the close before the upgrade is its HTTP 403."""
+        if "websocket.http.response" not in self.scope.get("extensions", {}):
+            await self.close()
+            return
+        await self.base_send(
+            {
+                "type": "websocket.http.response.start",
+                "status": 503,
+                "headers": [(b"content-type", b"text/plain; charset=utf-8"), (b"retry-after", b"1")],
+            }
+        )
+        await self.base_send({"type": "websocket.http.response.body", "body": BUSY_BODY})
 
     async def make_room(self) -> None:
         """Closed by admission.py for a newer socket: this one has not sent its InitConnection."""
