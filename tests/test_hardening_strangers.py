@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import random
 import time
 from collections import Counter
@@ -340,3 +341,55 @@ def test_a_hundred_silent_sockets_of_one_address_write_a_few_lines_not_hundreds(
     ]
     # One line per address per 10 s each (the run lasts a few seconds): 2 at most, not one per socket.
     assert 1 <= len(access) <= 2 and 1 <= len(timeouts) <= 2, (access, timeouts)
+
+
+def _line(logger: str, message: str, *args: object) -> logging.LogRecord:
+    return logging.LogRecord(logger, logging.INFO, __file__, 0, message, args, None)
+
+
+def test_a_refused_strangers_access_line_is_one_per_address_per_interval_and_a_bad_token_each_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The filter itself, on the lines of the run that wrote 25 600 of them: uvicorn's access line of a
+    socket refused before the upgrade (403) or taken, and the time-out of one that never said who it is,
+    are one per address per 10 s, the next saying how many were left out; a refused token, a worker's
+    session and any other line are each written."""
+    from types import SimpleNamespace
+
+    from gradient import http_protocol
+
+    clock = SimpleNamespace(now=1000.0)
+    monkeypatch.setattr(http_protocol, "time", SimpleNamespace(monotonic=lambda: clock.now))
+    sampled = http_protocol.SocketLinesSampled()
+
+    def written(records: list[logging.LogRecord]) -> list[str]:
+        return [r.getMessage() for r in records if sampled.filter(r)]
+
+    refused = [
+        _line("uvicorn.error", '%s - "WebSocket %s" 403', f"10.0.0.1:{p}", "/proto") for p in range(50)
+    ]
+    taken = [
+        _line("uvicorn.error", '%s - "WebSocket %s" [accepted]', f"10.0.0.1:{p}", "/proto") for p in range(9)
+    ]
+    elsewhere = _line("uvicorn.error", '%s - "WebSocket %s" 403', "10.0.0.2:7", "/proto")
+    silent = "handshake from %s rejected (%s): %s"
+    timed_out = [
+        _line("gradient.workers", silent, f"10.0.0.1:{p}", 400, "no InitConnection within 10 s")
+        for p in range(30)
+    ]
+    bad_token = [_line("gradient.workers", silent, f"10.0.0.1:{p}", 401, "bad token") for p in range(3)]
+    worker = _line("gradient.workers", "worker %s connected", "w1")
+
+    lines = written([*refused, *taken, elsewhere, *timed_out, *bad_token, worker])
+    assert lines == [
+        '10.0.0.1:0 - "WebSocket /proto" 403',
+        '10.0.0.2:7 - "WebSocket /proto" 403',
+        "handshake from 10.0.0.1:0 rejected (400): no InitConnection within 10 s",
+        *(f"handshake from 10.0.0.1:{p} rejected (401): bad token" for p in range(3)),
+        "worker w1 connected",
+    ]
+    clock.now += 10.0
+    again = [_line("uvicorn.error", '%s - "WebSocket %s" 403', "10.0.0.1:99", "/proto")]
+    assert written(again) == [
+        '10.0.0.1:99 - "WebSocket /proto" 403 (58 more like it from this address since the last line)'
+    ]
