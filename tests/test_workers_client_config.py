@@ -130,3 +130,21 @@ def test_a_running_worker_shows_its_token_to_no_other_process_of_its_user(tmp_pa
         worker.wait(30)
     assert token.encode() not in environ
     assert b"GRADIENT_PRESENCE_FLUSH_SECS=0.25" in environ  # the rest of it is still there
+
+
+def test_a_token_on_the_command_line_is_taken_with_a_warning(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from gradient.workers.client.__main__ import main
+    from gradient.workers.client.worker import EXIT_CONFIG
+
+    monkeypatch.setenv("PATH", "/nonexistent")  # no nix: main stops after reading its configuration
+    argv = ["--server", "ws://127.0.0.1:9/proto", "--worker-id", "w1", "--executor", "nix"]
+    for token in (["--token", "t"], ["--token=t"]):
+        caplog.clear()
+        assert main([*argv, *token]) == EXIT_CONFIG
+        assert any("every user of this host can read" in r.getMessage() for r in caplog.records), token
+    monkeypatch.setenv("GRADIENT_WORKER_TOKEN", "t")
+    caplog.clear()
+    assert main(argv) == EXIT_CONFIG
+    assert not any("every user of this host" in r.getMessage() for r in caplog.records)
