@@ -151,6 +151,11 @@ def test_on_a_real_serve_a_lone_surrogate_is_400_and_a_climbing_static_path_404_
             "/static/admin/../../../../etc/passwd",
             "/static/admin/%2e%2e/%2e%2e/%2e%2e/%2e%2e/etc/passwd",
             "/static/../gradient/settings.py",
+            "/static//etc/passwd",
+            "/static/%2fetc%2fpasswd",
+            "/static/admin/..%2f..%2f..%2f..%2fetc%2fpasswd",
+            "/static/admin/..%5c..%5c..%5c..%5cetc%5cpasswd",
+            "/static/%00/etc/passwd",
         ):
             conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
             conn.request("GET", path)  # sent as written: http.client does not normalise the path
