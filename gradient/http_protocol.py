@@ -195,13 +195,20 @@ class StrictTextWebSocketProtocol(WebSocketsSansIOProtocol):
             self.transport.pause_reading()
 
 
+# uvicorn's warnings for a connection that speaks no HTTP (a TLS hello, a port scanner) or asks to upgrade
+# to anything but a WebSocket: a stranger's every connection wrote one, and they name no client, so they
+# are one line per interval for all clients together.
+ADDRESSLESS_LINES = frozenset({"Invalid HTTP request received.", "Unsupported upgrade request."})
+
+
 class SocketLinesSampled(logging.Filter):
     """One line per client address per 10 s, with the count of those left out, for the lines every
     socket on /proto makes whatever it does: uvicorn's access line (`"WebSocket /proto" [accepted]`, or
     `403` when admission refused it before the upgrade) and the handshake time-out of a socket that
     never said who it is. 12 800 stranger sockets wrote 25 600 INFO lines in 25 s (issue 36, finding
     10); the refusals and evictions themselves already were one line per address per interval
-    (workers.proto.admission). A worker's own session is still logged whole (`worker ... connected`)."""
+    (workers.proto.admission). uvicorn's ADDRESSLESS_LINES are one per interval for all addresses. A
+    worker's own session is still logged whole (`worker ... connected`)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -209,16 +216,22 @@ class SocketLinesSampled(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         message = str(record.msg)
+        if message in ADDRESSLESS_LINES:
+            return self._due(record, f"{record.name}:{message}", "since the last line")
         if '"WebSocket %s"' in message or ("rejected" in message and "handshake from" in message):
             args = record.args if isinstance(record.args, tuple) else ()
             if "handshake from" in message and "no InitConnection within" not in str(args[-1:]):
                 return True  # a refused handshake that said something (a bad token): each one counts
             address = str(args[0]).rsplit(":", 1)[0] if args else ""
-            unlogged = self._lines.due(f"{record.name}:{address}", time.monotonic())
-            if unlogged is None:
-                return False
-            if unlogged:
-                record.msg = f"{message} ({unlogged} more like it from this address since the last line)"
+            return self._due(record, f"{record.name}:{address}", "from this address since the last line")
+        return True
+
+    def _due(self, record: logging.LogRecord, key: str, since: str) -> bool:
+        unlogged = self._lines.due(key, time.monotonic())
+        if unlogged is None:
+            return False
+        if unlogged:
+            record.msg = f"{record.msg} ({unlogged} more like it {since})"
         return True
 
 

@@ -86,3 +86,22 @@ def test_serve_with_a_secret_key_listens_anywhere(tmp_path: Path) -> None:
         mp.setattr(settings, "DEBUG", False)
         assert "loopback only" in str(refuse_insecure_start(host="127.0.0.1"))
         assert "loopback only" in str(refuse_insecure_start(host="::1"))
+
+
+# The embedded mode (a fresh checkout's SQLite, `make run HOST=0.0.0.0`) may listen anywhere with the
+# development key, but not without a word, DEBUG or not (issue 36, finding 5): on loopback it says nothing.
+@pytest.mark.parametrize("debug", [False, True])
+def test_the_embedded_mode_beyond_loopback_with_the_development_key_says_so_loudly(debug: bool) -> None:
+    from django.conf import settings
+
+    from gradient.deploy import refuse_insecure_start
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(settings, "USING_DEVELOPMENT_SECRET_KEY", True)
+        mp.setattr(settings, "EMBEDDED", True)
+        mp.setattr(settings, "DEBUG", debug)
+        warning = str(refuse_insecure_start(host="0.0.0.0"))  # noqa: S104
+        assert "WARNING" in warning and "0.0.0.0" in warning and "public" in warning, warning
+        assert "DJANGO_SECRET_KEY" in warning
+        assert refuse_insecure_start(host="127.0.0.1") is None
+        assert refuse_insecure_start(host="localhost") is None

@@ -132,7 +132,7 @@ def test_a_lone_surrogate_in_the_token_routes_body_is_400(body: str) -> None:
 
 
 @pytest.mark.django_db(transaction=True)  # a real serve writes its boot: emptied afterwards
-def test_a_static_path_that_climbs_out_of_the_static_files_is_404_without_a_traceback(
+def test_on_a_real_serve_a_lone_surrogate_is_400_and_a_climbing_static_path_404_without_a_traceback(
     tmp_path: Any,
 ) -> None:
     import http.client
@@ -140,11 +140,22 @@ def test_a_static_path_that_climbs_out_of_the_static_files_is_404_without_a_trac
     from tests.support.processes import database_env, serve
 
     with serve(database_env(redis=False), tmp_path, ["--no-passes"]) as server:
+        # The lone surrogate too, as a stranger sends it to the real server.
+        conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
+        body = b'{"username": "\\ud800", "password": "x"}'
+        conn.request("POST", "/api/v1/auth/token", body, {"Content-Type": "application/json"})
+        token_status = conn.getresponse().status
+        conn.close()
         answers = []
         for path in (
             "/static/admin/../../../../etc/passwd",
             "/static/admin/%2e%2e/%2e%2e/%2e%2e/%2e%2e/etc/passwd",
             "/static/../gradient/settings.py",
+            "/static//etc/passwd",
+            "/static/%2fetc%2fpasswd",
+            "/static/admin/..%2f..%2f..%2f..%2fetc%2fpasswd",
+            "/static/admin/..%5c..%5c..%5c..%5cetc%5cpasswd",
+            "/static/%00/etc/passwd",
         ):
             conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
             conn.request("GET", path)  # sent as written: http.client does not normalise the path
@@ -152,5 +163,6 @@ def test_a_static_path_that_climbs_out_of_the_static_files_is_404_without_a_trac
             answers.append((path, response.status, b"root:" in response.read()))
             conn.close()
         log = server.log()
+    assert token_status == 400
     assert all(status == 404 and not leaked for _, status, leaked in answers), answers
     assert "Traceback" not in log, log[log.find("Traceback") - 300 :][:3000]

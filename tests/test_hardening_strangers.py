@@ -11,7 +11,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import random
+import re
 import time
 from collections import Counter
 from pathlib import Path
@@ -378,3 +380,100 @@ async def test_a_socket_refused_for_load_is_an_http_503_to_retry_never_a_final_s
     assert body["type"] == "websocket.http.response.body" and b"try again" in body["body"]
     await socket.send_input({"type": "websocket.disconnect", "code": 1006})
     await socket.wait(5)
+
+
+def _line(logger: str, message: str, *args: object) -> logging.LogRecord:
+    return logging.LogRecord(logger, logging.INFO, __file__, 0, message, args, None)
+
+
+def test_a_refused_strangers_access_line_is_one_per_address_per_interval_and_a_bad_token_each_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The filter itself, on the lines of the run that wrote 25 600 of them: uvicorn's access line of a
+    socket refused before the upgrade (403) or taken, and the time-out of one that never said who it is,
+    are one per address per 10 s, the next saying how many were left out; a refused token, a worker's
+    session and any other line are each written."""
+    from types import SimpleNamespace
+
+    from gradient import http_protocol
+
+    clock = SimpleNamespace(now=1000.0)
+    monkeypatch.setattr(http_protocol, "time", SimpleNamespace(monotonic=lambda: clock.now))
+    sampled = http_protocol.SocketLinesSampled()
+
+    def written(records: list[logging.LogRecord]) -> list[str]:
+        return [r.getMessage() for r in records if sampled.filter(r)]
+
+    refused = [
+        _line("uvicorn.error", '%s - "WebSocket %s" 403', f"10.0.0.1:{p}", "/proto") for p in range(50)
+    ]
+    taken = [
+        _line("uvicorn.error", '%s - "WebSocket %s" [accepted]', f"10.0.0.1:{p}", "/proto") for p in range(9)
+    ]
+    elsewhere = _line("uvicorn.error", '%s - "WebSocket %s" 403', "10.0.0.2:7", "/proto")
+    silent = "handshake from %s rejected (%s): %s"
+    timed_out = [
+        _line("gradient.workers", silent, f"10.0.0.1:{p}", 400, "no InitConnection within 10 s")
+        for p in range(30)
+    ]
+    bad_token = [_line("gradient.workers", silent, f"10.0.0.1:{p}", 401, "bad token") for p in range(3)]
+    worker = _line("gradient.workers", "worker %s connected", "w1")
+
+    lines = written([*refused, *taken, elsewhere, *timed_out, *bad_token, worker])
+    assert lines == [
+        '10.0.0.1:0 - "WebSocket /proto" 403',
+        '10.0.0.2:7 - "WebSocket /proto" 403',
+        "handshake from 10.0.0.1:0 rejected (400): no InitConnection within 10 s",
+        *(f"handshake from 10.0.0.1:{p} rejected (401): bad token" for p in range(3)),
+        "worker w1 connected",
+    ]
+    clock.now += 10.0
+    again = [_line("uvicorn.error", '%s - "WebSocket %s" 403', "10.0.0.1:99", "/proto")]
+    assert written(again) == [
+        '10.0.0.1:99 - "WebSocket /proto" 403 (58 more like it from this address since the last line)'
+    ]
+
+
+GARBAGE_ADDRESS = "127.0.0.11"
+
+
+async def _garbage_requests(port: int, n: int) -> None:
+    """n connections from GARBAGE_ADDRESS, half of them sending bytes that are no HTTP, half an upgrade to
+    something other than a WebSocket; each read until the server closes or answers."""
+
+    async def one(i: int) -> None:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port, local_addr=(GARBAGE_ADDRESS, 0))
+        if i % 2:
+            writer.write(b"\x16\x03\x01 not HTTP at all\r\n\r\n")
+        else:
+            writer.write(
+                b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: upgrade, close\r\nUpgrade: h2c\r\n\r\n"
+            )
+        await writer.drain()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(reader.read(), 5)
+        writer.close()
+
+    for start in range(0, n, 20):  # under the address's cap of open connections
+        await asyncio.gather(*(one(i) for i in range(start, min(n, start + 20))))
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_hundred_requests_that_are_no_http_write_a_few_warnings_not_hundreds(tmp_path: Path) -> None:
+    """uvicorn's WARNING for bytes that are no HTTP, and for an upgrade to anything but a WebSocket, has
+    no address to key on: one line per 10 s for all of them, with the count left out (issue 36, finding
+    10: a stranger's every connection wrote a line)."""
+    with serve(database_env(redis=False), tmp_path, ["--no-passes"]) as server:
+        asyncio.run(_garbage_requests(server.port, 100))
+        status, _ = http_get(f"{server.base_url}/healthz")
+        log = server.log()
+    assert status == 200
+    invalid = [line for line in log.splitlines() if "Invalid HTTP request received" in line]
+    unsupported = [line for line in log.splitlines() if "Unsupported upgrade request" in line]
+    assert 1 <= len(invalid) <= 2 and 1 <= len(unsupported) <= 2, (len(invalid), len(unsupported))
+    # Each of the 50 of a kind is a line or counted in a later one.
+    for lines in (invalid, unsupported):
+        left_out = sum(
+            int(n) for n in re.findall(r"\((\d+) more like it since the last line\)", "".join(lines))
+        )
+        assert len(lines) + left_out <= 50, lines

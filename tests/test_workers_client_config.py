@@ -93,3 +93,58 @@ def test_the_token_leaves_the_workers_environment_once_it_is_read(monkeypatch: p
         main(["--server", "ws://127.0.0.1:9/proto", "--worker-id", "w1", "--executor", "nix"]) == EXIT_CONFIG
     )
     assert "GRADIENT_WORKER_TOKEN" not in os.environ
+
+
+@pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="Linux's /proc")
+def test_a_running_worker_shows_its_token_to_no_other_process_of_its_user(tmp_path: Path) -> None:
+    """Taken out of os.environ, the token reaches no child; but Linux keeps the environment a process
+    started with in /proc/<pid>/environ, which every process of the same user reads, a builder that runs
+    without Nix's sandbox too (issue 36, finding 1): the worker blanks the token there as well."""
+    import subprocess
+    import sys
+    import time
+    import uuid
+
+    from tests.support.processes import ROOT, base_env
+
+    token = f"tok-{uuid.uuid4().hex}"
+    log = tmp_path / "worker.log"
+    argv = ["--server", "ws://127.0.0.1:9/proto", "--worker-id", "w1", "--executor", "sim"]
+    with open(log, "wb") as out:
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "gradient.workers.client", *argv],
+            cwd=ROOT,
+            env=base_env(GRADIENT_WORKER_TOKEN=token),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        deadline = time.monotonic() + 60
+        while "reconnecting in" not in log.read_text() and time.monotonic() < deadline:
+            assert worker.poll() is None, log.read_text()
+            time.sleep(0.1)
+        assert "reconnecting in" in log.read_text(), log.read_text()  # configured, and trying to connect
+        environ = Path(f"/proc/{worker.pid}/environ").read_bytes()
+    finally:
+        worker.terminate()
+        worker.wait(30)
+    assert token.encode() not in environ
+    assert b"GRADIENT_PRESENCE_FLUSH_SECS=0.25" in environ  # the rest of it is still there
+
+
+def test_a_token_on_the_command_line_is_taken_with_a_warning(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from gradient.workers.client.__main__ import main
+    from gradient.workers.client.worker import EXIT_CONFIG
+
+    monkeypatch.setenv("PATH", "/nonexistent")  # no nix: main stops after reading its configuration
+    argv = ["--server", "ws://127.0.0.1:9/proto", "--worker-id", "w1", "--executor", "nix"]
+    for token in (["--token", "t"], ["--token=t"]):
+        caplog.clear()
+        assert main([*argv, *token]) == EXIT_CONFIG
+        assert any("every user of this host can read" in r.getMessage() for r in caplog.records), token
+    monkeypatch.setenv("GRADIENT_WORKER_TOKEN", "t")
+    caplog.clear()
+    assert main(argv) == EXIT_CONFIG
+    assert not any("every user of this host" in r.getMessage() for r in caplog.records)

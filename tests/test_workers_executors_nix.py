@@ -8,6 +8,7 @@ import asyncio
 import json
 import os
 import re
+import sys
 import uuid
 from pathlib import Path
 
@@ -35,6 +36,7 @@ from gradient.workers.executors import make_executor
 from gradient.workers.executors.base import ExecutorFailure, ExecutorUnavailable, JobContext
 from gradient.workers.executors.nix import NixExecutor
 from gradient.workers.executors.nix_parse import (
+    NIX_ENVIRONMENT_NAMES,
     NixBuildLog,
     NixInputError,
     classify_build_failure,
@@ -618,3 +620,80 @@ async def test_a_flake_reads_neither_the_workers_token_nor_its_environment_nor_i
     # Nor does any nix child get them: its environment is allow-listed.
     assert not [k for k in nix.env if k.startswith("GRADIENT_") or k == "OPERATOR_SECRET"]
     assert nix.env["PATH"] == os.environ["PATH"] and "nix-command flakes" in nix.env["NIX_CONFIG"]
+
+
+# The same without Nix: a stand-in `nix` and `nix-store` that write down how each was started (its
+# arguments and its whole environment) and answer as Nix would. Every child of a fetch, an evaluation and
+# a build gets the allow-listed environment, and none evaluates impure (issue 36, finding 1: every nix
+# child had the worker's whole environment, GRADIENT_WORKER_TOKEN included, and `nix eval --impure`).
+STAND_IN_NIX = r"""#!@PYTHON@
+import json, os, sys
+from pathlib import Path
+
+here = Path(__file__).resolve().parent
+with open(here / "calls.jsonl", "a") as calls:
+    calls.write(json.dumps({"argv": [Path(sys.argv[0]).name, *sys.argv[1:]], "env": dict(os.environ)}) + "\n")
+args = sys.argv[1:]
+SRC = "/nix/store/" + "s" * 32 + "-source"
+DRV = "/nix/store/" + "d" * 32 + "-leak.drv"
+OUT = "/nix/store/" + "q" * 32 + "-leak"
+if Path(sys.argv[0]).name == "nix-store":
+    if "--realise" in args:
+        print(OUT)
+elif args[:1] == ["--version"]:
+    print("nix (Nix) 2.18.1")
+elif args[:1] == ["show-config"]:
+    print(json.dumps({"system": {"value": "x86_64-linux"}}))
+elif args[:2] == ["flake", "metadata"]:
+    print(json.dumps({"path": SRC, "url": "path:" + SRC + "?narHash=sha256-x", "revision": "r"}))
+elif args[:1] == ["path-info"]:
+    print(json.dumps([{"path": p, "narSize": 1} for p in args if p.startswith("/nix/store/")]))
+elif args[:1] == ["eval"]:
+    request = json.loads(args[args.index("--argstr") + 2])
+    if request["mode"] == "attrs":
+        print(json.dumps([["packages", "x86_64-linux", "leak"]]))
+    else:
+        print(json.dumps([{"attr": a, "drv": DRV} for a in request["attrs"]]))
+elif args[:1] == ["show-derivation"]:
+    shown = {"outputs": {"out": {"path": OUT}}, "inputDrvs": {}, "system": "x86_64-linux", "env": {}}
+    print(json.dumps({DRV: shown}))
+else:
+    sys.exit("unexpected: " + " ".join(args))
+"""
+
+
+def _stand_in_nix(directory: Path) -> tuple[Path, Path]:
+    """A directory holding the stand-in `nix` and `nix-store`, and the file its calls are written to."""
+    directory.mkdir()
+    script = directory / "nix"
+    script.write_text(STAND_IN_NIX.replace("@PYTHON@", sys.executable))
+    script.chmod(0o755)
+    (directory / "nix-store").symlink_to(script)
+    return directory, directory / "calls.jsonl"
+
+
+async def test_no_nix_child_gets_the_workers_token_or_environment_and_none_evaluates_impure(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    token, secret = (f"{name}{uuid.uuid4().hex[:12]}" for name in ("tok", "sec"))
+    monkeypatch.setenv("GRADIENT_WORKER_TOKEN", token)
+    monkeypatch.setenv("OPERATOR_SECRET", secret)
+    bin_dir, calls = _stand_in_nix(tmp_path / "bin")
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    directory, commit = write_flake(tmp_path / "leak", LEAKING_FLAKE)
+    nix = NixExecutor.detect()  # the worker's own environment, as `make_executor` gives it
+    ctx = Ctx()
+
+    _, attrs, evaluation = await _evaluate(nix, directory, commit, [], ctx)
+    (derivation,) = evaluation.derivations
+    await nix.build(_spec(derivation.drv_path, derivation.outputs), ctx)
+
+    children = [json.loads(line) for line in calls.read_text().splitlines()]
+    ran = {" ".join(c["argv"][:2]) for c in children}
+    assert {"nix show-config", "nix flake", "nix eval", "nix show-derivation", "nix-store --realise"} <= ran
+    for child in children:
+        assert "--impure" not in child["argv"], child["argv"]
+        assert token not in json.dumps(child) and secret not in json.dumps(child), child["argv"]
+        # Only the allow-listed names and Nix's own (LC_CTYPE: Python's locale coercion in the stand-in).
+        assert {k for k in child["env"] if not k.startswith("NIX_")} <= NIX_ENVIRONMENT_NAMES | {"LC_CTYPE"}
+        assert "nix-command flakes" in child["env"]["NIX_CONFIG"]

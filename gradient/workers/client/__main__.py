@@ -32,6 +32,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=getattr(logging, config.log_level, logging.INFO),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    given = sys.argv[1:] if argv is None else argv
+    if any(arg == "--token" or arg.startswith("--token=") for arg in given):
+        logging.getLogger("gradient.worker").warning(
+            "the token is on the command line, which every user of this host can read (ps): "
+            "give it in GRADIENT_WORKER_TOKEN or a file (--token-file) instead"
+        )
     try:
         executor = make_executor(
             config.executor, sim_store=config.sim_store or (), sim_build_ms=config.sim_build_ms

@@ -8,7 +8,9 @@ override must list every system and feature the worker should accept.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import os
+import sys
 from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -184,8 +186,33 @@ def build_parser() -> argparse.ArgumentParser:
 
 def forget_secrets(environ: MutableMapping[str, str]) -> None:
     """Once the configuration is read, the token leaves the process environment: no child (a nix
-    process, git, a builder) inherits it, whatever environment it is given."""
-    environ.pop(ENVIRONMENT["token"], None)
+    process, git, a builder) inherits it, whatever environment it is given; and this process's own
+    (os.environ) no longer shows it in /proc (blank_initial_variable)."""
+    name = ENVIRONMENT["token"]
+    if environ is os.environ:
+        blank_initial_variable(name)
+    environ.pop(name, None)
+
+
+def blank_initial_variable(name: str) -> None:
+    """Overwrite the value of `name` with NULs where the process's environment started. Unsetting a
+    variable only drops it from the C library's list: Linux keeps showing the environment a process
+    started with in /proc/<pid>/environ, which every process of the same user reads (a builder that runs
+    without Nix's sandbox runs as the worker's user, and its log is the submitter's to read: issue 36,
+    finding 1). Call before unsetting it. Elsewhere than Linux, or without the C library, nothing."""
+    if sys.platform != "linux":
+        return
+    try:
+        environ = ctypes.POINTER(ctypes.c_void_p).in_dll(ctypes.CDLL(None), "environ")
+    except (OSError, ValueError):
+        return
+    prefix = name.encode() + b"="
+    i = 0
+    while (address := environ[i]) is not None:
+        entry = ctypes.string_at(address)
+        if entry.startswith(prefix):
+            ctypes.memset(address + len(prefix), 0, len(entry) - len(prefix))
+        i += 1
 
 
 def _bool(raw: str) -> bool:
