@@ -12,7 +12,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from gradient.core.protocol import InitCapabilities
+from gradient.core.protocol import InitCapabilities, WorkerCapabilities
 from gradient.recovery.models import ServerBoot
 from gradient.scheduling.models import SentList, SentOffer
 from gradient.workers.models import IdleSlot, Worker, WorkerSession
@@ -22,6 +22,7 @@ from gradient.workers.services import (
     SessionOpen,
     worker_register,
     worker_sessions_open,
+    workers_capabilities_replace,
 )
 from tests.factories import ProjectFactory
 
@@ -165,3 +166,59 @@ def test_a_batch_applied_again_after_a_commit_it_did_not_hear_accepts_its_own_se
     assert again == first
     assert all(isinstance(r, HandshakeAccepted) and r.authorized_projects == ["p"] for r in again)
     assert WorkerSession.objects.filter(closed_at__isnull=True).count() == len(requests)
+
+
+def _caps(n: int, zone: str | None = None) -> WorkerCapabilities:
+    return WorkerCapabilities(
+        architectures=[f"arch-{n}"],
+        system_features=["kvm"] if n % 2 else [],
+        max_concurrent_builds=n,
+        cpu_count=n + 1,
+        ram_total_mb=1000 * n,
+        cpu_core_score=10 * n,
+        zone=zone if zone is not None else f"zone-{n}",
+        endpoint=None,
+    )
+
+
+def test_a_fleets_capabilities_are_stored_together_each_as_alone() -> None:
+    boot = _boot()
+    workers = _registered(6)
+    requests = [_request(w.id, token) for w, token in workers]
+    results = worker_sessions_open(requests=requests, server_boot=boot.id, now=timezone.now())
+    sessions = [r.session for r in results if isinstance(r, HandshakeAccepted)]
+    items = [(s, _caps(i + 1)) for i, s in enumerate(sessions)]
+    items.append((sessions[0], _caps(9)))  # said again: the last one stands
+    now = timezone.now()
+    workers_capabilities_replace(items=items, now=now)  # one statement of fixed text (fixed_cursor)
+    for i, session in enumerate(sessions):
+        n = 9 if i == 0 else i + 1
+        w = Worker.objects.get(id=session.worker_id)
+        assert (w.architectures, w.system_features, w.max_concurrent_builds, w.cpu_count) == (
+            [f"arch-{n}"],
+            ["kvm"] if n % 2 else [],
+            n,
+            n + 1,
+        )
+        assert (w.ram_total_mb, w.cpu_core_score, w.zone, w.capabilities_at) == (
+            1000 * n,
+            10 * n,
+            f"zone-{n}",
+            now,
+        )
+
+
+def test_capabilities_the_database_refuses_cost_only_their_own_message() -> None:
+    """A NUL in a string is valid JSON but no PostgreSQL text: the batch is stored one by one, that
+    message dropped, the others stored."""
+    from gradient.workers.proto.dispatcher import capabilities_batch
+
+    boot = _boot()
+    requests = [_request(w.id, token) for w, token in _registered(3)]
+    results = worker_sessions_open(requests=requests, server_boot=boot.id, now=timezone.now())
+    sessions = [r.session for r in results if isinstance(r, HandshakeAccepted)]
+    capabilities_batch(
+        [(sessions[0], _caps(1)), (sessions[1], _caps(2, zone="bad\x00zone")), (sessions[2], _caps(3))]
+    )
+    zones = {w.id: w.zone for w in Worker.objects.filter(id__in=[s.worker_id for s in sessions])}
+    assert [zones[s.worker_id] for s in sessions] == ["zone-1", None, "zone-3"]

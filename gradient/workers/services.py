@@ -10,6 +10,7 @@ nothing; messages to workers go out on commit (gradient.runtime.outbox).
 
 from __future__ import annotations
 
+import json
 import logging
 import uuid
 from collections.abc import Callable, Iterable, Sequence
@@ -33,6 +34,7 @@ from gradient.runtime.outbox import (
     close_worker_session,
     close_worker_session_on_commit,
 )
+from gradient.runtime.setsql import fixed_cursor
 from gradient.scheduling.models import DispatchedJob, Project
 from gradient.workers.models import METRIC_FIELDS, IdleSlot, Worker, WorkerSession
 from gradient.workers.presence import Presence
@@ -524,6 +526,49 @@ def worker_capabilities_replace(
         capabilities_at=now,
         last_seen=now,
     )
+
+
+_CAPABILITIES_REPLACE = """
+UPDATE worker w SET architectures = v.architectures, system_features = v.system_features,
+    max_concurrent_builds = v.max_concurrent_builds, cpu_count = v.cpu_count, ram_total_mb = v.ram_total_mb,
+    cpu_core_score = v.cpu_core_score, zone = v.zone, endpoint = v.endpoint, capabilities_at = %(now)s,
+    last_seen = %(now)s
+FROM unnest(%(ids)s::uuid[], %(arch)s::jsonb[], %(features)s::jsonb[], %(slots)s::int[], %(cpus)s::int[],
+            %(ram)s::int[], %(score)s::int[], %(zone)s::text[], %(endpoint)s::text[])
+    AS v(id, architectures, system_features, max_concurrent_builds, cpu_count, ram_total_mb,
+         cpu_core_score, zone, endpoint)
+WHERE w.id = v.id
+"""
+
+
+def workers_capabilities_replace(
+    *, items: Sequence[tuple[SessionRef, WorkerCapabilities]], now: datetime
+) -> None:
+    """worker_capabilities_replace of several sessions (a fleet connecting at once sends its
+    WorkerCapabilities together): one statement, one commit on PostgreSQL. A worker named twice keeps
+    the last."""
+    if connection.vendor != "postgresql":
+        for session, capabilities in items:
+            worker_capabilities_replace(session=session, capabilities=capabilities, now=now)
+        return
+    latest = {session.worker_id: capabilities for session, capabilities in items}
+    caps = list(latest.values())
+    with fixed_cursor() as cursor:
+        cursor.execute(
+            _CAPABILITIES_REPLACE,
+            {
+                "now": now,
+                "ids": list(latest),
+                "arch": [json.dumps(list(c.architectures)) for c in caps],
+                "features": [json.dumps(list(c.system_features)) for c in caps],
+                "slots": [c.max_concurrent_builds for c in caps],
+                "cpus": [c.cpu_count for c in caps],
+                "ram": [c.ram_total_mb for c in caps],
+                "score": [c.cpu_core_score for c in caps],
+                "zone": [c.zone for c in caps],
+                "endpoint": [c.endpoint for c in caps],
+            },
+        )
 
 
 def worker_session_drain(*, session: SessionRef, now: datetime) -> bool:

@@ -124,6 +124,8 @@ INBOX_DRAIN_SECS = 10.0
 CLAIM_WINDOW_SECS = 0.002
 # InitConnections of every socket, collected this long and their sessions opened together.
 HANDSHAKE_WINDOW_SECS = 0.002
+# WorkerCapabilities of every session, collected this long and stored together.
+CAPABILITIES_WINDOW_SECS = 0.002
 # The offers after WorkerCapabilities of every session, collected this long and made together.
 OFFER_WINDOW_SECS = 0.005
 # A RequestJob whose claims all lost (another process took those builds in the same moment) goes into
@@ -799,6 +801,12 @@ class WorkerConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]  # channels 
                     handed = await claims.submit(session, request)
                 replies = [handed] if isinstance(handed, AssignJob) else []
                 answered = bool(replies)
+            elif isinstance(message, WorkerCapabilities):
+                # With the other sessions' of the same few milliseconds: one statement.
+                await batcher_for(
+                    dispatcher.capabilities_batch, CAPABILITIES_WINDOW_SECS, lanes.HOT, loop=self._loop
+                ).submit(session, message)
+                replies = []
             else:
                 lane = (
                     lanes.OFFERS

@@ -34,6 +34,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from django.db import DataError, transaction
 from django.utils import timezone
 
 from gradient.core.protocol import AssignJob, JobOffer, RequestJob, WorkerCapabilities
@@ -245,6 +246,26 @@ def batcher_for(
 
 
 # --- What the batchers apply: one domain call per batch ----------------------------------------------
+
+
+def capabilities_batch(batch: Sequence[tuple[SessionRef, WorkerCapabilities]]) -> list[None]:
+    """The WorkerCapabilities of any sessions of this process (a fleet connecting at once), stored
+    together (services.workers_capabilities_replace: one statement). A value the database refuses (a
+    DataError) costs only its own message: the batch is stored one by one, that one dropped and logged."""
+    now = timezone.now()
+    try:
+        with transaction.atomic():
+            services.workers_capabilities_replace(items=batch, now=now)
+    except DataError:
+        for session, capabilities in batch:
+            try:
+                with transaction.atomic():
+                    services.worker_capabilities_replace(session=session, capabilities=capabilities, now=now)
+            except DataError:
+                log.warning("WorkerCapabilities of worker %s refused by the database", session.worker_id)
+    for session, _ in batch:
+        assignment.forget_card(session.session_id)
+    return [None] * len(batch)
 
 
 def offers_batch(batch: Sequence[tuple[SessionRef, WorkerCapabilities]]) -> list[list[JobOffer]]:
