@@ -23,6 +23,7 @@ from gradient.console import (
     between,
     drv_name,
     since,
+    when,
 )
 from gradient.core.vocab import (
     BUILD_PENDING,
@@ -58,7 +59,7 @@ from gradient.scheduling.services.evaluations import evaluation_request_cancel
 @admin.register(Project)
 class ProjectAdmin(admin.ModelAdmin):
     form = NameCheckedForm
-    list_display = ["name", "created_at"]
+    list_display = ["name", when("created_at", "created")]
     search_fields = ["name"]
     filter_horizontal = ["members"]
 
