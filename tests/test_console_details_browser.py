@@ -258,8 +258,8 @@ def test_a_cancel_is_signed_as_every_console_action_and_what_does_not_apply_is_n
 
 def test_every_console_page_shows_its_times_in_the_one_relative_style(page: Any, live_server: Any) -> None:
     """A worker's "deactivated at", the sessions list and the job records showed absolute times beside
-    the relative ones of every other page: each list of the scheduler's models and the first row's page
-    now show none (the exact time is on hover)."""
+    the relative ones of every other page: each list of the scheduler's models, the first row's page and
+    a worker's change history now show none (the exact time is on hover)."""
     expect = sync_api.expect
     project = ProjectFactory(name="nixpkgs-ci")
     evaluation = _building(project, "times", [drv("base"), drv("app", "base")])
@@ -278,6 +278,13 @@ def test_every_console_page_shows_its_times_in_the_one_relative_style(page: Any,
     sign_in(page, live_server.url, f"/admin/workers/worker/{gone.id}/change/")
     expect(page.locator(".field-deactivated")).to_contain_text("ago")
     found = {f"/admin/workers/worker/{gone.id}/change/": _absolute_times(page)}
+    # A worker is edited by form (its projects): its History is Django's change history, in the same style.
+    page.locator("#id_projects_from option", has_text="nixpkgs-ci").dblclick()
+    page.click("input[name=_continue]")
+    page.click("a.historylink")
+    expect(page.locator("#change-history")).to_contain_text("Changed Projects")
+    expect(page.locator("#change-history tbody th time")).to_contain_text("ago")
+    found[f"/admin/workers/worker/{gone.id}/history/"] = _absolute_times(page)
     for app in ("records", "scheduling", "workers", "clusters", "recovery"):
         page.goto(f"{live_server.url}/admin/{app}/")
         lists = [h for h in page.locator("#content-main a[href$='/']").evaluate_all(_HREFS) if h]

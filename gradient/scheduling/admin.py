@@ -17,6 +17,7 @@ from gradient.console import (
     Operation,
     ReadOnlyAdmin,
     ReadOnlyInline,
+    RelativeHistory,
     ago,
     as_list,
     assignment_job_link,
@@ -57,7 +58,7 @@ from gradient.scheduling.services.evaluations import evaluation_request_cancel
 
 
 @admin.register(Project)
-class ProjectAdmin(admin.ModelAdmin):
+class ProjectAdmin(RelativeHistory, admin.ModelAdmin):
     form = NameCheckedForm
     list_display = ["name", when("created_at", "created")]
     search_fields = ["name"]
