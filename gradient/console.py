@@ -326,9 +326,11 @@ def duration(seconds: float | None) -> str:
 
 
 def between(start: datetime | None, end: datetime | None) -> str:
+    """The time from `start` to `end`; an end a little before its start (stamped by two clocks, or read
+    twice) is no time, never a negative one."""
     if start is None or end is None:
         return "-"
-    return duration((end - start).total_seconds())
+    return duration(max(0.0, (end - start).total_seconds()))
 
 
 def ago(at: datetime | None, now: datetime | None = None) -> SafeString | str:
