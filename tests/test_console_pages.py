@@ -13,7 +13,7 @@ from django.utils import timezone
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
-from gradient.console import drv_name, duration
+from gradient.console import between, drv_name, duration
 from gradient.core.vocab import BuildStatus, EvaluationStatus
 from gradient.scheduling.decisions.waiting import unbuildable_deadline, what_happens_next
 from gradient.scheduling.models import EvaluationBuild
@@ -61,6 +61,9 @@ def test_readable_values() -> None:
         "2 h 10 min",
         "2 d 7 h",
     ]
+    # an end a few microseconds before its start (two clocks, or two reads of one) is no time, not "-0 ms"
+    assert between(T0, T0 - timedelta(microseconds=40)) == "0 ms"
+    assert between(T0, T0 + timedelta(seconds=1.5)) == "1.5 s"
 
 
 @pytest.fixture

@@ -196,6 +196,9 @@ def test_a_cluster_is_aborted_from_its_own_page(page: Any, live_server: Any) -> 
     page.click("input[value='Yes, abort it']")
     expect(page.locator(".field-status")).to_contain_text("Aborted")
     expect(page.locator(".field-record_timeline")).to_contain_text("admin:op")
+    # it no longer waits: no empty "why it waits", "waiting reason", "waiting since" or "retry" rows
+    for row in ("waiting_in_words", "waiting_reason", "waiting_since_when", "retry_at_when"):
+        expect(page.locator(f".field-{row}")).to_have_count(0)
     _shot(page, "console-cluster.png")
     assert ClusterJob.objects.get(id=cluster.id).status == ClusterStatus.ABORTED
 

@@ -114,13 +114,16 @@ def test_the_log_page_numbers_lines_with_anchors_renders_ansi_as_text_searches_a
     assert "\x1b" not in line.inner_text()
     expect(line.locator("a.ln")).to_have_attribute("href", "#L200")
     assert page.evaluate("location.hash") == "#L200"
-    page.screenshot(path=str(SHOTS / "member-log.png"), full_page=False)
+    assert _in_view(page, "#L200"), "the line linked to is not hidden under the search bar"
 
     page.fill("#log-search", "ERROR")
     page.press("#log-search", "Enter")
     found = page.locator("#log-found")
     expect(found).to_have_text("1 of 30 (line 200)")
     expect(page.locator("#L200 mark")).to_have_text("error")
+    # far down a long log, the search and its Next/Previous stay in view above the line found
+    assert _in_view(page, "#log-tools") and _in_view(page, "#L200")
+    page.screenshot(path=str(SHOTS / "member-log.png"), full_page=False)
     page.click("#log-next")
     expect(found).to_have_text("2 of 30 (line 201)")
     page.click("#log-prev")
@@ -132,6 +135,19 @@ def test_the_log_page_numbers_lines_with_anchors_renders_ansi_as_text_searches_a
         page.click("#log-download")
     assert download.value.suggested_filename == f"{build.name}.log"
     assert open(download.value.path(), encoding="utf-8").read() == text
+
+
+_IN_VIEW = """sel => {
+  const box = document.querySelector(sel).getBoundingClientRect();
+  const tools = document.getElementById('log-tools').getBoundingClientRect();
+  const below = sel === '#log-tools' ? 0 : tools.bottom;
+  return box.top >= below - 1 && box.bottom <= window.innerHeight;
+}"""
+
+
+def _in_view(page: Any, selector: str) -> bool:
+    """Whether the element is on screen, below the search bar unless it is the bar."""
+    return bool(page.evaluate(_IN_VIEW, selector))
 
 
 def test_a_relative_time_keeps_ticking_in_the_members_view(page: Any, live_server: Any) -> None:

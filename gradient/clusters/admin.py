@@ -188,6 +188,16 @@ class ClusterJobAdmin(RecordTimelineMixin, OperatedAdmin):
 
     list_display_links = ["title"]
 
+    def get_fields(self, request, obj=None):  # type: ignore[no-untyped-def]
+        """No empty rows: why it waits only while it has a waiting reason, the retry only once set."""
+        fields = list(super().get_fields(request, obj))
+        hidden = set()
+        if obj is None or not obj.waiting_reason:
+            hidden |= {"waiting_in_words", "waiting_reason", "waiting_since_when"}
+        if obj is None or obj.retry_at is None:
+            hidden.add("retry_at_when")
+        return [f for f in fields if getattr(f, "__name__", f) not in hidden]
+
     @admin.display(description="cluster")
     def title(self, obj: ClusterJob) -> str:
         return obj.name

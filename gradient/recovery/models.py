@@ -28,7 +28,9 @@ class ServerBoot(models.Model):
         ordering = ["-started_at"]
 
     def __str__(self) -> str:
-        return f"{self.hostname}:{self.pid} @ {self.started_at:%Y-%m-%d %H:%M:%S}"
+        # Named by host, process and the boot's short id, not its start time: the console shows times
+        # in its one relative style (the start is a field of the boot's page).
+        return f"{self.hostname}:{self.pid} (boot {str(self.id)[:8]})"
 
 
 class PassState(models.Model):

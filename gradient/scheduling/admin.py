@@ -17,12 +17,14 @@ from gradient.console import (
     Operation,
     ReadOnlyAdmin,
     ReadOnlyInline,
+    RelativeHistory,
     ago,
     as_list,
     assignment_job_link,
     between,
     drv_name,
     since,
+    when,
 )
 from gradient.core.vocab import (
     BUILD_PENDING,
@@ -56,9 +58,9 @@ from gradient.scheduling.services.evaluations import evaluation_request_cancel
 
 
 @admin.register(Project)
-class ProjectAdmin(admin.ModelAdmin):
+class ProjectAdmin(RelativeHistory, admin.ModelAdmin):
     form = NameCheckedForm
-    list_display = ["name", "created_at"]
+    list_display = ["name", when("created_at", "created")]
     search_fields = ["name"]
     filter_horizontal = ["members"]
 
@@ -249,10 +251,13 @@ class EvaluationAdmin(FailedBuildLogsMixin, RecordTimelineMixin, OperatedAdmin):
         return queryset
 
     def get_fields(self, request, obj=None):  # type: ignore[no-untyped-def]
-        """No empty rows: what it waits for and what happens next only while it waits."""
+        """No empty rows: what it waits for and what happens next only while it waits, its failed
+        builds only once one failed."""
         fields = list(super().get_fields(request, obj))
         if obj is not None and obj.status != EvaluationStatus.WAITING:
             fields = [f for f in fields if f not in (waiting_for, "next_step")]
+        if obj is None or not selectors.evaluation_failed_builds(obj.id):
+            fields = [f for f in fields if f not in ("failed_builds", "failed_build_logs")]
         if obj is None or obj.status != EvaluationStatus.QUEUED:
             fields = [f for f in fields if f != "where_it_stands"]
         if obj is None or obj.status != EvaluationStatus.BUILDING:

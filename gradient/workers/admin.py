@@ -19,6 +19,7 @@ from gradient.console import (
     Operation,
     ReadOnlyAdmin,
     ReadOnlyInline,
+    RelativeHistory,
     actor_of,
     ago,
     assignment_job_link,
@@ -126,7 +127,7 @@ WORKER_OPERATIONS = (
 
 
 @admin.register(Worker)
-class WorkerAdmin(OperatedAdmin):
+class WorkerAdmin(RelativeHistory, OperatedAdmin):
     """Name and projects are the operator's; the rest is what the worker reported, as a view."""
 
     form = NameCheckedForm
