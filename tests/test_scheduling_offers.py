@@ -350,3 +350,37 @@ def test_a_fleets_offers_are_made_together_each_as_job_offers_would() -> None:
     [offer] = made[3]
     # The shared first offer, made a moment ago (SHARED_FIRST_OFFER_SECS): `later` comes with its delta.
     assert {c["job_id"] for c in offer["candidates"]} == keys
+
+
+def test_a_batch_of_job_lists_says_what_job_list_says_to_each_and_resets_each_sent_set() -> None:
+    """job_list_batch (issue 31: RequestJobList as 1 000 workers' heartbeat fence): each worker gets the
+    pages job_list would give it, its sent set becomes exactly those; a worker not connected gets none."""
+    from gradient.workers.models import WorkerSession
+
+    project, other = ProjectFactory(), ProjectFactory()
+    evaluation = EvaluationFactory(project=project, status=EvaluationStatus.BUILDING)
+    graph.ingest_eval_result(
+        evaluation=evaluation, derivations=[drv(f"j{i}") for i in range(1500)], now=timezone.now()
+    )
+    alike = [connected_worker([project]) for _ in range(3)]
+    stranger = connected_worker([other])
+    gone = connected_worker([project])
+    WorkerSession.objects.filter(worker=gone).update(closed_at=timezone.now())
+    SentCandidate.objects.create(worker=stranger, job_id="build:stale", sent_at=timezone.now())
+    job_offers(worker_id=alike[0].id, now=timezone.now())  # alike[0] was sent a first offer
+    ids = [w.id for w in [*alike, stranger, gone]]
+
+    made = msgspec.to_builtins(offer_service.job_list_batch(worker_ids=ids, now=timezone.now()))
+
+    keys = {b.job_key for b in DerivationBuild.objects.filter(status="Queued")}
+    for pages in made[:3]:
+        assert [len(p["candidates"]) for p in pages] == [1000, 500]
+        assert [p["is_final"] for p in pages] == [False, True]
+        assert {c["job_id"] for p in pages for c in p["candidates"]} == keys
+    assert made[3] == [{"type": "JobListChunk", "candidates": [], "is_final": True}]
+    assert made[4] == []
+    for w in alike:
+        assert set(SentCandidate.objects.filter(worker=w).values_list("job_id", flat=True)) == keys
+    assert not SentOffer.objects.filter(worker__in=alike).exists()
+    assert not SentCandidate.objects.filter(worker=stranger).exists()
+    assert made[0] == msgspec.to_builtins(offer_service.job_list(worker_id=alike[0].id, now=timezone.now()))

@@ -801,6 +801,13 @@ class WorkerConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]  # channels 
                     handed = await claims.submit(session, request)
                 replies = [handed] if isinstance(handed, AssignJob) else []
                 answered = bool(replies)
+            elif isinstance(message, RequestJobList):
+                # With the other sessions' of the same few milliseconds (heartbeat fences): one transaction.
+                replies = list(
+                    await batcher_for(
+                        dispatcher.job_lists_batch, OFFER_WINDOW_SECS, lanes.OFFERS, loop=self._loop
+                    ).submit(session, message)
+                )
             elif isinstance(message, WorkerCapabilities):
                 # With the other sessions' of the same few milliseconds: one statement.
                 await batcher_for(

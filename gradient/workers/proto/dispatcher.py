@@ -37,7 +37,14 @@ from typing import Any
 from django.db import DataError, transaction
 from django.utils import timezone
 
-from gradient.core.protocol import AssignJob, JobOffer, RequestJob, WorkerCapabilities
+from gradient.core.protocol import (
+    AssignJob,
+    JobListChunk,
+    JobOffer,
+    RequestJob,
+    RequestJobList,
+    WorkerCapabilities,
+)
 from gradient.runtime import lanes
 from gradient.runtime.boot import current_boot
 from gradient.scheduling.services import assignment, offers, reports
@@ -266,6 +273,12 @@ def capabilities_batch(batch: Sequence[tuple[SessionRef, WorkerCapabilities]]) -
     for session, _ in batch:
         assignment.forget_card(session.session_id)
     return [None] * len(batch)
+
+
+def job_lists_batch(batch: Sequence[tuple[SessionRef, RequestJobList]]) -> list[list[JobListChunk]]:
+    """The RequestJobLists of any sessions of this process, answered together (offers.job_list_batch);
+    the JobListChunk pages of each, in order."""
+    return offers.job_list_batch(worker_ids=[session.worker_id for session, _ in batch], now=timezone.now())
 
 
 def offers_batch(batch: Sequence[tuple[SessionRef, WorkerCapabilities]]) -> list[list[JobOffer]]:
