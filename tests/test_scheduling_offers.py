@@ -384,3 +384,36 @@ def test_a_batch_of_job_lists_says_what_job_list_says_to_each_and_resets_each_se
     assert not SentOffer.objects.filter(worker__in=alike).exists()
     assert not SentCandidate.objects.filter(worker=stranger).exists()
     assert made[0] == msgspec.to_builtins(offer_service.job_list(worker_id=alike[0].id, now=timezone.now()))
+
+
+def test_an_empty_job_list_is_made_once_per_shape_until_the_book_hears_of_a_change(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Heartbeat fences of an idle fleet: the empty list of a shape is not made again for each worker
+    while the book hears of no change; after one, the next list has the new build."""
+    from gradient.scheduling import book as queue_book
+
+    monkeypatch.setattr(offer_service, "_empty_lists", {})
+    monkeypatch.setattr(queue_book, "_book", queue_book.QueueBook())
+    project = ProjectFactory()
+    made: list[object] = []
+    real = offer_service.candidates_for_worker
+
+    def counted(state: Any, now: Any) -> Any:
+        made.append(state.id)
+        return real(state, now)
+
+    monkeypatch.setattr(offer_service, "candidates_for_worker", counted)
+    fleet = [connected_worker([project]) for _ in range(3)]
+    for w in fleet:
+        [page] = msgspec.to_builtins(offer_service.job_list_batch(worker_ids=[w.id], now=timezone.now())[0])
+        assert page == {"type": "JobListChunk", "candidates": [], "is_final": True}
+    assert made == [fleet[0].id], "made once for the three"
+    EvaluationFactory(project=project)
+    book = queue_book.book()
+    assert book is not None
+    book.changed()
+    [page] = msgspec.to_builtins(
+        offer_service.job_list_batch(worker_ids=[fleet[1].id], now=timezone.now())[0]
+    )
+    assert len(page["candidates"]) == 1 and made[-1] == fleet[1].id

@@ -311,22 +311,37 @@ def job_list_batch(*, worker_ids: Sequence[uuid.UUID], now: datetime) -> list[li
     if connection.vendor != "postgresql":
         return [job_list(worker_id=w, now=now) for w in worker_ids]
     lists: dict[uuid.UUID, list[JobCandidate]] = {}
+    book = queue_book.book()
+    tick = time.monotonic()
     with transaction.atomic(), pass_cache():
         states = selectors.worker_states(worker_ids, now)
+        generation = book.generation if book is not None else 0  # read before the queue is
         made: dict[tuple[object, ...], list[JobCandidate]] = {}
         for worker_id, state in states.items():
             shape = (_offer_shape(state, 0), state.draining)
             if shape not in made:
-                made[shape] = candidates_for_worker(state, now)
+                empty = _empty_lists.get(shape)
+                if (
+                    book is not None
+                    and empty is not None
+                    and empty[1] == book.generation
+                    and tick - empty[0] < SHARED_FIRST_OFFER_SECS
+                ):
+                    made[shape] = []  # nothing for this shape a moment ago, and no change heard since
+                else:
+                    made[shape] = candidates_for_worker(state, now)
+                    if not made[shape] and book is not None:
+                        if len(_empty_lists) >= 64:
+                            _empty_lists.clear()
+                        _empty_lists[shape] = (tick, generation)
             lists[worker_id] = made[shape]
-        if states:
-            SentOffer.objects.filter(worker_id__in=list(states)).delete()
-            nothing = [w for w, listed in lists.items() if not listed]
-            if nothing:
-                SentCandidate.objects.filter(worker_id__in=nothing).delete()
-            for worker_id, listed in lists.items():
-                if listed:
-                    _reset_sent(worker_id, {c.job_id for c in listed}, now)
+        nothing = [w for w, listed in lists.items() if not listed]
+        forget_offers_of_workers(nothing)  # their sent sets: empty, in one statement
+        listed_some = [w for w, listed in lists.items() if listed]
+        if listed_some:
+            SentOffer.objects.filter(worker_id__in=listed_some).delete()
+            for worker_id in listed_some:
+                _reset_sent(worker_id, {c.job_id for c in lists[worker_id]}, now)
     out: list[list[JobListChunk]] = []
     for worker_id in worker_ids:
         if worker_id not in lists:
@@ -431,6 +446,8 @@ def _workers_sent_anything(worker_ids: list[uuid.UUID]) -> set[uuid.UUID]:
 SHARED_FIRST_OFFER_SECS = RECENT_SECS
 _first_offers: dict[tuple[object, ...], tuple[float, list[JobCandidate], uuid.UUID]] = {}
 _empty_first_offers: dict[tuple[object, ...], tuple[float, int]] = {}  # shape -> (made at, book generation)
+# The same for a RequestJobList's whole list (1 000 idle workers fence their heartbeats with one each).
+_empty_lists: dict[tuple[object, ...], tuple[float, int]] = {}
 # A shared first offer no worker points at any more is deleted once this old (its workers had their
 # first delta; the lists made by any process's offers in the last SHARED_FIRST_OFFER_SECS stay).
 SENT_LIST_KEEP_SECS = 60.0
