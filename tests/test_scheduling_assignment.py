@@ -459,7 +459,7 @@ def test_a_workers_state_in_one_statement_is_the_one_the_orm_reads() -> None:
     worker = connected_worker(projects, cpu_count=12, architectures=["x86_64-linux", "aarch64-linux"])
     WorkerSession.objects.filter(worker=worker).update(draining=True)
     one = selectors.worker_state(worker.id, now)
-    orm = selectors.worker_states([worker.id], now)[worker.id]
+    orm = selectors.worker_states([worker.id], now, orm=True)[worker.id]
     assert one is not None
     assert (one.session_id, one.draining, one.project_ids) == (orm.session_id, True, orm.project_ids)
     assert one.project_ids == frozenset(p.id for p in projects)
@@ -469,3 +469,31 @@ def test_a_workers_state_in_one_statement_is_the_one_the_orm_reads() -> None:
     assert selectors.worker_state(worker.id, now) is None
     inactive = connected_worker(projects, active=False)
     assert selectors.worker_state(inactive.id, now) is None
+
+
+@pytest.mark.django_db
+def test_many_workers_states_in_one_statement_are_those_the_orm_reads() -> None:
+    """selectors.worker_states' fixed statement (PostgreSQL; the batches of offers and job lists) reads
+    what its ORM queries read; a worker without an open session or not active is left out."""
+    from gradient.scheduling import selectors
+
+    now = timezone.now()
+    projects = [ProjectFactory(), ProjectFactory()]
+    busy = connected_worker(projects, cpu_count=12, architectures=["x86_64-linux", "aarch64-linux"])
+    plain = connected_worker([projects[0]])
+    WorkerSession.objects.filter(worker=plain).update(draining=True)
+    closed = connected_worker(projects)
+    WorkerSession.objects.filter(worker=closed).update(closed_at=now)
+    inactive = connected_worker(projects, active=False)
+    ids = [busy.id, plain.id, closed.id, inactive.id, uuid.uuid4()]
+    sql, orm = selectors.worker_states(ids, now), selectors.worker_states(ids, now, orm=True)
+    assert set(sql) == set(orm) == {busy.id, plain.id}
+    fields = [f.attname for f in type(sql[busy.id].worker)._meta.concrete_fields]
+    for worker_id, state in sql.items():
+        expected = orm[worker_id]
+        assert (state.session_id, state.draining, state.project_ids) == (
+            expected.session_id,
+            expected.draining,
+            expected.project_ids,
+        )
+        assert [getattr(state.worker, f) for f in fields] == [getattr(expected.worker, f) for f in fields]

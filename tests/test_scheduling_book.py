@@ -332,7 +332,7 @@ def test_the_batchs_one_statement_reads_the_workers_as_the_orm_does() -> None:
     ids = [busy.id, idle.id, gone.id, uuid.uuid4()]
 
     states, open_builds = selectors.workers_of_batch(ids)
-    orm_states = selectors.worker_states(ids)
+    orm_states = selectors.worker_states(ids, orm=True)
     assert set(states) == set(orm_states) == {busy.id, idle.id}
     for worker_id, state in states.items():
         expected = orm_states[worker_id]
