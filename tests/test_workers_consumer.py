@@ -82,6 +82,22 @@ async def test_a_registered_worker_gets_init_ack_with_its_projects_and_an_open_s
     assert session.closed_at is not None and session.close_reason.startswith("disconnected")
 
 
+async def test_a_socket_that_completed_its_handshake_is_no_stranger_to_admission(
+    make_worker: MakeWorker,
+) -> None:
+    """Out of admission's count of unauthenticated sockets as soon as its InitAck goes (issue 31: the
+    count decides at once whether a newcomer is under every cap; a worker left in it made 1 000
+    connecting at once look like strangers)."""
+    from gradient.workers.proto import admission
+
+    worker, token = await _worker(make_worker, projects=("alpha",))
+    before = len(admission._strangers)
+    comm, ack = await handshake(str(worker.id), token)
+    assert ack["type"] == "InitAck"
+    assert len(admission._strangers) == before
+    await finish(comm)
+
+
 @pytest.mark.parametrize(
     ("case", "code"),
     [

@@ -118,13 +118,21 @@ def _is_stranger(consumer: Any) -> bool:
 async def admit(consumer: Any, address: str) -> bool:
     """Whether `consumer`'s socket (from `address`) is taken, closing older strangers to make room as
     the caps say; False: refuse it (close before the upgrade). Once accepted, `register` it."""
+    per_address = settings.GRADIENT_PROTO_MAX_UNAUTHENTICATED_PER_ADDRESS
+    capped = per_address > 0 and bool(address) and not is_trusted_proxy(address)
+    # Under every cap (fewer strangers than the total; fewer of this address, silent or pending, than its
+    # own cap), plan_admission takes the newcomer and closes nothing: said without building the list of
+    # strangers, which a fleet of 1 000 connecting at once built for each (10 % of the event loop).
+    if len(_strangers) < settings.GRADIENT_PROTO_MAX_UNAUTHENTICATED and (
+        not capped or sum(1 for a, _ in _strangers.values() if a == address) < per_address
+    ):
+        return True
     for gone in [c for c in list(_strangers) if not _is_stranger(c)]:
         _strangers.pop(gone, None)
     strangers = [
         Stranger(c, a, bool(getattr(c, "handshaking", False)), since)
         for c, (a, since) in list(_strangers.items())
     ]
-    per_address = settings.GRADIENT_PROTO_MAX_UNAUTHENTICATED_PER_ADDRESS
     plan = plan_admission(
         strangers,
         address,

@@ -751,6 +751,7 @@ class WorkerConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]  # channels 
             await self._reject(result.code, result.reason)
             return
         self.session = result.session
+        admission.forget(self)  # a worker now, no stranger: out of the admission's count at once
         _held[str(result.session.worker_id)] = self
         _start_flusher()
         self.group = worker_group(result.session.worker_id)
