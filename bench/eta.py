@@ -4,29 +4,43 @@ and the estimate is compared with the hand-out.
 
     .venv/bin/python bench/eta.py [--builds 2000] [--workers 20] [--names 40] [--history 10]
                                   [--min-ms 200] [--max-ms 2000] [--spread 0.3] [--min-wait 2]
+                                  [--pass-secs 0.5] [--settle-secs 10]
 
 1. The tables reset (BENCH_DATABASE_URL, default postgres://postgres@127.0.0.1:5432/gradient_bench:
    point it at a database of your own when another bench runs), one project, --workers workers.
 2. --names derivation names (`pkg00`, ...), each with a median duration drawn log-uniformly between
    --min-ms and --max-ms; a build's duration is that median times a log-normal factor (sigma --spread),
-   drawn once per build (seed --seed). History: --history ended tries per name, drawn the same way, on
-   an old Completed evaluation of the project (what the estimates rest on), ended one second apart in
-   a shuffled order of names, without a worker (so they tell the durations, not the hand-out gap).
+   drawn once per build (seed --seed). History: --history builds a name, drawn the same way, queued in
+   a shuffled order of names in an evaluation of the project (`sim:history`) that the fleet builds
+   first (the warm-up, no ETA pass meanwhile): the estimates rest on tries the fleet made itself,
+   with what a try carries in production (its worker, the reports' time, the hand-out gap between a
+   worker's tries), not on synthetic rows.
 3. One `serve` (in-process passes, the in-memory channel layer; the ETA pass of serve itself off:
    this process runs it) and --workers reference workers (the `sim` executor, one build slot each, an
    idle RequestJob every second) in --worker-procs processes; each sim worker builds a derivation for
    the duration drawn for it (the table is handed to the worker processes; the sim executor otherwise
    reads a duration from the store name, which would make every build a name of its own).
-4. Once every worker is connected, --builds Queued builds of those names (in a random order, queued a
+4. Once every worker is connected, the warm-up; once it has ended and the fleet has been idle a little
+   longer than a hand-out gap can be (decisions.eta.HANDOUT_GAP_MAX_SECS: a new evaluation's queue
+   comes to an idle fleet), --builds Queued builds of those names (in a random order, queued a
    microsecond apart) in one Building evaluation; this process runs the ETA pass
-   (services.estimates.start_estimate_pass, every --pass-secs) until every build has been handed out.
+   (services.estimates.start_estimate_pass) until every build has been handed out: every --pass-secs
+   while a waiting build has no estimate yet, then every --settle-secs (production's default interval,
+   GRADIENT_ETA_PASS_INTERVAL_SECS). A pass every 0.5 s throughout, settling over every open estimate
+   each time, took a quarter of a core (p50 110-156 ms a run on the 2-core VM) beside the serve process
+   whose hand-outs it measured, and slowed them (the fleet's turnover 1.9-2.6 s a build against 1.3 s):
+   the estimates were made early in that slowed run's waits, which production's pass does not cause.
 5. Each estimate that a hand-out settled: its error |actual - expected| start as a fraction of the
    actual wait from the estimate (handed out - estimated at). Waits shorter than --min-wait seconds are
    left out of the fraction (a build handed out 0.1 s after its estimate said "now" is 100 % off);
    their count is printed.
 
-Printed: the configuration, how many builds were estimated before their hand-out, the absolute error
-p50/p90 in seconds, the relative error by basis, and the last line
+Printed: the configuration, how many builds were estimated before their hand-out, the fleet's
+turnover in the warm-up (what the estimates rest on) and in the measured queue (what the builds met),
+as decisions.eta.slot_turnover measures it, the ETA pass's duration and the machine's load average
+while the queue ran (the bench shares its cores with whatever else runs: a fleet slowed by other work
+after the warm-up makes every estimate early), the absolute error p50/p90 in seconds, the relative
+error by basis, and the last line
 `eta: start estimate error p50 <x> % p90 <y> % over <n> builds` (the issue's target: p50 <= 25 %).
 """
 
@@ -36,12 +50,13 @@ import argparse
 import contextlib
 import json
 import math
+import os
 import random
 import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -71,6 +86,7 @@ class EtaConfig:
     spread: float = 0.3
     min_wait: float = 2.0
     pass_secs: float = 0.5
+    settle_secs: float = 10.0
     worker_procs: int = 2
     seed: int = 1
     timeout: float = 1800.0
@@ -80,13 +96,10 @@ def _draw(rng: random.Random, median_ms: float, spread: float) -> int:
     return max(1, round(median_ms * math.exp(rng.gauss(0.0, spread))))
 
 
-def _seed(config: EtaConfig) -> tuple[Any, list[tuple[str, str]], dict[str, int]]:
-    """The project, its workers and the history; returns the project, the workers' credentials and the
-    durations (ms) of the builds to come by drv path, whose rows `_queue` writes."""
-    from django.utils import timezone
-
-    from gradient.core.vocab import BuildAttemptOutcome, EvaluationStatus
-    from gradient.scheduling.models import BuildAttempt, DerivationBuild, Evaluation, EvaluationBuild
+def _seed(config: EtaConfig) -> tuple[Any, list[tuple[str, str]], dict[str, int], dict[str, int]]:
+    """The project and its workers; returns the project, the workers' credentials, the durations (ms)
+    of the warm-up's builds (the history) and those of the measured builds, by drv path (`_queue`
+    writes their rows)."""
     from gradient.scheduling.services.projects import project_create
     from gradient.workers.services import worker_register
 
@@ -99,50 +112,22 @@ def _seed(config: EtaConfig) -> tuple[Any, list[tuple[str, str]], dict[str, int]
         credentials.append((str(worker.id), token))
     lo, hi = math.log(config.min_ms), math.log(config.max_ms)
     medians = {f"pkg{k:02d}": math.exp(rng.uniform(lo, hi)) for k in range(config.names)}
-
-    now = timezone.now()
-    old = Evaluation.objects.create(
-        project=project, repository="sim:history", commit="eta", status=EvaluationStatus.COMPLETED
-    )
     history = []
     for name, median in medians.items():
         for h in range(config.history):
             history.append((f"/nix/store/{'h' * 28}{h:04d}-{name}.drv", _draw(rng, median, config.spread)))
-    # Ended in a mixed order (one second apart), as a project's builds end: name after name, the latest
-    # 200 tries the ETA reads at first were half of the names (another generator: the builds' durations
-    # below are drawn as before).
+    # Queued in a mixed order of names, as a project's builds come (another generator: the builds'
+    # durations below are drawn as before).
     random.Random(config.seed + 1).shuffle(history)
-    built = DerivationBuild.objects.bulk_create(
-        [
-            DerivationBuild(
-                drv_path=path, system="x86_64-linux", status="Completed", outputs=[], finished_at=now
-            )
-            for path, _ in history
-        ]
-    )
-    EvaluationBuild.objects.bulk_create([EvaluationBuild(evaluation=old, build=b) for b in built])
-    ended = now - timedelta(hours=1)
-    BuildAttempt.objects.bulk_create(
-        [
-            BuildAttempt(
-                build=b,
-                number=1,
-                outcome=BuildAttemptOutcome.BUILT,
-                started_at=ended - timedelta(milliseconds=ms) - timedelta(seconds=i),
-                finished_at=ended - timedelta(seconds=i),
-            )
-            for i, (b, (_, ms)) in enumerate(zip(built, history, strict=True))
-        ]
-    )
     names = list(medians)
     durations = {}
     for i in range(config.builds):
         name = rng.choice(names)
         durations[f"/nix/store/{i:032d}-{name}.drv"] = _draw(rng, medians[name], config.spread)
-    return project, credentials, durations
+    return project, credentials, dict(history), durations
 
 
-def _queue(project: Any, durations: dict[str, int]) -> None:
+def _queue(project: Any, durations: dict[str, int], repository: str = "sim:eta") -> None:
     from django.db import transaction
     from django.utils import timezone
 
@@ -152,7 +137,7 @@ def _queue(project: Any, durations: dict[str, int]) -> None:
     now = timezone.now()
     with transaction.atomic():
         evaluation = Evaluation.objects.create(
-            project=project, repository="sim:eta", commit="eta", status=EvaluationStatus.BUILDING
+            project=project, repository=repository, commit="eta", status=EvaluationStatus.BUILDING
         )
         builds = DerivationBuild.objects.bulk_create(
             [
@@ -251,7 +236,35 @@ def host_main(spec_path: str, out_path: str, durations_path: str) -> None:
     fleet.host_main(spec_path, out_path)
 
 
-def report(config: EtaConfig, elapsed: float, errors: list[str]) -> None:
+@dataclass
+class _Run:
+    warmup: float = 0.0
+    elapsed: float = 0.0
+    passes: list[float] = field(default_factory=list)  # each ETA pass's duration (s)
+    loads: list[float] = field(default_factory=list)  # the 1-minute load average at each pass
+
+
+def _turnover(repository: str) -> tuple[float, float, float] | None:
+    """How the fleet turned over in one phase (its evaluation's builds), as the estimator measures it
+    (decisions.eta.slot_turnover): (a slot's time per build, the tries' mean, the mean hand-out gap)."""
+    from gradient.scheduling.decisions import eta
+    from gradient.scheduling.models import BuildAttempt
+
+    tries = [
+        (worker, begin.timestamp(), end.timestamp())
+        for worker, begin, end in BuildAttempt.objects.filter(
+            build__evaluation_links__evaluation__repository=repository, finished_at__isnull=False
+        ).values_list("worker_id", "started_at", "finished_at")
+        if end is not None
+    ]
+    turnover = eta.slot_turnover(tries, "project")
+    if turnover is None:
+        return None
+    mean = sum(end - begin for _, begin, end in tries) / len(tries)
+    return turnover.secs, mean, turnover.secs - mean
+
+
+def report(config: EtaConfig, run: _Run, errors: list[str]) -> None:
     from gradient.scheduling.models import DerivationBuild, StartEstimate
 
     settled = list(
@@ -276,10 +289,27 @@ def report(config: EtaConfig, elapsed: float, errors: list[str]) -> None:
     print(
         f"eta bench: {config.builds} builds of {config.names} derivation names on {config.workers} workers "
         f"(sim, one slot each); medians {config.min_ms}-{config.max_ms} ms log-uniform, spread sigma "
-        f"{config.spread}; history {config.history} tries a name; the ETA pass every {config.pass_secs:g} s"
+        f"{config.spread}; history {config.history} tries a name built by the fleet first; "
+        f"the ETA pass every {config.pass_secs:g} s until all are estimated, then every "
+        f"{config.settle_secs:g} s"
     )
     handed = DerivationBuild.objects.filter(status="Completed").count() - config.names * config.history
-    print(f"  builds completed: {handed} in {elapsed:.1f} s")
+    print(
+        f"  history (the warm-up): {config.names * config.history} builds in {run.warmup:.1f} s; "
+        f"builds completed: {handed} in {run.elapsed:.1f} s"
+    )
+    for phase, repository in (("the warm-up", "sim:history"), ("the measured queue", "sim:eta")):
+        if (t := _turnover(repository)) is not None:
+            print(
+                f"  the fleet's turnover in {phase}: {t[0]:.2f} s a build a slot (tries {t[1]:.2f} s, "
+                f"hand-out gap {t[2]:.2f} s)"
+            )
+    if run.passes:
+        print(
+            f"  ETA pass: {len(run.passes)} runs, p50 {1000 * percentile(run.passes, 50):.0f} ms, "
+            f"max {1000 * max(run.passes):.0f} ms; load average (1 min) during the queue "
+            f"{min(run.loads):.2f} to {max(run.loads):.2f}"
+        )
     print(
         f"  estimated while waiting: {estimated} ({unknown} without a basis); settled by a hand-out: "
         f"{len(settled)}; waits shorter than {config.min_wait:g} s left out of the fraction: {short}"
@@ -310,37 +340,65 @@ def run(config: EtaConfig, database_url: str) -> None:
     from django.db import close_old_connections
     from django.utils import timezone
 
+    from gradient.scheduling.decisions.eta import HANDOUT_GAP_MAX_SECS
     from gradient.scheduling.services.estimates import start_estimate_pass
     from tests.support.processes import serve
 
-    project, credentials, durations = _seed(config)
+    project, credentials, history, durations = _seed(config)
     logs = log_dir()
-    (logs / "eta-durations.json").write_text(json.dumps(durations))
+    (logs / "eta-durations.json").write_text(json.dumps({**history, **durations}))
     env = service_env(database_url, None, GRADIENT_ETA_PASS_INTERVAL_SECS="0")
     errors: list[str] = []
+    run = _Run()
     with contextlib.ExitStack() as stack:
         server = stack.enter_context(serve(env, logs, extra_args=["--log-level", "warning"]))
         hosts = _start_hosts(config, credentials, server.ws_url, logs)
         try:
             wait_for(lambda: _open_sessions() >= config.workers, timeout=120, what="worker sessions")
+            # The warm-up: the fleet builds the history the estimates rest on (no pass runs meanwhile).
+            warm = time.monotonic()
+            _queue(project, history, repository="sim:history")
+            wait_for(lambda: _left() == 0 and _running() == 0, timeout=config.timeout, what="the warm-up")
+            run.warmup = time.monotonic() - warm
+            # The measured queue comes to an idle fleet, as a new evaluation's builds do: past the gap
+            # the estimator takes for a hand-out (decisions.eta.HANDOUT_GAP_MAX_SECS), not for idleness.
+            time.sleep(HANDOUT_GAP_MAX_SECS + 1.0)
             _queue(project, durations)
             started = time.monotonic()
+            last = -math.inf
             while _left() > 0:
                 if time.monotonic() - started > config.timeout:
                     errors.append(f"not finished within {config.timeout:.0f} s")
                     break
                 tick = time.monotonic()
-                start_estimate_pass(now=timezone.now())
-                close_old_connections()
+                # Every --pass-secs while a waiting build is not estimated yet; once all are, every
+                # --settle-secs (the settling is exact whenever it runs: the first hand-out's time).
+                if tick - last >= config.settle_secs or _unestimated():
+                    start_estimate_pass(now=timezone.now())
+                    close_old_connections()
+                    last = time.monotonic()
+                    run.passes.append(last - tick)
+                run.loads.append(os.getloadavg()[0])
                 time.sleep(max(0.0, config.pass_secs - (time.monotonic() - tick)))
             # The last ones handed out: settled by one more pass once their claims are in.
             time.sleep(1.0)
             start_estimate_pass(now=timezone.now())
-            elapsed = time.monotonic() - started
+            run.elapsed = time.monotonic() - started
             wait_for(lambda: _running() == 0, timeout=120, what="the last builds")
         finally:
             errors.extend(_stop_hosts(hosts))
-    report(config, elapsed, errors)
+    report(config, run, errors)
+
+
+def _unestimated() -> bool:
+    """Whether a Queued build waits without an estimate of its current wait (the pass's own test)."""
+    from django.db.models import Exists, OuterRef
+
+    from gradient.core.vocab import BuildStatus
+    from gradient.scheduling.models import DerivationBuild, StartEstimate
+
+    estimated = StartEstimate.objects.filter(build_id=OuterRef("pk"), waiting_since=OuterRef("queued_at"))
+    return DerivationBuild.objects.filter(status=BuildStatus.QUEUED).exclude(Exists(estimated)).exists()
 
 
 def _running() -> int:
