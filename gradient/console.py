@@ -345,6 +345,24 @@ def ago(at: datetime | None, now: datetime | None = None) -> SafeString | str:
     return format_html('<time datetime="{}" title="{}">{}</time>', at.isoformat(), exact, words)
 
 
+def with_relative_deadline(render: Callable[[Callable[[datetime], str]], str]) -> SafeString | str:
+    """Text that names a deadline (`render` is handed how to say it), with the deadline as `ago` says
+    it ("aborted in 4 min 59 s unless ..."; the exact time on hover, kept current by the page) and the
+    rest escaped. Text without a deadline comes back as it was."""
+    marker = "\x00"  # no text of ours holds a NUL; a name that did could not be stored
+    deadlines: list[datetime] = []
+
+    def said(at: datetime) -> str:
+        deadlines.append(at)
+        return marker
+
+    text = render(said)
+    if not deadlines:
+        return text
+    before, _, after = text.partition(marker)
+    return format_html("{}{}{}", before, ago(deadlines[0]), after)
+
+
 def when(name: str, description: str | None = None) -> Callable[[Any], SafeString | str]:
     """A column or read-only field showing the datetime `name` as `ago` does (relative, the exact UTC
     time on hover), sortable by it: the one time style of the console."""

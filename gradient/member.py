@@ -18,7 +18,7 @@ from django.shortcuts import render
 from django.urls import path
 from django.views.decorators.http import require_safe
 
-from gradient.console import ago, between
+from gradient.console import ago, between, with_relative_deadline
 from gradient.core.ids import parse_uuid
 from gradient.scheduling import selectors
 from gradient.scheduling.decisions.logs import plain_text
@@ -112,7 +112,7 @@ def evaluation(request: HttpRequest, evaluation_id: str) -> HttpResponse:
         {
             "title": evaluation_name(found),
             "row": _row(found),
-            "next_step": selectors.evaluation_next_step(found),
+            "next_step": with_relative_deadline(lambda at: selectors.evaluation_next_step(found, at=at)),
             "failed": selectors.evaluation_failed_builds(found.id),
             "builds": [link.build for link in links],
         },

@@ -13,7 +13,7 @@ from django.utils import timezone
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
-from gradient.console import between, drv_name, duration
+from gradient.console import between, drv_name, duration, with_relative_deadline
 from gradient.core.vocab import BuildStatus, EvaluationStatus
 from gradient.scheduling.decisions.waiting import unbuildable_deadline, what_happens_next
 from gradient.scheduling.models import EvaluationBuild
@@ -49,6 +49,30 @@ def test_what_happens_next_to_a_waiting_evaluation_in_words() -> None:
         "runs once a worker that can fetch connects"
     )
     assert what_happens_next(reason=None, deadline=None, wait_for_workers=False) == ""
+
+
+def test_the_console_says_a_deadline_as_a_relative_time_kept_current_and_escapes_the_rest() -> None:
+    """Issue 34, item 6: the console's "what happens next" says "aborted in 4 min 59 s unless ..." (a
+    <time> the page keeps current, the exact time on hover), not a clock time; REST keeps the clock time.
+    A project's name in it is escaped."""
+    from django.utils import timezone
+
+    deadline = timezone.now() + timedelta(minutes=5)
+    reason = {"reason": "eval_workers", "project": "<b>x</b>", "connected_workers": 0}
+    shown = str(
+        with_relative_deadline(
+            lambda at: what_happens_next(reason=reason, deadline=deadline, wait_for_workers=False, at=at)
+        )
+    )
+    assert shown.startswith('aborted <time datetime="' + deadline.isoformat())
+    assert ">in 4 min 59 s</time> unless a worker serving &lt;b&gt;x&lt;/b&gt; connects" in shown or (
+        ">in 5 min 0 s</time> unless a worker serving &lt;b&gt;x&lt;/b&gt; connects" in shown
+    )
+    assert "UTC" not in shown.split("title=")[0]
+    no_deadline = with_relative_deadline(
+        lambda at: what_happens_next(reason=reason, deadline=None, wait_for_workers=False, at=at)
+    )
+    assert no_deadline == "runs once a worker serving <b>x</b> connects"  # the template escapes it
 
 
 def test_readable_values() -> None:

@@ -13,7 +13,7 @@ from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
-from gradient.console import ago, flag, when
+from gradient.console import WordedBooleans, ago, flag, when
 from gradient.records.decisions.fold import fold
 from gradient.records.decisions.project import project
 from gradient.records.errors import DecodeError, InvalidHistory, RecordError
@@ -60,7 +60,7 @@ SETTLED = flag("settled", yes="settled", no="not yet")
 
 
 @admin.register(JobRecord)
-class JobRecordAdmin(admin.ModelAdmin):
+class JobRecordAdmin(WordedBooleans, admin.ModelAdmin):
     list_display = [
         "job_key",
         "revision",
@@ -154,11 +154,12 @@ class JobRecordAdmin(admin.ModelAdmin):
             return f"{obj.header_schema}: cannot be decoded by this build: {exc}"
         plan = ", ".join(f"{name} {getattr(header.plan, name)}" for name in header.plan.__struct_fields__)
         return format_html(
-            "generation {} (supersedes {}), created by {} at {}<br>plan: {}<br><pre>{}</pre>",
+            "generation {} (supersedes {}), created by {} {}<br>plan: {}<br>"
+            "<details><summary>json</summary><pre>{}</pre></details>",
             header.generation,
             header.supersedes or "nothing",
             header.created_by or "the system",
-            header.created_at,
+            ago(header.created_at),
             plan,
             obj.header,
         )

@@ -25,6 +25,7 @@ from gradient.console import (
     drv_name,
     since,
     when,
+    with_relative_deadline,
 )
 from gradient.core.vocab import (
     BUILD_PENDING,
@@ -348,8 +349,8 @@ class EvaluationAdmin(FailedBuildLogsMixin, RecordTimelineMixin, OperatedAdmin):
         return "no: aborted if no connected worker can build it for the grace"
 
     @admin.display(description="what happens next")
-    def next_step(self, obj: Evaluation) -> str:
-        return selectors.evaluation_next_step(obj) or "-"
+    def next_step(self, obj: Evaluation) -> SafeString | str:
+        return with_relative_deadline(lambda at: selectors.evaluation_next_step(obj, at=at)) or "-"
 
     @admin.display(description="progress")
     def progress(self, obj: Evaluation) -> str:

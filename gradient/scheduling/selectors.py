@@ -37,7 +37,7 @@ from gradient.runtime import setsql
 from gradient.runtime.setsql import fixed_cursor
 from gradient.scheduling import jobs
 from gradient.scheduling.decisions.scoring import LARGE_TRANSFER_BYTES, PoolView, metrics_stale
-from gradient.scheduling.decisions.waiting import unbuildable_deadline, what_happens_next
+from gradient.scheduling.decisions.waiting import clock_time, unbuildable_deadline, what_happens_next
 from gradient.scheduling.models import (
     CachedPath,
     CandidateScore,
@@ -890,8 +890,11 @@ def recent_assignments(worker_id: uuid.UUID, limit: int = 20) -> list[Dispatched
     return list(rows.order_by("-finished_at")[:limit])
 
 
-def evaluation_next_step(evaluation: Evaluation, now: datetime | None = None) -> str:
-    """What happens next to a waiting evaluation, in words (decisions.waiting.what_happens_next)."""
+def evaluation_next_step(
+    evaluation: Evaluation, now: datetime | None = None, at: Callable[[datetime], str] = clock_time
+) -> str:
+    """What happens next to a waiting evaluation, in words (decisions.waiting.what_happens_next), its
+    deadline as `at` says it."""
     if evaluation.status != EvaluationStatus.WAITING:
         return ""
     boot = ServerBoot.objects.filter(stopped_at__isnull=True).order_by("-started_at").first()
@@ -903,5 +906,8 @@ def evaluation_next_step(evaluation: Evaluation, now: datetime | None = None) ->
         grace_secs=settings.GRADIENT_SCHEDULER_UNBUILDABLE_GRACE_SECS,
     )
     return what_happens_next(
-        reason=evaluation.waiting_reason, deadline=deadline, wait_for_workers=evaluation.wait_for_workers
+        reason=evaluation.waiting_reason,
+        deadline=deadline,
+        wait_for_workers=evaluation.wait_for_workers,
+        at=at,
     )

@@ -6,7 +6,7 @@ those and writes the verdict only when its JSON changes.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from enum import StrEnum
@@ -580,14 +580,21 @@ def unbuildable_deadline(
     return max(waiting_since + grace, pool_stable_since + grace)
 
 
+def clock_time(at: datetime) -> str:
+    """A deadline in words for a reader without a page that keeps it current (REST): "at 07:13:02 UTC"."""
+    return f"at {at:%H:%M:%S} UTC"
+
+
 def what_happens_next(
     *,
     reason: dict[str, Any] | None,
     deadline: datetime | None,
     wait_for_workers: bool,
+    at: Callable[[datetime], str] = clock_time,
 ) -> str:
-    """A waiting evaluation's next step in words: "aborted at 07:13 unless a worker for aarch64-linux
-    (kvm) connects". Empty when it is not waiting."""
+    """A waiting evaluation's next step in words: "aborted at 07:13:02 UTC unless a worker for
+    aarch64-linux (kvm) connects", the deadline as `at` says it (the console: "in 4 min 59 s", kept
+    current). Empty when it is not waiting."""
     if not reason:
         return ""
     name = reason.get("reason")
@@ -596,7 +603,7 @@ def what_happens_next(
             sorted({p for u in reason.get("unserved", []) for p in u["projects"]})
         )
         if deadline is not None:
-            return f"aborted at {deadline:%H:%M:%S} UTC unless a worker serving {projects} connects"
+            return f"aborted {at(deadline)} unless a worker serving {projects} connects"
         return f"runs once a worker serving {projects} connects"
     if name == "workers":
         wanted = "; ".join(
@@ -605,7 +612,7 @@ def what_happens_next(
             for u in reason.get("unmet", [])
         )
         if deadline is not None:
-            return f"aborted at {deadline:%H:%M:%S} UTC unless a worker for {wanted} connects"
+            return f"aborted {at(deadline)} unless a worker for {wanted} connects"
         if wait_for_workers:
             return f"waits until a worker for {wanted or 'it'} connects (wait_for_workers: never aborted)"
         return f"builds once a worker for {wanted or 'it'} connects"
