@@ -407,9 +407,18 @@ def job_offers_batch(*, worker_ids: Sequence[uuid.UUID], now: datetime) -> list[
             shared = _shared_first_offer(alike, now, limit)
             for state in alike:
                 fresh[state.id] = shared
-    return [
-        [JobOffer(candidates=page) for page in _pages(fresh[w])] if fresh.get(w) else [] for w in worker_ids
-    ]
+    # Workers sent one shared list get the very same JobOffer objects (encoded once by the dispatcher).
+    made: dict[int, list[JobOffer]] = {}
+    out: list[list[JobOffer]] = []
+    for w in worker_ids:
+        listed = fresh.get(w)
+        if not listed:
+            out.append([])
+            continue
+        if id(listed) not in made:
+            made[id(listed)] = [JobOffer(candidates=page) for page in _pages(listed)]
+        out.append(made[id(listed)])
+    return out
 
 
 _SENT_ANYTHING = """

@@ -869,10 +869,10 @@ class WorkerConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]  # channels 
                     "offering jobs to worker %s failed; the next pass offers them", session.worker_id
                 )
                 return
-            for offer in offers:
+            for frame in offers:  # encoded on the offers lane (dispatcher.offers_batch)
                 if self.closing:
                     return
-                await self._send(offer)
+                await self._send_text(frame)
             if not self._offer_again or self.closing:
                 return
 
