@@ -292,18 +292,7 @@ def worker_sessions_open(
     worker_session_open alone afterwards, which closes the sessions of a dead server or refuses with 496.
     One result per request, in order. Elsewhere (SQLite) each handshake is worker_session_open."""
     if connection.vendor != "postgresql":
-        return [
-            worker_session_open(
-                worker_id=r.worker_id,
-                token=r.token,
-                capabilities=r.capabilities,
-                channel_name=r.channel_name,
-                server_boot=server_boot,
-                now=now,
-                session_id=r.session_id,
-            )
-            for r in requests
-        ]
+        return [_open_alone(r, server_boot, now) for r in requests]
     results: list[HandshakeAccepted | HandshakeRejected | None] = [None] * len(requests)
     ids = [parse_uuid(r.worker_id) for r in requests]
     rows = Worker.objects.filter(id__in=[i for i in ids if i is not None]).values_list(
@@ -390,16 +379,22 @@ def worker_sessions_open(
                     SessionRef(request.session_id, wid), worker_project_names(worker_id=wid)
                 )
                 continue
-            results[i] = worker_session_open(
-                worker_id=request.worker_id,
-                token=request.token,
-                capabilities=request.capabilities,
-                channel_name=request.channel_name,
-                server_boot=server_boot,
-                now=now,
-                session_id=request.session_id,
-            )
+            results[i] = _open_alone(request, server_boot, now)
     return [r for r in results if r is not None]
+
+
+def _open_alone(
+    request: SessionOpen, server_boot: uuid.UUID, now: datetime
+) -> HandshakeAccepted | HandshakeRejected:
+    return worker_session_open(
+        worker_id=request.worker_id,
+        token=request.token,
+        capabilities=request.capabilities,
+        channel_name=request.channel_name,
+        server_boot=server_boot,
+        now=now,
+        session_id=request.session_id,
+    )
 
 
 def _close_sessions_of_dead_boots(*, worker_id: uuid.UUID, now: datetime) -> bool:

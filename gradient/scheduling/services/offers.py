@@ -320,20 +320,12 @@ def job_list_batch(*, worker_ids: Sequence[uuid.UUID], now: datetime) -> list[li
         for worker_id, state in states.items():
             shape = (_offer_shape(state, 0), state.draining)
             if shape not in made:
-                empty = _empty_lists.get(shape)
-                if (
-                    book is not None
-                    and empty is not None
-                    and empty[1] == book.generation
-                    and tick - empty[0] < SHARED_FIRST_OFFER_SECS
-                ):
+                if _still_empty(_empty_lists, shape, book, tick):
                     made[shape] = []  # nothing for this shape a moment ago, and no change heard since
                 else:
                     made[shape] = candidates_for_worker(state, now)
-                    if not made[shape] and book is not None:
-                        if len(_empty_lists) >= 64:
-                            _empty_lists.clear()
-                        _empty_lists[shape] = (tick, generation)
+                    if not made[shape]:
+                        _keep_empty(_empty_lists, shape, book, tick, generation)
             lists[worker_id] = made[shape]
         nothing = [w for w, listed in lists.items() if not listed]
         forget_offers_of_workers(nothing)  # their sent sets: empty, in one statement
@@ -454,12 +446,44 @@ def _workers_sent_anything(worker_ids: list[uuid.UUID]) -> set[uuid.UUID]:
 # made each time.
 SHARED_FIRST_OFFER_SECS = RECENT_SECS
 _first_offers: dict[tuple[object, ...], tuple[float, list[JobCandidate], uuid.UUID]] = {}
-_empty_first_offers: dict[tuple[object, ...], tuple[float, int]] = {}  # shape -> (made at, book generation)
+_empty_first_offers: dict[tuple[object, ...], tuple[float, int]] = {}  # _still_empty, _keep_empty
 # The same for a RequestJobList's whole list (1 000 idle workers fence their heartbeats with one each).
 _empty_lists: dict[tuple[object, ...], tuple[float, int]] = {}
 # A shared first offer no worker points at any more is deleted once this old (its workers had their
 # first delta; the lists made by any process's offers in the last SHARED_FIRST_OFFER_SECS stay).
 SENT_LIST_KEEP_SECS = 60.0
+
+
+EmptyKept = dict[tuple[object, ...], tuple[float, int]]  # shape -> (made at, book generation)
+
+
+def _still_empty(
+    kept: EmptyKept, shape: tuple[object, ...], book: queue_book.QueueBook | None, tick: float
+) -> bool:
+    """This shape's list was empty a moment ago (SHARED_FIRST_OFFER_SECS) and the book has heard of no
+    change of the queue since. Never without a book: nothing would say when it is behind."""
+    empty = kept.get(shape)
+    return (
+        book is not None
+        and empty is not None
+        and empty[1] == book.generation
+        and tick - empty[0] < SHARED_FIRST_OFFER_SECS
+    )
+
+
+def _keep_empty(
+    kept: EmptyKept,
+    shape: tuple[object, ...],
+    book: queue_book.QueueBook | None,
+    tick: float,
+    generation: int,
+) -> None:
+    """Remember that this shape's list was empty at `tick`, read under the book's `generation`."""
+    if book is None:
+        return
+    if len(kept) >= 64:  # shapes are few; never let them pile up
+        kept.clear()
+    kept[shape] = (tick, generation)
 
 
 def _offer_shape(state: selectors.WorkerState, limit: int) -> tuple[object, ...]:
@@ -488,13 +512,7 @@ def _shared_first_offer(
     shape = _offer_shape(state, limit)
     tick = time.monotonic()
     book = queue_book.book()
-    empty = _empty_first_offers.get(shape)
-    if (
-        empty is not None
-        and book is not None
-        and empty[1] == book.generation
-        and tick - empty[0] < SHARED_FIRST_OFFER_SECS
-    ):
+    if _still_empty(_empty_first_offers, shape, book, tick):
         return []
     generation = book.generation if book is not None else 0  # read before the queue is
     kept = _first_offers.get(shape)
@@ -505,10 +523,7 @@ def _shared_first_offer(
         state, SentCandidate.objects.filter(worker_id=state.id), now, limit, remember=False
     )
     if not fresh:
-        if book is not None:
-            if len(_empty_first_offers) >= 64:
-                _empty_first_offers.clear()
-            _empty_first_offers[shape] = (tick, generation)
+        _keep_empty(_empty_first_offers, shape, book, tick, generation)
         return fresh
     SentList.objects.filter(
         made_at__lt=now - timedelta(seconds=SENT_LIST_KEEP_SECS), offers__isnull=True
