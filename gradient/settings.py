@@ -329,4 +329,6 @@ GRADIENT_BATCH_IN_FLIGHT = _env_int("GRADIENT_BATCH_IN_FLIGHT", 1)
 # serve's garbage collector (gradient/runtime/heap.py): young collections every this many allocations,
 # the objects of startup frozen; 0 leaves CPython's defaults.
 GRADIENT_GC_GEN0_THRESHOLD = _env_int("GRADIENT_GC_GEN0_THRESHOLD", 50_000)
+# serve hands the GIL on after this many seconds (CPython: 0.005; 0 leaves it): gradient/runtime/heap.py.
+GRADIENT_SWITCH_INTERVAL_SECS = float(os.environ.get("GRADIENT_SWITCH_INTERVAL_SECS", "0.001") or 0.001)
 GRADIENT_OFFER_MAX_CANDIDATES = _env_int("GRADIENT_OFFER_MAX_CANDIDATES", 1000)

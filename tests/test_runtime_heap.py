@@ -1,8 +1,10 @@
-"""serve's garbage collector (gradient/runtime/heap.py): startup frozen, young collections widened."""
+"""serve's garbage collector and GIL (gradient/runtime/heap.py): startup frozen, young collections widened,
+the switch interval shortened."""
 
 from __future__ import annotations
 
 import gc
+import sys
 from collections.abc import Iterator
 
 import pytest
@@ -12,12 +14,13 @@ from gradient.runtime import heap
 
 @pytest.fixture
 def restored_gc() -> Iterator[None]:
-    before = gc.get_threshold()
+    before, interval = gc.get_threshold(), sys.getswitchinterval()
     try:
         yield
     finally:
         gc.unfreeze()
         gc.set_threshold(*before)
+        sys.setswitchinterval(interval)
 
 
 def test_serving_freezes_startup_and_widens_the_young_generation(restored_gc: None, settings) -> None:
@@ -38,3 +41,14 @@ def test_a_threshold_of_zero_keeps_cpythons_collector(restored_gc: None, setting
     gc.set_threshold(700, 10, 10)
     assert heap.tune_for_serving() == (700, 10, 10)
     assert gc.get_freeze_count() == 0
+
+
+def test_serving_hands_the_gil_on_sooner_unless_told_not_to(restored_gc: None, settings) -> None:
+    sys.setswitchinterval(0.005)
+    settings.GRADIENT_SWITCH_INTERVAL_SECS = 0.002
+    heap.tune_for_serving()
+    assert sys.getswitchinterval() == pytest.approx(0.002)
+    sys.setswitchinterval(0.005)
+    settings.GRADIENT_SWITCH_INTERVAL_SECS = 0
+    heap.tune_for_serving()
+    assert sys.getswitchinterval() == pytest.approx(0.005)

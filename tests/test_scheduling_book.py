@@ -17,7 +17,7 @@ from gradient.core.vocab import BuildStatus, EvaluationStatus
 from gradient.scheduling import book as queue_book
 from gradient.scheduling.models import DerivationBuild, DispatchedJob, Evaluation
 from gradient.scheduling.selectors import BuildRef
-from gradient.scheduling.services import graph, lifecycle
+from gradient.scheduling.services import assignment, graph, lifecycle
 from gradient.scheduling.services.assignment import request_builds
 from gradient.scheduling.services.lifecycle import ClaimTerms
 from tests.factories import EvaluationFactory, ProjectFactory, connected_worker
@@ -240,6 +240,17 @@ def test_the_listener_of_a_serve_process_marks_the_book_old_on_each_change() -> 
 # --- A book behind: the claim decides ---------------------------------------------------------------------
 
 
+@pytest.fixture(autouse=True)
+def reads_behind_held(monkeypatch: pytest.MonkeyPatch) -> list[object]:
+    """The book's reads in the background (a serve's claims lane: another thread, another connection,
+    which would not see this test's uncommitted rows) are held, never run: what each test asserts is
+    what its batches read themselves."""
+    held: list[object] = []
+    monkeypatch.setattr(assignment, "_in_background", held.append)
+    return held
+
+
+
 def _building(project, names):  # type: ignore[no-untyped-def]
     evaluation = EvaluationFactory(project=project, status=EvaluationStatus.BUILDING)
     graph.ingest_eval_result(evaluation=evaluation, derivations=[drv(n) for n in names], now=timezone.now())
@@ -412,3 +423,42 @@ def test_two_live_serves_each_prefer_their_own_builds_among_the_first_heads_only
     finally:
         boot.set_current_boot(previous)
         assignment._share = None
+
+
+def test_an_entry_read_at_once_is_read_with_what_the_caller_needs_and_whole_in_the_background() -> None:
+    book = queue_book.QueueBook(max_age=60.0)
+    reads: list[int] = []
+    queued: list[object] = []
+    rows = _rows(32)
+
+    def load(n: int) -> list[BuildRef]:
+        reads.append(n)
+        return rows[:n]
+
+    def background(call: object) -> None:
+        queued.append(call)
+
+    def ids(some: list[BuildRef]) -> list[uuid.UUID]:
+        return [r.id for r in some]
+
+    # None yet: the caller's four at once, the whole sixteen on their way.
+    assert book.heads("x", 16, load, background, first=4) == rows[:4]
+    assert reads == [4] and len(queued) == 1
+    book.gone([rows[0].id])
+    # Meanwhile what the quick read left, with no other read.
+    assert ids(book.heads("x", 16, load, background, first=4)) == ids(rows[1:4])
+    assert reads == [4] and len(queued) == 1
+    queued.pop()()  # type: ignore[operator]
+    assert reads == [4, 16]
+    # The whole read, the one claimed meanwhile still gone.
+    assert ids(book.heads("x", 16, load, background, first=4)) == ids(rows[1:16]) and reads == [4, 16]
+
+    book.changed()  # announced: read at once again, the caller's part first
+    assert ids(book.heads("x", 16, load, background, first=4)) == ids(rows[1:4])
+    assert reads == [4, 16, 4] and len(queued) == 1
+    queued.pop()()  # type: ignore[operator]
+    assert reads == [4, 16, 4, 16]
+
+    # Where nothing can read in the background, the whole read is made at once.
+    alone = queue_book.QueueBook(max_age=60.0)
+    assert alone.heads("x", 16, load, None, first=4) == rows[:16] and reads[-1] == 16

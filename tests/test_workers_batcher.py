@@ -67,3 +67,42 @@ async def test_a_lone_message_is_applied_within_its_window() -> None:
     batcher = Batcher(apply, window=0.002, in_flight=1, lane=lanes.HOT)
     await asyncio.wait_for(batcher.enqueue(object(), 7), 5)
     assert applied == [7]
+
+
+async def test_a_batcher_yielding_to_another_waits_for_its_batches_for_at_most_its_time() -> None:
+    order: list[str] = []
+    release = threading.Event()
+
+    def claims(batch: Sequence[tuple[Any, Any]]) -> list[Any]:
+        order.append("claims")
+        assert release.wait(10)
+        return [None for _ in batch]
+
+    def offers(batch: Sequence[tuple[Any, Any]]) -> list[Any]:
+        order.append("offers")
+        return [None for _ in batch]
+
+    first = Batcher(claims, window=0.001, in_flight=1, lane=lanes.HOT)
+    patient = Batcher(offers, window=0.001, in_flight=1, lane=lanes.OFFERS, yield_to=first, yield_secs=10.0)
+    busy = first.enqueue(object(), 1)
+    waiting = patient.enqueue(object(), 2)
+    await asyncio.sleep(0.3)
+    assert order == ["claims"] and not waiting.done()  # the other's batch is applied: this one waits
+    release.set()
+    await asyncio.wait_for(asyncio.gather(busy, waiting), 5)
+    assert order == ["claims", "offers"]
+
+    # Behind a batcher that does not go idle, it goes after its time all the same.
+    release.clear()
+    order.clear()
+    hasty = Batcher(offers, window=0.001, in_flight=1, lane=lanes.OFFERS, yield_to=first, yield_secs=0.1)
+    busy = first.enqueue(object(), 3)
+    await asyncio.wait_for(hasty.enqueue(object(), 4), 5)
+    assert order == ["claims", "offers"] and not busy.done()
+    release.set()
+    await asyncio.wait_for(busy, 5)
+
+    # Behind an idle one it does not wait.
+    order.clear()
+    await asyncio.wait_for(patient.enqueue(object(), 5), 2)
+    assert order == ["offers"]

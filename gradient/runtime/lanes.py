@@ -74,6 +74,26 @@ class Lane:
                 )
             return self._executor
 
+    def warm(self, threads: int, prepare: Callable[[], None] | None = None) -> int:
+        """Start `threads` of the lane's threads now (at most its size), each with its database
+        connection open and `prepare()` run on it, so that the first calls do not pay for them (a
+        serve's start: its first claim batches each met a fresh connection). Returns how many were
+        warmed; a thread that fails is logged and left to open its connection on first use."""
+        count = min(threads, self.size)
+        if count <= 0:
+            return 0
+        # Each call waits for the others: every one runs on a thread of its own.
+        barrier = threading.Barrier(count, timeout=5)
+        futures = [self.executor().submit(_warm_one, barrier, prepare) for _ in range(count)]
+        warmed = 0
+        for future in futures:
+            try:
+                future.result(timeout=10)
+                warmed += 1
+            except Exception as exc:
+                log.warning("warming a thread of lane %s failed: %s", self.name, first_line(exc))
+        return warmed
+
     def shutdown(self) -> None:
         """Close every connection the lane's threads hold and stop them (serve's exit, a test's end)."""
         with self._lock:
@@ -90,6 +110,13 @@ class Lane:
             except Exception:  # a thread that could not join the barrier still closed its own
                 log.debug("closing a lane connection failed", exc_info=True)
         executor.shutdown(wait=True)
+
+
+def _warm_one(barrier: threading.Barrier, prepare: Callable[[], None] | None) -> None:
+    barrier.wait()
+    connections["default"].ensure_connection()
+    if prepare is not None:
+        prepare()
 
 
 def _close_after(barrier: threading.Barrier) -> None:

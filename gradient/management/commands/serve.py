@@ -142,6 +142,10 @@ class Command(BaseCommand):
         if enable_here() is not None:
             self.stdout.write("gradient: the queue's heads kept in memory (LISTEN gradient_queue)")
 
+        from gradient.workers.proto.dispatcher import warm_lanes
+
+        warm_lanes()
+
         runner: PassRunner | None = None
         if not settings.REDIS_URL and not options["no_passes"]:
             runner = PassRunner()

@@ -694,7 +694,13 @@ def _shared_heads(
     if kept is None:
         return ranked(preselect)
     read = BOOK_PRESELECT if serves == 1 else BOOK_PRESELECT_SHARED
-    return kept.heads((*_shape(state), cap is None), max(preselect, read), kept_with_payloads, _in_background)
+    return kept.heads(
+        (*_shape(state), cap is None),
+        max(preselect, read),
+        kept_with_payloads,
+        _in_background,
+        first=preselect,
+    )
 
 
 def _in_background(call: Callable[[], None]) -> object:

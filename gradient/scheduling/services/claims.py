@@ -17,7 +17,7 @@ from datetime import datetime
 from typing import Any
 
 import msgspec
-from django.db import connection
+from django.db import connection, transaction
 
 from gradient.core.vocab import (
     CLUSTER_TERMINAL,
@@ -406,6 +406,37 @@ class _ClaimRow(msgspec.Struct):
     fin: int
 
 
+def _claim_params(claims_json: str, idle_cleared: Sequence[uuid.UUID], now: datetime) -> dict[str, Any]:
+    return {
+        "claims": claims_json,
+        "idle": list(idle_cleared),
+        "now": now,
+        "kind": JobKind.BUILD.value,
+        "queued_status": BuildStatus.QUEUED.value,
+        "building_status": BuildStatus.BUILDING.value,
+        "running": BuildAttemptOutcome.RUNNING.value,
+        "cluster_ended": [s.value for s in CLUSTER_TERMINAL],
+        "active": [s.value for s in EVALUATION_ACTIVE],
+    }
+
+
+def claim_statement_prepare(*, now: datetime) -> None:
+    """Plan the claim statement on this thread's connection before any claim needs it (a serve's claims
+    lane at start, gradient.workers.proto.dispatcher.warm_lanes): its generic plan is made once per
+    connection, and a fleet's first claim batches each met a fresh connection (connecting and planning:
+    ~20 ms on a quiet machine, several times that while the fleet connects). Claims nothing, and
+    commits (psycopg forgets every prepared statement of a connection whose transaction rolls back).
+    PostgreSQL only."""
+    if connection.vendor != "postgresql":
+        return
+    with transaction.atomic(), setsql.generic_plans():
+        with fixed_cursor() as cursor:
+            # No claims, and the types of a claim batch's values (a worker's uuid among those whose idle
+            # slots go: a new one, which has none), so that the same prepared statement serves a batch.
+            cursor.execute(_claim_builds_sql(), _claim_params("[]", [uuid.uuid4()], now))
+            cursor.fetchall()
+
+
 def claim_builds_statement(
     *,
     claims: Sequence[BuildClaim],
@@ -438,20 +469,9 @@ def claim_builds_statement(
         )
         for c in claims
     ]
-    params: dict[str, Any] = {
-        "claims": _encode_json(rows).decode(),
-        "idle": list(idle_cleared),
-        "now": now,
-        "kind": JobKind.BUILD.value,
-        "queued_status": BuildStatus.QUEUED.value,
-        "building_status": BuildStatus.BUILDING.value,
-        "running": BuildAttemptOutcome.RUNNING.value,
-        "cluster_ended": [s.value for s in CLUSTER_TERMINAL],
-        "active": [s.value for s in EVALUATION_ACTIVE],
-    }
     won: dict[uuid.UUID, int] = {}
     with fixed_cursor() as cursor:
-        cursor.execute(_claim_builds_sql(), params)
+        cursor.execute(_claim_builds_sql(), _claim_params(_encode_json(rows).decode(), idle_cleared, now))
         for aid, attempts, why in cursor.fetchall():
             if not why:
                 won[aid] = int(attempts)

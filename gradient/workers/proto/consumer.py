@@ -128,6 +128,11 @@ HANDSHAKE_WINDOW_SECS = 0.002
 CAPABILITIES_WINDOW_SECS = 0.002
 # The offers after WorkerCapabilities of every session, collected this long and made together.
 OFFER_WINDOW_SECS = 0.005
+# ... and made once the claim batcher has nothing queued nor being applied, or after this long: a
+# fleet's first offers (a deep queue: 1 000 candidates made and ~300 KB sent to each worker) went in
+# front of its first RequestJobs, answered 175-230 ms after they were sent where the later ones took
+# 40-60 ms (bench/handout.py, 100 clients). An offer is advice the worker scores; an AssignJob is work.
+OFFER_YIELD_SECS = 0.25
 # A RequestJob whose claims all lost (another process took those builds in the same moment) goes into
 # up to this many next batches before it is left to the worker's own repeat.
 ASK_AGAIN_BATCHES = 3
@@ -791,9 +796,7 @@ class WorkerConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]  # channels 
                     raise result.error
                 replies: list[ServerMessage] = []
             elif isinstance(message, RequestJob) and message.kind == "build":
-                claims = batcher_for(
-                    dispatcher.request_builds_batch, CLAIM_WINDOW_SECS, lanes.CLAIMS, loop=self._loop
-                )
+                claims = self._claims_batcher()
                 request = dispatcher.BuildRequest(message, finishing)
                 handed = await claims.submit(session, request)
                 for _ in range(ASK_AGAIN_BATCHES):  # its claims lost to another process's: once more
@@ -847,6 +850,9 @@ class WorkerConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]  # channels 
             except Exception:
                 log.warning("renewing the channel-layer group of worker %s failed", session.worker_id)
 
+    def _claims_batcher(self) -> dispatcher.Batcher:
+        return batcher_for(dispatcher.request_builds_batch, CLAIM_WINDOW_SECS, lanes.CLAIMS, loop=self._loop)
+
     def _offer_soon(self, session: SessionRef, message: WorkerCapabilities) -> None:
         """Trigger assignment after a WorkerCapabilities: the worker's offer delta, computed on the offer
         lane and sent when ready. One at a time per session; a trigger while one runs runs it again."""
@@ -862,7 +868,12 @@ class WorkerConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]  # channels 
                 # With the other sessions' of the same few milliseconds (a fleet connecting at once):
                 # one transaction, the first offers of workers alike one statement.
                 offers = await batcher_for(
-                    dispatcher.offers_batch, OFFER_WINDOW_SECS, lanes.OFFERS, loop=self._loop
+                    dispatcher.offers_batch,
+                    OFFER_WINDOW_SECS,
+                    lanes.OFFERS,
+                    loop=self._loop,
+                    yield_to=self._claims_batcher(),
+                    yield_secs=OFFER_YIELD_SECS,
                 ).submit(session, message)
             except Exception:
                 log.exception(

@@ -27,6 +27,7 @@ What the two batchers apply is here too, one domain call per batch (`reports_bat
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import weakref
@@ -47,7 +48,7 @@ from gradient.core.protocol import (
 )
 from gradient.runtime import lanes
 from gradient.runtime.boot import current_boot
-from gradient.scheduling.services import assignment, offers, reports
+from gradient.scheduling.services import assignment, claims, offers, reports
 from gradient.scheduling.services.reports import Incoming
 from gradient.workers import presence, services
 from gradient.workers.services import HandshakeAccepted, HandshakeRejected, SessionOpen, SessionRef
@@ -97,6 +98,8 @@ class Batcher:
         lane: lanes.Lane = lanes.HOT,
         max_batch: int = MAX_BATCH,
         loop: asyncio.AbstractEventLoop | None = None,
+        yield_to: Batcher | None = None,
+        yield_secs: float = 0.0,
     ) -> None:
         if in_flight is None:
             from django.conf import settings
@@ -116,6 +119,18 @@ class Batcher:
         self._first_at = 0.0  # when the oldest of self._items was queued (the loop's clock)
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        # Nothing queued and nothing being applied (what a batcher yielding to this one waits for).
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._yield_to = yield_to
+        self._yield_secs = yield_secs
+
+    async def idle(self, within: float) -> None:
+        """Return once nothing is queued here nor being applied, or after `within` seconds."""
+        if self._idle.is_set():
+            return
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._idle.wait(), within)
 
     async def submit(self, session: Any, message: Any) -> Any:
         """Apply `message` of `session` with the next batch; returns its result."""
@@ -129,6 +144,7 @@ class Batcher:
         future: asyncio.Future[Any] = loop.create_future()
         if not self._items:
             self._first_at = loop.time()
+        self._idle.clear()
         self._items.append(_Item(session, message, future, id(session)))
         if self._free:
             # Nothing is being applied: the loop may start a batch. While every slot is busy it is not
@@ -152,6 +168,10 @@ class Batcher:
             waited = self._loop.time() - self._first_at
             if waited < self._window:
                 await asyncio.sleep(self._window - waited)
+            if self._yield_to is not None and waited < self._yield_secs:
+                # What this batcher applies can wait; the other's cannot: its batches go first, for
+                # at most yield_secs after this one's oldest message.
+                await self._yield_to.idle(self._yield_secs - (self._loop.time() - self._first_at))
             self._start()
 
     def _start(self) -> None:
@@ -197,6 +217,8 @@ class Batcher:
             else:
                 del applying[item.key]
         self._free += 1
+        if not self._items and not self._applying:
+            self._idle.set()
         if self._items:
             if self._loop.time() - self._first_at >= self._window:
                 self._start()
@@ -235,6 +257,8 @@ def batcher_for(
     lane: lanes.Lane = lanes.HOT,
     max_batch: int = MAX_BATCH,
     loop: asyncio.AbstractEventLoop | None = None,
+    yield_to: Batcher | None = None,
+    yield_secs: float = 0.0,
 ) -> Batcher:
     """This event loop's batcher of `apply` (tests run several loops, one per test): one for reports on
     the hot lane, one for RequestJobs on the claims lane. `loop`: the running one, where the caller
@@ -248,8 +272,22 @@ def batcher_for(
         _last = (weakref.ref(loop), mine)
     batcher = mine.get(apply)
     if batcher is None:
-        batcher = mine[apply] = Batcher(apply, window, lane=lane, max_batch=max_batch, loop=loop)
+        batcher = mine[apply] = Batcher(
+            apply, window, lane=lane, max_batch=max_batch, loop=loop, yield_to=yield_to, yield_secs=yield_secs
+        )
     return batcher
+
+
+def warm_lanes() -> None:
+    """Before the first worker connects (serve's start): the database connections of the threads the
+    batchers use first opened, and the claim statement planned on the claims lane's (a claim batch and
+    a background read of the queue's heads run at once there). A fleet connecting at once had its first
+    RequestJobs answered 120-145 ms after they were sent, where later ones took 40-60 ms
+    (bench/handout.py, 100 clients): its first batches were each the first call of a thread."""
+    now = timezone.now()
+    lanes.CLAIMS.warm(2, functools.partial(claims.claim_statement_prepare, now=now))
+    for lane in (lanes.HOT, lanes.SESSIONS, lanes.OFFERS):
+        lane.warm(1)
 
 
 # --- What the batchers apply: one domain call per batch ----------------------------------------------
