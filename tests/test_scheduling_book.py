@@ -250,7 +250,6 @@ def reads_behind_held(monkeypatch: pytest.MonkeyPatch) -> list[object]:
     return held
 
 
-
 def _building(project, names):  # type: ignore[no-untyped-def]
     evaluation = EvaluationFactory(project=project, status=EvaluationStatus.BUILDING)
     graph.ingest_eval_result(evaluation=evaluation, derivations=[drv(n) for n in names], now=timezone.now())

@@ -168,3 +168,24 @@ def test_sixteen_connections_racing_for_the_same_thousand_jobs_never_open_a_job_
         assert cursor.fetchall() == []
         cursor.execute("SELECT count(DISTINCT job_id) FROM dispatched_job WHERE finished_at IS NULL")
         assert cursor.fetchone() == (1000,)
+
+
+@pytest.mark.django_db
+def test_the_claims_count_of_a_workers_open_builds_reads_only_its_open_assignments() -> None:
+    """The claim statement counts each claiming worker's open builds; its generic plan is made once per
+    connection, maybe on the statistics of an empty table (a serve's start after a restore). Planned
+    so, the count must still read the index of open assignments, not the worker's whole history."""
+    if connection.vendor != "postgresql":
+        pytest.skip("PostgreSQL's planner")
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE dispatched_job")
+        cursor.execute("SET LOCAL plan_cache_mode = force_generic_plan")
+        cursor.execute("SET LOCAL enable_seqscan = off")  # as in the claim batches (setsql.generic_plans)
+        cursor.execute(
+            "PREPARE open_builds(uuid, text) AS SELECT count(*) FROM dispatched_job d "
+            "WHERE d.worker_id = $1 AND d.finished_at IS NULL AND d.kind = $2"
+        )
+        cursor.execute("EXPLAIN EXECUTE open_builds(%s, 'build')", [uuid.uuid4()])
+        plan = "\n".join(row[0] for row in cursor.fetchall())
+        cursor.execute("DEALLOCATE open_builds")
+    assert "idx-dispatched_job-open-worker" in plan, plan
