@@ -278,3 +278,36 @@ def test_a_known_derivations_query_of_more_than_a_thousand_paths_is_refused() ->
     )
     with pytest.raises(p.ProtocolError):
         p.decode_worker_message(frame)
+
+
+@pytest.mark.parametrize(
+    ("frame", "error"),
+    [
+        # ASCII, with an escaped NUL and an escaped lone surrogate: cleaned as ever.
+        (
+            '{"type":"JobFailed","job_id":"j","assignment_id":"a","error":"x\\u0000y\\ud800","kind":"transient",'
+            '"elapsed_ms":1}',
+            "x\ufffdy\ufffd",
+        ),
+        # Not ASCII, a raw lone surrogate (as a str may hold; UTF-8 off the wire cannot).
+        (
+            '{"type":"JobFailed","job_id":"j","assignment_id":"a","error":"é\ud800","kind":"transient",'
+            '"elapsed_ms":1}',
+            "é\ufffd",
+        ),
+        # ASCII without any escape, and an escape that is no NUL nor surrogate: as sent.
+        (
+            '{"type":"JobFailed","job_id":"j","assignment_id":"a","error":"plain","kind":"transient",'
+            '"elapsed_ms":1}',
+            "plain",
+        ),
+        (
+            '{"type":"JobFailed","job_id":"j","assignment_id":"a","error":"\\u00e9","kind":"transient",'
+            '"elapsed_ms":1}',
+            "é",
+        ),
+    ],
+)
+def test_a_frames_text_is_made_storable_whatever_its_characters(frame: str, error: str) -> None:
+    message = p.decode_worker_message(frame)
+    assert isinstance(message, p.JobFailed) and message.error == error

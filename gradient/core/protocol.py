@@ -563,15 +563,15 @@ def _clean(value: object) -> object:
 
 def _cleaned_frame(frame: str | bytes) -> str | bytes:
     """The frame with its text made storable (see the module's docstring). Most frames hold no escape of
-    NUL or a surrogate and no raw surrogate, and pass unchanged, at the cost of one regular-expression
-    scan. The others are parsed by the standard library's json (which, unlike msgspec, accepts a lone
-    surrogate escape), cleaned, and written again for the strict decoder, so what is a violation stays
-    one."""
+    NUL or a surrogate and no raw surrogate, and pass unchanged. The others are parsed by the standard
+    library's json (which, unlike msgspec, accepts a lone surrogate escape), cleaned, and written again
+    for the strict decoder, so what is a violation stays one."""
     if isinstance(frame, str):
-        raw_surrogate = _SURROGATE.search(frame) is not None
-        if raw_surrogate:
+        # ASCII holds no raw surrogate, and a frame without a backslash-u no escape: two scans in C for
+        # nearly every frame (the regular expressions' scans were a twentieth of the event loop's time).
+        if not frame.isascii() and _SURROGATE.search(frame) is not None:
             frame = clean_text(frame)
-        if not _SUSPECT_ESCAPE.search(frame):
+        if "\\u" not in frame or not _SUSPECT_ESCAPE.search(frame):
             return frame
     elif not _SUSPECT_ESCAPE_BYTES.search(frame):
         return frame

@@ -65,9 +65,19 @@ class _Entry(Generic[Row]):
     loaded_at: float
     preselect: int
     gone: set[uuid.UUID] = field(default_factory=set)
+    # left(), kept until more is gone: every claim batch asks for it, and a uuid's hash is Python code.
+    _left: list[Row] | None = None
 
     def left(self) -> list[Row]:
-        return [r for r in self.rows if r.id not in self.gone]
+        if self._left is None:
+            self._left = [r for r in self.rows if r.id not in self.gone]
+        return self._left
+
+    def drop(self, ids: set[uuid.UUID]) -> None:
+        """These are gone (claimed, or their claim lost)."""
+        if self._left is not None and any(r.id in ids for r in self._left):
+            self._left = [r for r in self._left if r.id not in ids]
+        self.gone |= ids
 
 
 class QueueBook:
@@ -213,7 +223,7 @@ class QueueBook:
         now = time.monotonic()
         with self._lock:
             for entry in self._entries.values():
-                entry.gone |= ids
+                entry.drop(ids)
             for build_id in ids:
                 self._recent[build_id] = now
             if len(self._recent) > RECENT_MAX:

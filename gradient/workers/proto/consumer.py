@@ -34,6 +34,7 @@ import uuid
 import weakref
 from collections import deque
 from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Any, get_args
 
 from channels.consumer import get_handler_name
@@ -267,6 +268,12 @@ _DISCONNECT_CAUSES = {
 
 def _reports_batcher(loop: asyncio.AbstractEventLoop) -> Batcher:
     return batcher_for(dispatcher.reports_batch, max_batch=MAX_REPORTS_BATCH, loop=loop)
+
+
+def _seen_now() -> datetime:
+    """timezone.now() for when a frame came (USE_TZ is always on: gradient.settings), without its
+    settings lookup through Django's lazy object: twice a frame."""
+    return datetime.now(UTC)
 
 
 def _finishing(pending: list[tuple[asyncio.Future[Any], Message]]) -> int:
@@ -573,7 +580,7 @@ class WorkerConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]  # channels 
     def _queue_report(self, session: SessionRef, message: Message) -> None:
         """The worker was seen; its report goes to the report batcher, its result to the session's
         pending reports (the inbox's task settles them in order)."""
-        presence.note_seen(session_id=session.session_id, worker_id=session.worker_id, now=timezone.now())
+        presence.note_seen(session_id=session.session_id, worker_id=session.worker_id, now=_seen_now())
         self._pending.append((_reports_batcher(self._loop).enqueue(session, message), message))
 
     def _requests_waiting(self, kind: str) -> int:
@@ -783,7 +790,7 @@ class WorkerConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]  # channels 
         self, handler: Handler, session: SessionRef, message: Message, finishing: int = 0
     ) -> bool:
         """Handle one message and send its replies; False only for a RequestJob{build} left unanswered."""
-        presence.note_seen(session_id=session.session_id, worker_id=session.worker_id, now=timezone.now())
+        presence.note_seen(session_id=session.session_id, worker_id=session.worker_id, now=_seen_now())
         if isinstance(message, WorkerMetrics):  # the heartbeat: in memory, no database, no thread
             jobloop.worker_metrics(session=session, message=message)
             await self._renew_group(session)
