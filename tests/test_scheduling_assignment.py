@@ -264,6 +264,65 @@ def test_the_preselection_picks_the_same_build_as_scoring_every_pending_build(se
     assert evaluation.build_links.count() == 700
 
 
+@pytest.mark.parametrize("seed", [4, 5, 6])
+def test_a_worker_that_scored_hundreds_gets_the_best_by_its_scores_from_the_best_few(seed: int) -> None:
+    """A scoring worker's RequestJob loads the heads and only the best PRESELECT of its scored builds by
+    their score (in SQL, on PostgreSQL): the winner, and the best of the scored ones in their order, are
+    what scoring every pending build gives."""
+    import random
+
+    from django.db import connection
+
+    from gradient.scheduling import selectors
+    from gradient.scheduling.decisions.scoring import Candidate, download_mbps, mean_wait_secs, rank
+    from gradient.scheduling.services.assignment import _worker_view, request_job
+
+    rng = random.Random(seed)
+    project = ProjectFactory()
+    _building_evaluation(project, [drv(f"s{i}") for i in range(600)])
+    now = timezone.now()
+    builds = list(DerivationBuild.objects.all())
+    for b in builds:
+        b.queued_at = now - timedelta(seconds=rng.choice([5, 50, 500, 5000]) + rng.random())
+        b.prioritized = rng.random() < 0.02
+    DerivationBuild.objects.bulk_update(builds, ["queued_at", "prioritized"])
+    worker = connected_worker([project])
+    # Most of the queue scored, the oldest builds needing the most: the best by score is no head.
+    for b in builds[:450]:
+        waited = (now - b.queued_at).total_seconds()
+        CandidateScore.objects.create(
+            worker=worker,
+            job_id=b.job_key,
+            missing_count=1,
+            missing_nar_size=int(waited * 10**6) + rng.choice([0, 10**9, 10**11]),
+            updated_at=now,
+        )
+    state = selectors.worker_state(worker.id)
+    assert state is not None
+    scores = {s.job_id: s for s in CandidateScore.objects.filter(worker=worker)}
+    view, pool = _worker_view(state), selectors.pool_view(now)
+    everything = [
+        Candidate(
+            job_id=b.job_key,
+            kind="build",
+            waited_secs=(now - b.queued_at).total_seconds(),
+            prioritized=b.prioritized,
+            missing_nar_size=scores[b.job_key].missing_nar_size if b.job_key in scores else None,
+            missing_count=scores[b.job_key].missing_count if b.job_key in scores else None,
+        )
+        for b in selectors.queued_builds(state, now)
+    ]
+    if connection.vendor == "postgresql":
+        by_score = selectors.ScoredPreselect(mean_wait_secs(pool), download_mbps(view), 0)
+        best = selectors._best_scored_heads(state, now, by_score, selectors.PRESELECT)
+        assert len(best) == selectors.PRESELECT  # not all 450
+        ranked_scored = [s.job_id for s in rank([c for c in everything if c.job_id in scores], view, pool)]
+        assert [f"build:{row[0]}" for row in best] == ranked_scored[: selectors.PRESELECT]
+    expected = rank(everything, view, pool)[0]
+    handed = request_job(worker_id=worker.id, protocol_kind="build", now=now)
+    assert handed is not None and handed.job_key == expected.job_id
+
+
 def test_rescore_wait_holds_an_offered_unscored_build_back_for_up_to_four_passes(settings) -> None:  # type: ignore[no-untyped-def]
     from datetime import timedelta
 

@@ -36,7 +36,16 @@ from gradient.recovery.models import ServerBoot
 from gradient.runtime import setsql
 from gradient.runtime.setsql import fixed_cursor
 from gradient.scheduling import jobs
-from gradient.scheduling.decisions.scoring import LARGE_TRANSFER_BYTES, PoolView, metrics_stale
+from gradient.scheduling.decisions.scoring import (
+    ESTIMATE_CAP_SECS,
+    LARGE_TRANSFER_BYTES,
+    QOS_BONUS,
+    TRANSFER_PENALTY,
+    TRANSFER_SLOTS,
+    WAIT_CAP,
+    PoolView,
+    metrics_stale,
+)
 from gradient.scheduling.decisions.waiting import clock_time, unbuildable_deadline, what_happens_next
 from gradient.scheduling.models import (
     CachedPath,
@@ -389,6 +398,17 @@ def _queued_builds_for(state: WorkerState, now: datetime) -> QuerySet[Derivation
 PRESELECT = 64
 
 
+@dataclass(frozen=True, slots=True)
+class ScoredPreselect:
+    """What a scoring worker's builds are ranked by, beyond the rows (scoring.score's inputs): the pool's
+    mean wait (WaitTime), the worker's download speed and large transfers running (EstimatedTime,
+    TransferLimit)."""
+
+    mean_wait_secs: float
+    download_mbps: float
+    large_transfers: int
+
+
 def queued_build_refs(
     state: WorkerState,
     now: datetime,
@@ -396,6 +416,7 @@ def queued_build_refs(
     wait_cap_secs: float | None = None,
     scored: Iterable[str] = (),
     preselect: int = PRESELECT,
+    by_score: ScoredPreselect | None = None,
 ) -> list[BuildRef]:
     """Queued shared builds this worker can take (see queued_builds), as light references.
 
@@ -405,10 +426,23 @@ def queued_build_refs(
     tie), the smallest ids, as the tie-break picks; and every build the worker has scored. An unscored,
     unprioritized build outside these loses to one inside on wait or on id, so the winner is the same.
     `preselect` of each kind are loaded: a batch of RequestJobs from workers alike asks for more.
+
+    With `by_score` (a scoring worker, on PostgreSQL), the scored builds are not all loaded: only the
+    `preselect` best by the score the worker's own answers give them (the same rules, in SQL, over its
+    candidate_score rows), besides the heads. A scored build's EstimatedTime is at most an unscored
+    one's, so a scored build outside those cannot beat them; a worker that had scored every candidate
+    it was offered (up to 1 000 an offer) loaded and ranked each of them on every RequestJob.
     """
-    return build_refs(
-        state, queued_head_rows(state, now, wait_cap_secs=wait_cap_secs, scored=scored, preselect=preselect)
+    rows = queued_head_rows(
+        state,
+        now,
+        wait_cap_secs=wait_cap_secs,
+        scored=() if by_score is not None and connection.vendor == "postgresql" else scored,
+        preselect=preselect,
     )
+    if by_score is not None and connection.vendor == "postgresql" and state.worker.can_build:
+        rows = [*rows, *_best_scored_heads(state, now, by_score, preselect)]
+    return build_refs(state, rows)
 
 
 def queued_head_rows(
@@ -463,16 +497,18 @@ def _queued_heads_orm(
 # _queued_builds_for as one statement of fixed text (PostgreSQL): RequestJob batches ask it many times a
 # second, and building the ORM's query (its EXISTS subqueries) cost more than running it. The same
 # rules; tests/test_scheduling_assignment.py holds it to the ORM's queued_builds.
-_HEADS_WHERE = """
+_HEADS_READY = """
     b.status = %(queued)s AND b.system = ANY(%(systems)s)
-    AND (b.retry_at IS NULL OR b.retry_at <= %(now)s)
-    AND NOT EXISTS (
+    AND (b.retry_at IS NULL OR b.retry_at <= %(now)s)"""
+_HEADS_WANTED = """
+    NOT EXISTS (
         SELECT 1 FROM cluster_member m JOIN cluster_job c ON c.id = m.cluster_job_id
         WHERE m.derivation_build_id = b.id AND c.status <> ALL(%(cluster_ended)s) OFFSET 0)
     AND EXISTS (
         SELECT 1 FROM evaluation_build eb JOIN evaluation e ON e.id = eb.evaluation_id
         WHERE eb.build_id = b.id AND eb.blocks_evaluation AND e.status = ANY(%(active)s)
           AND e.project_id = ANY(%(projects)s) OFFSET 0)"""
+_HEADS_WHERE = _HEADS_READY + " AND " + _HEADS_WANTED
 # OFFSET 0 keeps each EXISTS a lookup per build walked (PostgreSQL cannot make it a join), so a head
 # walks the queue's index in order and stops at its LIMIT, whatever the statistics say.
 _HEADS_FROM = (
@@ -519,6 +555,66 @@ def _queued_heads(
         return [
             (*row[:5], json.loads(row[5]) if isinstance(row[5], str) else row[5]) for row in cursor.fetchall()
         ]
+
+
+# A scoring worker's builds by the score its answers give them (decisions/scoring.py: WaitTime + Qos +
+# EstimatedTime + TransferLimit; the other rules are the same for every build of one worker), best
+# first, ties to the smaller key. tests/test_scheduling_assignment.py holds it to scoring.rank.
+_SCORED_TOTAL = (
+    f"LEAST({WAIT_CAP}, 60.0 * GREATEST(0, EXTRACT(EPOCH FROM (%(now)s - COALESCE(b.queued_at, "
+    "b.created_at)))) / %(mean_wait)s)"
+    f" + CASE WHEN b.prioritized THEN {QOS_BONUS} ELSE 0 END"
+    f" + {ESTIMATE_CAP_SECS} - LEAST(cs.missing_nar_size / (%(mbps)s * 125000.0), {ESTIMATE_CAP_SECS})"
+    f" + CASE WHEN cs.missing_nar_size >= {LARGE_TRANSFER_BYTES} AND %(large_running)s >= {TRANSFER_SLOTS}"
+    f" THEN -{TRANSFER_PENALTY} ELSE 0 END"
+)
+_SCORED_BY_TOTAL = ' ORDER BY total DESC, cs.job_id COLLATE "C"'  # within _SCORED_FROM
+_SCORED_OUTER_BY_TOTAL = ' ORDER BY b.total DESC, b.key COLLATE "C"'
+# Ordered on what the rows of the worker's scores and their builds say, and only the best `many` of them
+# checked against the evaluations and clusters (the lookups that cost most, a build at a time); read
+# whole (_SCORED_HEADS_ALL) when fewer than `few` of those pass.
+_SCORED_FROM = (
+    "SELECT b.*, cs.job_id AS key, " + _SCORED_TOTAL + " AS total "  # noqa: S608 (fixed text)
+    "FROM candidate_score cs JOIN derivation_build b ON b.id = "
+    "(CASE WHEN left(cs.job_id, 6) = 'build:' THEN substr(cs.job_id, 7)::uuid END) "
+    "WHERE cs.worker_id = %(worker)s AND " + _HEADS_READY
+)
+_SCORED_COLUMNS = (
+    "SELECT b.id, b.queued_at, b.created_at, b.prioritized, b.system, b.required_features FROM ("
+)
+_SCORED_HEADS = (
+    _SCORED_COLUMNS + _SCORED_FROM + _SCORED_BY_TOTAL + " LIMIT %(many)s) b "
+    "WHERE " + _HEADS_WANTED + _SCORED_OUTER_BY_TOTAL + " LIMIT %(few)s"
+)
+_SCORED_HEADS_ALL = (
+    _SCORED_COLUMNS + _SCORED_FROM + ") b WHERE " + _HEADS_WANTED + _SCORED_OUTER_BY_TOTAL + " LIMIT %(few)s"
+)
+
+
+def _best_scored_heads(
+    state: WorkerState, now: datetime, by_score: ScoredPreselect, preselect: int
+) -> list[tuple[Any, ...]]:
+    params: dict[str, Any] = {
+        "worker": state.id,
+        "queued": BuildStatus.QUEUED.value,
+        "systems": [*(state.worker.architectures or []), BUILTIN_SYSTEM],
+        "now": now,
+        "cluster_ended": [s.value for s in CLUSTER_TERMINAL],
+        "active": [s.value for s in EVALUATION_ACTIVE],
+        "projects": list(state.project_ids),
+        "few": preselect,
+        "many": 4 * preselect,
+        "mean_wait": by_score.mean_wait_secs,
+        "mbps": by_score.download_mbps,
+        "large_running": by_score.large_transfers,
+    }
+    with fixed_cursor(literal=True) as cursor:
+        cursor.execute(_SCORED_HEADS, params)
+        rows = cursor.fetchall()
+        if len(rows) < preselect:  # most of the best not wanted (or fewer scored): all of them, then
+            cursor.execute(_SCORED_HEADS_ALL, params)
+            rows = cursor.fetchall()
+    return [(*row[:5], json.loads(row[5]) if isinstance(row[5], str) else row[5]) for row in rows]
 
 
 def _build_id(text: str) -> uuid.UUID | None:

@@ -95,6 +95,20 @@ def policy_name(name: str) -> str:
     return name if name in POLICIES else RESOURCE_AWARE
 
 
+def mean_wait_secs(pool: PoolView) -> float:
+    """The mean wait WaitTime divides by (the pool's, or a default before there is one)."""
+    return _mean_wait(pool)
+
+
+def download_mbps(w: WorkerView) -> float:
+    """The download speed EstimatedTime assumes for the worker (its own, or a default)."""
+    return (
+        w.download_speed_mbps
+        if w.download_speed_mbps and w.download_speed_mbps > 0
+        else DEFAULT_DOWNLOAD_MBPS
+    )
+
+
 def _mean_wait(pool: PoolView) -> float:
     return pool.mean_wait_secs if pool.mean_wait_secs and pool.mean_wait_secs > 0 else DEFAULT_MEAN_WAIT_SECS
 
@@ -111,12 +125,7 @@ def wait_cap_secs(pool: PoolView) -> float:
 def estimate_secs(c: Candidate, w: WorkerView) -> float:
     """Transfer of the missing NAR bytes at the worker's download speed, plus the build's history
     scaled by the worker's single-core speed."""
-    mbps = (
-        w.download_speed_mbps
-        if w.download_speed_mbps and w.download_speed_mbps > 0
-        else DEFAULT_DOWNLOAD_MBPS
-    )
-    transfer = (c.missing_nar_size or 0) / (mbps * 125_000.0)
+    transfer = (c.missing_nar_size or 0) / (download_mbps(w) * 125_000.0)
     build = 0.0
     if c.history_secs is not None:
         speed = (w.cpu_core_score or REFERENCE_CPU_CORE_SCORE) / REFERENCE_CPU_CORE_SCORE

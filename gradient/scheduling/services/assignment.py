@@ -35,6 +35,8 @@ from gradient.scheduling.decisions.scoring import (
     PoolView,
     Score,
     WorkerView,
+    download_mbps,
+    mean_wait_secs,
     rank,
     score,
     wait_cap_secs,
@@ -710,7 +712,12 @@ def _in_background(call: Callable[[], None]) -> object:
 
 
 def _ranked_with_scores(a: _Asking, pool: PoolView, policy: str, now: datetime, cap: float) -> list[Score]:
-    refs = selectors.queued_build_refs(a.state, now, wait_cap_secs=cap, scored=a.scores)
+    by_score = selectors.ScoredPreselect(
+        mean_wait_secs=mean_wait_secs(pool),
+        download_mbps=download_mbps(a.view),
+        large_transfers=a.view.large_transfers_running,
+    )
+    refs = selectors.queued_build_refs(a.state, now, wait_cap_secs=cap, scored=a.scores, by_score=by_score)
     # RescoreWait holds back what a scoring worker was offered and has not scored yet.
     offered = _offered_passes_ago(a.state.id, [r.job_key for r in refs if r.job_key not in a.scores], now)
     candidates = [_with_offered(_candidate(r, now, a.scores), offered.get(r.job_key)) for r in refs]
