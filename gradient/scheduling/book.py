@@ -141,14 +141,13 @@ class QueueBook:
                             shape, preselect, load, background
                         ):
                             return left
-            quick = first is not None and background is not None and first < preselect
-        rows = load(first if quick and first is not None else preselect)  # outside the lock
+        quick = background is not None and first is not None and first < preselect
+        read = first if quick and first is not None else preselect
+        rows = load(read)  # outside the lock: the other batches go on meanwhile
         with self._lock:
-            stored = self._store(
-                shape, rows, generation, now, first if quick and first is not None else preselect
-            )
+            stored = self._store(shape, rows, generation, now, read)
             if quick and background is not None and shape not in self._refilling:
-                self._in_background(shape, preselect, load, background)
+                self._in_background(shape, preselect, load, background)  # the whole read behind
             return stored.left()
 
     def _in_background(
