@@ -36,7 +36,7 @@ from django.utils import timezone
 
 from gradient.clusters.models import ClusterJob
 from gradient.core.protocol import RequestJob, RequestJobList
-from gradient.scheduling.models import DispatchedJob, EvaluationBuild, Project
+from gradient.scheduling.models import DerivationBuild, DispatchedJob, EvaluationBuild, Project
 from gradient.scheduling.services import assignment
 from gradient.workers.models import Worker, WorkerSession
 from gradient.workers.proto import consumer, jobloop
@@ -87,7 +87,7 @@ def _dump(
     for c in ClusterJob.objects.all():
         print("cluster", c.id, c.status, c.attempts, c.waiting_reason)
     # What an unfinished evaluation waits on: its builds, and every open assignment with its session.
-    from gradient.scheduling.models import DerivationBuild, Evaluation
+    from gradient.scheduling.models import Evaluation
 
     for e in Evaluation.objects.filter(id__in=evaluations).exclude(status="Completed"):
         print("evaluation", e.id, e.status, e.waiting_reason)
@@ -112,10 +112,16 @@ def _terminate_mid_claim(server: ServeProcess, submit: Callable[[], str], timeou
     """With every worker idle, hold a lock that stops the next claim of `serve` at its INSERT, submit an
     evaluation, terminate the claiming backend while it waits (and every other connection of serve and
     Celery), then let go. Returns the evaluation."""
+    # Idle, and nothing left to claim: between an evaluation's JobCompleted and its builds' claims (a
+    # worker's next RequestJob{build}) no assignment is open, and a build's claim caught by the lock
+    # below would hold its worker's session, not the evaluation's claim this waits for.
     wait_until(
-        lambda: not DispatchedJob.objects.filter(finished_at__isnull=True).exists(),
+        lambda: (
+            not DispatchedJob.objects.filter(finished_at__isnull=True).exists()
+            and not DerivationBuild.objects.filter(status__in=["Queued", "Building"]).exists()
+        ),
         timeout=60,
-        what="every worker idle",
+        what="every worker idle and no build left to claim",
     )
     app = f"gradient serve {server.process.pid}"
     with psycopg.connect(_dsn()) as lock:

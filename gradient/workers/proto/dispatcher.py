@@ -84,7 +84,8 @@ class _Item:
 
 
 def _apply_with_retries(apply: Apply, batch: Sequence[tuple[Any, Any]]) -> list[Any]:
-    return lanes.retrying(functools.partial(apply, batch), what=f"applying {len(batch)} reports", logger=log)
+    what = f"applying a batch of {len(batch)} ({getattr(apply, '__name__', 'messages')})"
+    return lanes.retrying(functools.partial(apply, batch), what=what, logger=log)
 
 
 class Batcher:
