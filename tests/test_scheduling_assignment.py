@@ -214,6 +214,25 @@ def test_an_evaluation_whose_outputs_are_all_cached_completes_without_building()
     assert Evaluation.objects.get().finished_at is not None
 
 
+def _every_candidate(state, now, scores):  # type: ignore[no-untyped-def]
+    """Every build the worker may take, as scoring sees it with its scores (job key -> missing NAR size
+    and count): what RequestJob would rank if it loaded everything."""
+    from gradient.scheduling import selectors
+    from gradient.scheduling.decisions.scoring import Candidate
+
+    return [
+        Candidate(
+            job_id=b.job_key,
+            kind="build",
+            waited_secs=(now - b.queued_at).total_seconds(),
+            prioritized=b.prioritized,
+            missing_nar_size=scores[b.job_key][0] if b.job_key in scores else None,
+            missing_count=scores[b.job_key][1] if b.job_key in scores else None,
+        )
+        for b in selectors.queued_builds(state, now)
+    ]
+
+
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_the_preselection_picks_the_same_build_as_scoring_every_pending_build(seed: int) -> None:
     """RequestJob loads only the builds that can win; the winner equals the full scoring's."""
@@ -221,7 +240,7 @@ def test_the_preselection_picks_the_same_build_as_scoring_every_pending_build(se
     from datetime import timedelta
 
     from gradient.scheduling import selectors
-    from gradient.scheduling.decisions.scoring import Candidate, rank
+    from gradient.scheduling.decisions.scoring import rank
     from gradient.scheduling.services.assignment import _worker_view
 
     rng = random.Random(seed)
@@ -244,18 +263,10 @@ def test_the_preselection_picks_the_same_build_as_scoring_every_pending_build(se
         )
     state = selectors.worker_state(worker.id)
     assert state is not None
-    scores = {s.job_id: s for s in CandidateScore.objects.filter(worker=worker)}
-    everything = [
-        Candidate(
-            job_id=b.job_key,
-            kind="build",
-            waited_secs=(now - b.queued_at).total_seconds(),
-            prioritized=b.prioritized,
-            missing_nar_size=scores[b.job_key].missing_nar_size if b.job_key in scores else None,
-            missing_count=scores[b.job_key].missing_count if b.job_key in scores else None,
-        )
-        for b in selectors.queued_builds(state, now)
-    ]
+    scores = {
+        s.job_id: (s.missing_nar_size, s.missing_count) for s in CandidateScore.objects.filter(worker=worker)
+    }
+    everything = _every_candidate(state, now, scores)
     expected = rank(everything, _worker_view(state), selectors.pool_view(now))[0]
     from gradient.scheduling.services.assignment import request_job
 
@@ -274,7 +285,7 @@ def test_a_worker_that_scored_hundreds_gets_the_best_by_its_scores_from_the_best
     from django.db import connection
 
     from gradient.scheduling import selectors
-    from gradient.scheduling.decisions.scoring import Candidate, download_mbps, mean_wait_secs, rank
+    from gradient.scheduling.decisions.scoring import download_mbps, mean_wait_secs, rank
     from gradient.scheduling.services.assignment import _worker_view, request_job
 
     rng = random.Random(seed)
@@ -299,19 +310,11 @@ def test_a_worker_that_scored_hundreds_gets_the_best_by_its_scores_from_the_best
         )
     state = selectors.worker_state(worker.id)
     assert state is not None
-    scores = {s.job_id: s for s in CandidateScore.objects.filter(worker=worker)}
+    scores = {
+        s.job_id: (s.missing_nar_size, s.missing_count) for s in CandidateScore.objects.filter(worker=worker)
+    }
     view, pool = _worker_view(state), selectors.pool_view(now)
-    everything = [
-        Candidate(
-            job_id=b.job_key,
-            kind="build",
-            waited_secs=(now - b.queued_at).total_seconds(),
-            prioritized=b.prioritized,
-            missing_nar_size=scores[b.job_key].missing_nar_size if b.job_key in scores else None,
-            missing_count=scores[b.job_key].missing_count if b.job_key in scores else None,
-        )
-        for b in selectors.queued_builds(state, now)
-    ]
+    everything = _every_candidate(state, now, scores)
     if connection.vendor == "postgresql":
         by_score = selectors.ScoredPreselect(mean_wait_secs(pool), download_mbps(view), 0)
         best = selectors._best_scored_heads(state, now, by_score, selectors.PRESELECT)
@@ -321,6 +324,43 @@ def test_a_worker_that_scored_hundreds_gets_the_best_by_its_scores_from_the_best
     expected = rank(everything, view, pool)[0]
     handed = request_job(worker_id=worker.id, protocol_kind="build", now=now)
     assert handed is not None and handed.job_key == expected.job_id
+
+
+def test_the_best_scored_builds_no_evaluation_wants_are_passed_over_for_those_behind_them() -> None:
+    """The worker's 300 best-scored builds belong to an evaluation that ended (still Queued, wanted by
+    none): the preselection, which checks only its best 256 against the evaluations at first, reads
+    them all and finds the wanted ones behind, in scoring's order."""
+    from django.db import connection
+
+    from gradient.scheduling import selectors
+    from gradient.scheduling.decisions.scoring import download_mbps, mean_wait_secs, rank
+    from gradient.scheduling.services.assignment import _worker_view
+
+    if connection.vendor != "postgresql":
+        pytest.skip("the preselection in SQL is PostgreSQL's")
+    project = ProjectFactory()
+    ended = _building_evaluation(project, [drv(f"old{i}") for i in range(300)])
+    _building_evaluation(project, [drv(f"new{i}") for i in range(80)])
+    Evaluation.objects.filter(id=ended.id).update(status=EvaluationStatus.FAILED)
+    worker = connected_worker([project])
+    now = timezone.now()
+    for i, b in enumerate(DerivationBuild.objects.order_by("drv_path")):
+        # Every old build needs nothing (the best scores), the new ones more and more.
+        needed = 0 if b.drv_path.split("-", 1)[-1].startswith("old") else (i + 1) * 10**8
+        CandidateScore.objects.create(
+            worker=worker, job_id=b.job_key, missing_count=1, missing_nar_size=needed, updated_at=now
+        )
+    state = selectors.worker_state(worker.id)
+    assert state is not None
+    scores = {
+        s.job_id: (s.missing_nar_size, s.missing_count) for s in CandidateScore.objects.filter(worker=worker)
+    }
+    view, pool = _worker_view(state), selectors.pool_view(now)
+    by_score = selectors.ScoredPreselect(mean_wait_secs(pool), download_mbps(view), 0)
+    best = selectors._best_scored_heads(state, now, by_score, selectors.PRESELECT)
+    wanted = [s.job_id for s in rank(_every_candidate(state, now, scores), view, pool)]
+    assert len(wanted) == 80
+    assert [f"build:{row[0]}" for row in best] == wanted[: selectors.PRESELECT]
 
 
 def test_rescore_wait_holds_an_offered_unscored_build_back_for_up_to_four_passes(settings) -> None:  # type: ignore[no-untyped-def]

@@ -536,7 +536,18 @@ def _queued_heads(
     scored_ids: list[uuid.UUID],
     preselect: int,
 ) -> list[tuple[Any, ...]]:
-    params: dict[str, Any] = {
+    params = _heads_params(state, now, preselect)
+    params["cap"] = now - timedelta(seconds=wait_cap_secs) if wait_cap_secs is not None else None
+    params["scored"] = scored_ids
+    # Planned with its values each time (its generic plan read every Queued build), in whatever batch.
+    with fixed_cursor(literal=True) as cursor:
+        cursor.execute(_HEADS_UNCAPPED if wait_cap_secs is None else _HEADS_CAPPED, params)
+        return _head_rows(cursor.fetchall())
+
+
+def _heads_params(state: WorkerState, now: datetime, preselect: int) -> dict[str, Any]:
+    """The values _HEADS_WHERE and the heads' limits take, for this worker."""
+    return {
         "queued": BuildStatus.QUEUED.value,
         "systems": [*(state.worker.architectures or []), BUILTIN_SYSTEM],
         "now": now,
@@ -545,16 +556,13 @@ def _queued_heads(
         "projects": list(state.project_ids),
         "many": preselect * 4,
         "few": preselect,
-        "cap": now - timedelta(seconds=wait_cap_secs) if wait_cap_secs is not None else None,
-        "scored": scored_ids,
     }
-    # Planned with its values each time (its generic plan read every Queued build), in whatever batch.
-    with fixed_cursor(literal=True) as cursor:
-        cursor.execute(_HEADS_UNCAPPED if wait_cap_secs is None else _HEADS_CAPPED, params)
-        # Django reads jsonb as text and decodes it itself: so does this.
-        return [
-            (*row[:5], json.loads(row[5]) if isinstance(row[5], str) else row[5]) for row in cursor.fetchall()
-        ]
+
+
+def _head_rows(rows: Iterable[Sequence[Any]]) -> list[tuple[Any, ...]]:
+    """The heads' rows with their required features decoded (Django reads jsonb as text and decodes it
+    itself: so does this)."""
+    return [(*row[:5], json.loads(row[5]) if isinstance(row[5], str) else row[5]) for row in rows]
 
 
 # A scoring worker's builds by the score its answers give them (decisions/scoring.py: WaitTime + Qos +
@@ -579,42 +587,44 @@ _SCORED_FROM = (
     "(CASE WHEN left(cs.job_id, 6) = 'build:' THEN substr(cs.job_id, 7)::uuid END) "
     "WHERE cs.worker_id = %(worker)s AND " + _HEADS_READY
 )
-_SCORED_COLUMNS = (
-    "SELECT b.id, b.queued_at, b.created_at, b.prioritized, b.system, b.required_features FROM ("
-)
+# With how many the ordering took (`many` of them: more were left, so fewer than `few` passing says
+# nothing of those), as its last column.
 _SCORED_HEADS = (
-    _SCORED_COLUMNS + _SCORED_FROM + _SCORED_BY_TOTAL + " LIMIT %(many)s) b "
-    "WHERE " + _HEADS_WANTED + _SCORED_OUTER_BY_TOTAL + " LIMIT %(few)s"
+    "WITH best AS (" + _SCORED_FROM + _SCORED_BY_TOTAL + " LIMIT %(many)s) "  # noqa: S608 (fixed text)
+    "SELECT b.id, b.queued_at, b.created_at, b.prioritized, b.system, b.required_features, "
+    "(SELECT count(*) FROM best) FROM best b WHERE "
+    + _HEADS_WANTED
+    + _SCORED_OUTER_BY_TOTAL
+    + " LIMIT %(few)s"
 )
 _SCORED_HEADS_ALL = (
-    _SCORED_COLUMNS + _SCORED_FROM + ") b WHERE " + _HEADS_WANTED + _SCORED_OUTER_BY_TOTAL + " LIMIT %(few)s"
+    "SELECT b.id, b.queued_at, b.created_at, b.prioritized, b.system, b.required_features FROM ("  # noqa: S608
+    + _SCORED_FROM
+    + ") b WHERE "
+    + _HEADS_WANTED
+    + _SCORED_OUTER_BY_TOTAL
+    + " LIMIT %(few)s"
 )
 
 
 def _best_scored_heads(
     state: WorkerState, now: datetime, by_score: ScoredPreselect, preselect: int
 ) -> list[tuple[Any, ...]]:
-    params: dict[str, Any] = {
-        "worker": state.id,
-        "queued": BuildStatus.QUEUED.value,
-        "systems": [*(state.worker.architectures or []), BUILTIN_SYSTEM],
-        "now": now,
-        "cluster_ended": [s.value for s in CLUSTER_TERMINAL],
-        "active": [s.value for s in EVALUATION_ACTIVE],
-        "projects": list(state.project_ids),
-        "few": preselect,
-        "many": 4 * preselect,
-        "mean_wait": by_score.mean_wait_secs,
-        "mbps": by_score.download_mbps,
-        "large_running": by_score.large_transfers,
-    }
+    params = _heads_params(state, now, preselect)
+    params.update(
+        worker=state.id,
+        mean_wait=by_score.mean_wait_secs,
+        mbps=by_score.download_mbps,
+        large_running=by_score.large_transfers,
+    )
     with fixed_cursor(literal=True) as cursor:
         cursor.execute(_SCORED_HEADS, params)
         rows = cursor.fetchall()
-        if len(rows) < preselect:  # most of the best not wanted (or fewer scored): all of them, then
+        if len(rows) < preselect and (not rows or rows[0][-1] >= params["many"]):
+            # Most of the best `many` not wanted, and more scored behind them: all of them, then.
             cursor.execute(_SCORED_HEADS_ALL, params)
             rows = cursor.fetchall()
-    return [(*row[:5], json.loads(row[5]) if isinstance(row[5], str) else row[5]) for row in rows]
+    return _head_rows(rows)
 
 
 def _build_id(text: str) -> uuid.UUID | None:
