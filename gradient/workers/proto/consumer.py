@@ -81,6 +81,7 @@ from gradient.core.protocol import (
 )
 from gradient.runtime import lanes
 from gradient.runtime.boot import current_boot
+from gradient.runtime.frames import FRAMES_SCOPE_KEY, FramePath
 from gradient.runtime.outbox import CLOSE_SERVER_DRAINING, remember_serve_loop, worker_group
 from gradient.scheduling.services.reports import Failed, Incoming
 from gradient.workers import presence, services
@@ -353,7 +354,9 @@ def _forget_channel(layer: Any, channel_name: str | None) -> None:
         buffer.pop(channel_name, None)
 
 
-async def _dispatch_many(sources: list[Callable[[], Any]], dispatch: Callable[[Any], Any]) -> None:
+async def _dispatch_many(
+    sources: list[Callable[[], Any]], dispatch: Callable[[Any], Any], lock: asyncio.Lock | None = None
+) -> None:
     """What Channels' `await_many_dispatch` does: every message of every source dispatched, one at a
     time, each source asked again once its message was dispatched; the first failure (StopConsumer
     included) ends it once the dispatch under way, if any, has finished (a handshake cut in half would
@@ -362,8 +365,11 @@ async def _dispatch_many(sources: list[Callable[[], Any]], dispatch: Callable[[A
     a fifth of the event loop's time under load); here each source has one task for its lifetime that
     receives and dispatches in a loop, the dispatches kept one at a time by a lock (0.7 against 12 us a
     message where a message is ready). Cancelled from outside, it cancels everything at once, the
-    dispatch under way included, as Channels' loop is."""
-    lock = asyncio.Lock()
+    dispatch under way included, as Channels' loop is. `lock` is held while a message is dispatched
+    (and from its end on, for good): the socket's direct frame path (WorkerConsumer.receive_now) takes
+    a frame only while it is free."""
+    if lock is None:
+        lock = asyncio.Lock()
     stopped = False
 
     async def pump(source: Callable[[], Any]) -> None:
@@ -383,8 +389,7 @@ async def _dispatch_many(sources: list[Callable[[], Any]], dispatch: Callable[[A
     try:
         await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
         stopped = True
-        async with lock:  # the dispatch under way ends first
-            pass
+        await lock.acquire()  # the dispatch under way ends first; none after it (the lock stays held)
     finally:
         stopped = True
         for task in tasks:
@@ -401,12 +406,20 @@ async def _dispatch_many(sources: list[Callable[[], Any]], dispatch: Callable[[A
             task.result()  # the first to fail, in source order
 
 
+def _closed_already(exc: RuntimeError) -> bool:
+    """uvicorn's refusal of a send after the socket's close (its own, for a frame that was no UTF-8, or
+    a parser error): no failure of ours, the disconnect that follows ends the session."""
+    return "after sending 'websocket.close'" in str(exc)
+
+
 class WorkerConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]  # channels is untyped
     session: SessionRef | None
     closing: bool
     handshaking: bool
     close_reason: str
     group: str | None
+    _frames: FramePath | None = None  # the socket's direct frame path (connect)
+    _sends_waiting = 0  # frames in ASGI's send, not out yet
 
     async def dispatch(self, message: dict[str, Any]) -> None:
         """Channels' dispatch without its per-frame `aclose_old_connections()`, a hop to a thread and back
@@ -461,10 +474,13 @@ class WorkerConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]  # channels 
             self.channel_receive = functools.partial(self.channel_layer.receive, self.channel_name)
             sources.append(self.channel_receive)
         self.base_send = send
+        self._dispatching = asyncio.Lock()
         try:
-            await _dispatch_many(sources, self.dispatch)
+            await _dispatch_many(sources, self.dispatch, self._dispatching)
         except StopConsumer:
             pass
+        finally:
+            self._unhook()
 
     async def _failed(self, send: Any) -> None:
         session = getattr(self, "session", None)
@@ -523,6 +539,18 @@ class WorkerConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]  # channels 
             HANDSHAKE_TIMEOUT_SECS, self._on_handshake_timeout
         )
         self._tasks: set[asyncio.Task[None]] = set()
+        # The socket's direct frame path, where its protocol offers one (serve's; not a test's
+        # communicator): frames handed to receive_now, frames sent without ASGI's send (_send_text).
+        frames: FramePath | None = self.scope.get(FRAMES_SCOPE_KEY)
+        self._frames = frames
+        if frames is not None:
+            frames.receiver = self.receive_now
+
+    def _unhook(self) -> None:
+        frames = getattr(self, "_frames", None)
+        if frames is not None:
+            frames.receiver = None
+            self._frames = None
 
     # --- frames from the worker ---------------------------------------------------------------------
 
@@ -551,6 +579,36 @@ class WorkerConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]  # channels 
         # read (uvicorn reads no more frames, pongs included, until receive returns) and the keepalive
         # ping is answered however long a call waits on its lane. A session that sends faster than it is
         # served waits here once INBOX_MAX_BYTES are queued: back-pressure, never a close.
+        self._take(self.session, handler, message, len(text_data))
+        if self._inbox_bytes > INBOX_MAX_BYTES:
+            self._inbox_room.clear()
+            await self._inbox_room.wait()
+
+    def receive_now(self, text: str) -> bool:
+        """A text frame straight from the socket's protocol (http_protocol.FramePath), which hands it
+        over only while nothing of this socket waits in the ASGI queue: taken here at once as receive()
+        would take it, or False, and it goes through the queue and receive() instead. False while a
+        message (the socket's or the channel layer's) is being dispatched, before the handshake, once
+        closing, for a frame receive() answers with an error, and where it would fill the inbox past
+        INBOX_MAX_BYTES (receive() then waits for room: back-pressure). Nothing is done before the
+        answer is known, so a frame refused here is handled once, there."""
+        session = self.session
+        if session is None or self.closing or self._dispatching.locked():
+            return False
+        if self._inbox_bytes + len(text) > INBOX_MAX_BYTES:
+            return False
+        try:
+            message = decode_worker_message(text)
+        except ProtocolError:
+            return False
+        handler = JOB_LOOP.get(type(message))
+        if handler is None:
+            return False
+        self._take(session, handler, message, len(text))
+        return True
+
+    def _take(self, session: SessionRef, handler: Handler, message: Message, size: int) -> None:
+        """A message of the open session, allowed now: to the report batcher or the inbox's task."""
         if isinstance(message, RequestJob) and self._requests_waiting(message.kind) >= self._slots(
             message.kind
         ):
@@ -561,21 +619,17 @@ class WorkerConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]  # channels 
             # Nothing of the session's waits before it: a report goes to the report batcher from here,
             # as the inbox's task would send it, without waking that task for it (four reports a
             # hand-out, a task step each); the task sees its result with the others'.
-            session = self.session
             self._queue_report(session, message)
             if self._runner is None or self._runner.done():
                 self._runner = self._loop.create_task(self._run_inbox(session))
             return
-        self._inbox.append((handler, message, len(text_data)))
-        self._inbox_bytes += len(text_data)
+        self._inbox.append((handler, message, size))
+        self._inbox_bytes += size
         arrival = self._arrival
         if arrival is not None and not arrival.done():
             arrival.set_result(None)
         if self._runner is None or self._runner.done():
-            self._runner = self._loop.create_task(self._run_inbox(self.session))
-        if self._inbox_bytes > INBOX_MAX_BYTES:
-            self._inbox_room.clear()
-            await self._inbox_room.wait()
+            self._runner = self._loop.create_task(self._run_inbox(session))
 
     def _queue_report(self, session: SessionRef, message: Message) -> None:
         """The worker was seen; its report goes to the report batcher, its result to the session's
@@ -985,18 +1039,35 @@ class WorkerConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]  # channels 
     async def _send_text(self, frame: str) -> None:
         """Send a frame; a peer that has left already (uvicorn's ClientDisconnected, an OSError) is no
         failure of ours: its disconnect ends the session."""
+        frames = self._frames
+        if frames is not None and not self._sends_waiting and frames.send_text_now(frame):
+            return
+        self._sends_waiting += 1  # until it is out, none goes past it through the direct path
         try:
             # What AsyncWebsocketConsumer.send(text_data=) does, without its two coroutine layers.
             await self.base_send({"type": "websocket.send", "text": frame})
         except OSError:
             log.info("%s left before a frame to it went out", self._who())
             self.closing = True
+        except RuntimeError as exc:
+            if not _closed_already(exc):
+                raise
+            # The transport closed the socket meanwhile (a later frame of the same read was no UTF-8:
+            # 1007): what answered an earlier one has no socket to go to.
+            log.info("%s: its socket was closed before a frame to it went out", self._who())
+            self.closing = True
+        finally:
+            self._sends_waiting -= 1
 
     async def close(self, code: int | None = None, reason: str | None = None) -> None:
         try:
             await super().close(code=code, reason=reason)
         except OSError:  # the peer left first: nothing to close
             log.debug("%s left before its close went out", self._who())
+        except RuntimeError as exc:
+            if not _closed_already(exc):
+                raise
+            log.debug("%s: its socket was closed already", self._who())
 
     def _who(self) -> str:
         session = getattr(self, "session", None)
