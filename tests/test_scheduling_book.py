@@ -461,3 +461,27 @@ def test_an_entry_read_at_once_is_read_with_what_the_caller_needs_and_whole_in_t
     # Where nothing can read in the background, the whole read is made at once.
     alone = queue_book.QueueBook(max_age=60.0)
     assert alone.heads("x", 16, load, None, first=4) == rows[:16] and reads[-1] == 16
+
+
+def test_a_large_entry_is_read_again_once_three_quarters_are_gone_a_small_one_at_half() -> None:
+    """Each read ranks every head again: a large entry waits until a quarter is left (each head read and
+    ranked 1.33 times on average instead of twice); a small one still keeps half as its runway."""
+    for size, read_again_below in (
+        (1024, 256),
+        (2 * queue_book.RUNWAY, 256),
+        (queue_book.RUNWAY, 128),
+        (8, 4),
+    ):
+        book = queue_book.QueueBook()
+        loads: list[int] = []
+
+        def load(n: int, size: int = size, loads: list[int] = loads) -> list[BuildRef]:
+            loads.append(n)
+            return _rows(size)
+
+        rows = book.heads("x", size, load)
+        book.gone(r.id for r in rows[: size - read_again_below])
+        assert len(book.heads("x", size, load)) == read_again_below and len(loads) == 1, size
+        book.gone([rows[size - read_again_below].id])  # one fewer: read again, what is gone kept gone
+        assert len(book.heads("x", size, load)) == read_again_below - 1
+        assert len(loads) == 2, (size, loads)

@@ -12,11 +12,11 @@ them again; with it a process reads them once and keeps them until they no longe
   evaluation becomes active again) is announced by PostgreSQL: statement-level triggers send
   NOTIFY gradient_queue (migration 0013), a thread of this process LISTENs and marks every entry old;
 - an entry is read again once it is MAX_AGE_SECS old (what the clock alone changes: backoffs that
-  end, builds that pass the WaitTime cap; and a lost notification), or when fewer than half of its rows
-  are left (the rows behind them were never read). Where the caller can read in the background (a
-  serve's claims lane has threads to spare), a half-gone or old entry is read again there while the
-  batches go on taking what is left; a missing or announced-changed one, or one with nothing left, is
-  read at once.
+  end, builds that pass the WaitTime cap; and a lost notification), or when few of its rows are left
+  (a quarter of a large entry, half of a small one: _refill_below; the rows behind them were never
+  read). Where the caller can read in the background (a serve's claims lane has threads to spare), a
+  depleted or old entry is read again there while the batches go on taking what is left; a missing
+  or announced-changed one, or one with nothing left, is read at once.
 
 Memory may make a claim lose, never win: the claim statement (claims.claim_builds_statement) checks
 every condition again on the locked row (Queued, out of backoff, no live cluster member's, wanted by an
@@ -44,6 +44,19 @@ RECONNECT_SECS = 1.0
 RECENT_SECS = 5.0
 RECENT_MAX = 20_000
 PAYLOADS_MAX = 50_000
+
+
+# The rows an entry of RUNWAY rows or fewer keeps at least before it is read again (half of them): the
+# batches take them while it is read in the background.
+RUNWAY = 256
+
+
+def _refill_below(rows: int) -> float:
+    """An entry of `rows` is read again once fewer than this are left: a quarter of a large one (each read
+    of a thousand heads ranks them all again: read at half left, every head handed out had been read
+    and ranked twice on average, 13-15 % of serve's time under load, bench/handout.py, 100 clients),
+    but half of a small one (RUNWAY)."""
+    return max(rows / 4, min(RUNWAY, rows / 2))
 
 
 class Item(Protocol):
@@ -115,9 +128,9 @@ class QueueBook:
         first: int | None = None,
     ) -> list[Row]:
         """The rows of `shape` still in the book, read with `load(preselect)` when the entry is missing,
-        old, announced changed, read with fewer, or half gone. With `background` (a way to run a call on
-        another thread), a half-gone or old entry that still has rows is read again there, once at a
-        time per shape, and its rows are returned meanwhile. `first` (with `background`): what the
+        old, announced changed, read with fewer, or depleted (_refill_below). With `background` (a way to
+        run a call on another thread), a depleted or old entry that still has rows is read again there,
+        once at a time per shape, and its rows are returned meanwhile. `first` (with `background`): what the
         caller needs now, fewer than `preselect`. An entry to be read at once (missing, announced
         changed, or nothing left) is then read with `load(first)`, and with `load(preselect)` in the
         background: the first batch of a fleet waited for a thousand heads and their payloads (85 of
@@ -134,7 +147,7 @@ class QueueBook:
                         return left
                 else:
                     fresh = now - entry.loaded_at < self._max_age
-                    if fresh and 2 * len(left) >= len(entry.rows):
+                    if fresh and len(left) >= _refill_below(len(entry.rows)):
                         return left
                     if left and background is not None:
                         if shape in self._refilling or self._in_background(
