@@ -1,7 +1,8 @@
 """A RequestJob{build} right after the JobCompleted that freed its slot is claimed beside that report's
 batch, not after it: the hand-out waits for one commit (the claim's), and the slot the report frees
-counts as free already, one round ahead at most: the reports of the round before wait for nothing
-more. A worker that asks while its slots are all taken still gets nothing."""
+counts as free already, a bounded number of rounds ahead (consumer.REPORT_ROUNDS_AHEAD): the
+reports of the rounds before wait for nothing more. A worker that asks while its slots are all taken
+still gets nothing."""
 
 from __future__ import annotations
 
@@ -135,30 +136,34 @@ async def test_a_request_sent_once_the_completion_is_being_applied_does_not_wait
     await finish(comm)
 
 
-async def test_claims_run_one_round_ahead_of_the_reports_at_most(
+async def test_claims_run_a_bounded_number_of_rounds_ahead_of_the_reports(
     make_worker: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """While the first build's JobCompleted is held, the second build is handed out beside it; once the
-    second is finished too, the third request waits for the first round's reports: a session's claims
-    do not outrun its reports (300 workers on a deep queue queued 58 000 reports so, each worker's next
-    request waiting seconds behind them)."""
-    worker_id, token = await _setup(make_worker, ("a", "b", "c"))
+    """While the first build's JobCompleted is held, the next builds are handed out beside it, one round
+    after another, up to REPORT_ROUNDS_AHEAD requests; the one after them waits for the first round's
+    reports: a session's claims do not outrun its reports by more (300 workers on a deep queue queued
+    58 000 reports so, each worker's next request waiting seconds behind them)."""
+    ahead = consumer_module.REPORT_ROUNDS_AHEAD
+    names = tuple(f"b{i}" for i in range(ahead + 2))
+    worker_id, token = await _setup(make_worker, names)
     release, _ = _hold_completions(monkeypatch)
     comm, first = await _first_finished(worker_id, token)
+    handed = [first]
     try:
-        second = await assigned(comm, "build")  # beside the held completion, as above
-        for frame in _finished(second):
-            await comm.send_json_to(frame)
+        for _ in range(ahead):
+            handed.append(await assigned(comm, "build"))  # beside the held completion, as above
+            for frame in _finished(handed[-1]):
+                await comm.send_json_to(frame)
         await comm.send_json_to({"type": "RequestJob", "kind": "build"})
-        assert await _offers_only(comm, 0.5), "the third waits for the first round's reports"
+        assert await _offers_only(comm, 0.5), "the next waits for the first round's reports"
         rows = await database_sync_to_async(lambda: DispatchedJob.objects.count())()
-        assert rows == 2, "nothing more was claimed"
+        assert rows == ahead + 1, "nothing more was claimed"
     finally:
         release.set()
-    third = await _next_assignment(comm)
-    assert third["job_id"] not in (first["job_id"], second["job_id"])
-    await _completed(comm, first)
-    await _completed(comm, second)
+    last = await _next_assignment(comm)
+    assert last["job_id"] not in {h["job_id"] for h in handed}
+    for assign in handed:
+        await _completed(comm, assign)
     await finish(comm)
 
 

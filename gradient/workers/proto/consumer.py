@@ -135,6 +135,13 @@ OFFER_WINDOW_SECS = 0.005
 # front of its first RequestJobs, answered 175-230 ms after they were sent where the later ones took
 # 40-60 ms (bench/handout.py, 100 clients). An offer is advice the worker scores; an AssignJob is work.
 OFFER_YIELD_SECS = 0.25
+# A session's RequestJob{build} goes to the claim batcher once the reports it queued before its
+# RequestJob this many requests back have been applied (_run_inbox): its claims never outrun its reports
+# by more. Two: with one, a request waited for reports sent a round before it, and a report batch (a
+# fleet's reports of 20-30 ms, applied one batch at a time) often had not applied them yet: 5 ms of its
+# 37 ms on average, 16 at p90 (bench/handout.py, 100 clients). The claim counts the worker's builds whose
+# end is among the reports still on their way (`finishing`), however many rounds they span.
+REPORT_ROUNDS_AHEAD = 2
 # A RequestJob whose claims all lost (another process took those builds in the same moment) goes into
 # up to this many next batches before it is left to the worker's own repeat.
 ASK_AGAIN_BATCHES = 3
@@ -654,13 +661,15 @@ class WorkerConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]  # channels 
         # their way (those slots are free: the worker asks only for a free one), so a hand-out waits
         # for one commit, the claim's, not for the report batch's first.
         #
-        # One round ahead at most: the reports queued before the previous RequestJob are applied before the
-        # next one goes. Without it a session's claims outran its reports without bound whenever the
-        # report batches were the slower (300 workers on 60 000 builds: 58 000 reports queued after 20 s,
-        # their workers' next requests waiting up to 10 s behind them, bench/handout.py); with it the
-        # claims wait for the reports, and the socket for both (back-pressure).
+        # REPORT_ROUNDS_AHEAD rounds ahead at most: the reports queued before the RequestJob that many
+        # requests back are applied before the next one goes. Without it a session's claims outran its
+        # reports without bound whenever the report batches were the slower (300 workers on 60 000
+        # builds: 58 000 reports queued after 20 s, their workers' next requests waiting up to 10 s
+        # behind them, bench/handout.py); with it the claims wait for the reports, and the socket for
+        # both (back-pressure).
         pending = self._pending  # receive adds to it too, while nothing waits in the inbox
-        behind: set[asyncio.Future[Any]] = set()  # the reports of the round before the last RequestJob
+        # The reports queued before each of the last RequestJobs (the oldest first), not yet settled.
+        rounds: deque[set[asyncio.Future[Any]]] = deque()
         while self._inbox or pending:
             if not self._inbox:
                 # Nothing more queued yet: wait for the reports' batch or the next message, whichever
@@ -682,15 +691,18 @@ class WorkerConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]  # channels 
                 if self._pipelined(message):
                     self._queue_report(session, message)
                 elif isinstance(message, RequestJob) and message.kind == "build":
-                    if behind:
+                    if len(rounds) >= REPORT_ROUNDS_AHEAD:
+                        behind = rounds.popleft()
                         older = [p for p in pending if p[0] in behind]
                         pending[:] = [p for p in pending if p[0] not in behind]
-                        behind = set()
                         if older and not await self._settle(session, older):
                             return
                     if pending and not await self._settle_done(session, pending):
                         return
-                    behind = {future for future, _ in pending}
+                    queued = {future for future, _ in pending}
+                    for earlier in rounds:
+                        queued -= earlier
+                    rounds.append(queued)
                     if pending:
                         if await self._dispatch(handler, session, message, finishing=_finishing(pending)):
                             continue
