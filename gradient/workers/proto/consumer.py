@@ -118,6 +118,7 @@ JOB_LOOP: dict[type[Message], Handler] = {
 # other session's (dispatcher.py). An eval_result goes alone (a batch of one): its part may take long to
 # store and must not hold up others.
 BATCHED: tuple[type[Message], ...] = get_args(Incoming)
+_BATCHED_TYPES = frozenset(BATCHED)  # a decoded message's type is exactly its class (as JOB_LOOP's)
 # A session's messages queued for its task beyond this many bytes make its socket wait (back-pressure);
 # after the socket closed, what it queued is applied within INBOX_DRAIN_SECS.
 INBOX_MAX_BYTES = 4 * 1024 * 1024
@@ -284,6 +285,12 @@ def _seen_now() -> datetime:
     return datetime.now(UTC)
 
 
+# A session's worker is noted seen (presence.note_seen) at most once in this many seconds: every frame
+# noted it, five per hand-out, each with a lock and a clock read; seen is flushed every few seconds and
+# judged against a liveness timeout of minutes.
+SEEN_EVERY_SECS = 0.1
+
+
 def _finishing(pending: list[tuple[asyncio.Future[Any], Message]]) -> int:
     """How many builds the queued reports not applied yet end: a build job's JobCompleted or JobFailed,
     or its AssignJob declined."""
@@ -427,6 +434,7 @@ class WorkerConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]  # channels 
     group: str | None
     _frames: FramePath | None = None  # the socket's direct frame path (connect)
     _sends_waiting = 0  # frames in ASGI's send, not out yet
+    _seen_at = float("-inf")  # when the worker was last noted seen (the loop's clock)
 
     async def dispatch(self, message: dict[str, Any]) -> None:
         """Channels' dispatch without its per-frame `aclose_old_connections()`, a hop to a thread and back
@@ -641,8 +649,16 @@ class WorkerConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]  # channels 
     def _queue_report(self, session: SessionRef, message: Message) -> None:
         """The worker was seen; its report goes to the report batcher, its result to the session's
         pending reports (the inbox's task settles them in order)."""
-        presence.note_seen(session_id=session.session_id, worker_id=session.worker_id, now=_seen_now())
+        self._note_seen(session)
         self._pending.append((_reports_batcher(self._loop).enqueue(session, message), message))
+
+    def _note_seen(self, session: SessionRef) -> None:
+        """The worker was seen now (at most once per SEEN_EVERY_SECS: the seen kept may be that much
+        older than the worker's last frame)."""
+        at = self._loop.time()
+        if at - self._seen_at >= SEEN_EVERY_SECS:
+            self._seen_at = at
+            presence.note_seen(session_id=session.session_id, worker_id=session.worker_id, now=_seen_now())
 
     def _requests_waiting(self, kind: str) -> int:
         """RequestJobs of this kind queued and not yet started (the first entry is being handled)."""
@@ -741,15 +757,21 @@ class WorkerConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]  # channels 
 
     @staticmethod
     def _pipelined(message: Message) -> bool:
-        return isinstance(message, BATCHED) and not _is_eval_result(message)
+        kind = type(message)
+        return kind in _BATCHED_TYPES and not (kind is JobUpdate and _is_eval_result(message))
 
     async def _settle_done(
         self, session: SessionRef, pending: list[tuple[asyncio.Future[Any], Message]]
     ) -> bool:
         """_settle for the queued reports already applied; the others stay pending."""
-        done = [p for p in pending if p[0].done()]
-        pending[:] = [p for p in pending if not p[0].done()]
-        return await self._settle(session, done) if done else not self.closing
+        done: list[tuple[asyncio.Future[Any], Message]] = []
+        left: list[tuple[asyncio.Future[Any], Message]] = []
+        for p in pending:
+            (done if p[0].done() else left).append(p)
+        if not done:
+            return not self.closing
+        pending[:] = left
+        return await self._settle(session, done)
 
     async def _settle(self, session: SessionRef, pending: list[tuple[asyncio.Future[Any], Message]]) -> bool:
         """Wait for the queued reports' results; a report that failed on our side ends the session as any
@@ -856,7 +878,7 @@ class WorkerConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]  # channels 
         self, handler: Handler, session: SessionRef, message: Message, finishing: int = 0
     ) -> bool:
         """Handle one message and send its replies; False only for a RequestJob{build} left unanswered."""
-        presence.note_seen(session_id=session.session_id, worker_id=session.worker_id, now=_seen_now())
+        self._note_seen(session)
         if isinstance(message, WorkerMetrics):  # the heartbeat: in memory, no database, no thread
             jobloop.worker_metrics(session=session, message=message)
             await self._renew_group(session)
