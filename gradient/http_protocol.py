@@ -29,7 +29,13 @@ from typing import Any
 from django.conf import settings
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
-from websockets.frames import apply_mask  # type: ignore[attr-defined]  # the C speedup where built
+from websockets.exceptions import PayloadTooBig, ProtocolError
+from websockets.frames import (  # type: ignore[attr-defined]  # apply_mask: its C speedup where built
+    CloseCode,
+    Frame,
+    Opcode,
+    apply_mask,
+)
 from websockets.protocol import State
 
 from gradient.core.lines import LineEvery
@@ -167,6 +173,7 @@ class _LoopKeptQueue(asyncio.Queue):  # type: ignore[type-arg]
 
 
 _TEXT_FIN = 0x81  # FIN, no RSV bit, opcode TEXT: a whole text message in one frame
+_TEXT_FIN_RSV1 = 0xC1  # the same, compressed (permessage-deflate's RSV1)
 _MASKED = 0x80
 
 
@@ -180,12 +187,13 @@ class StrictTextWebSocketProtocol(WebSocketsSansIOProtocol):
     worker sends five frames, and each went through websockets' generator-based parser, the ASGI
     queue, a step of the consumer's task, its dispatch lock and uvicorn's reading paused and resumed
     (two epoll changes); together about a fifth of serve's time under load. Once the handshake is done
-    this protocol reads the frames itself: a whole text frame (FIN, no RSV bit, masked, within the size
-    limit, no fragmented message open) is unmasked here (websockets' C speedup) and handed to the
+    this protocol reads the frames itself: a whole text frame (FIN, masked, within the size limit, no
+    fragmented message open; compressed by the negotiated permessage-deflate or not) is unmasked here
+    (websockets' C speedup), inflated by websockets' own extension where it was compressed, and handed to the
     consumer's `receiver` while nothing of the socket waits in the ASGI queue; a receiver that cannot
     take it at once (the session not open yet, a message being dispatched, its inbox full: back-
     pressure) returns False and it goes through the queue as before. Every other frame (ping, pong,
-    close, binary, a fragment, a compressed one, one too large, a malformed one) goes whole to
+    close, binary, a fragment, one too large, a malformed one) goes whole to
     websockets' parser, which is then at a frame boundary as it would be had it read every frame
     itself, so its answers (pong, close echo, 1002, 1009) are its own; a frame too large for the limit
     goes to it as soon as its header is here, so it is refused before its payload arrives, as before.
@@ -223,7 +231,7 @@ class StrictTextWebSocketProtocol(WebSocketsSansIOProtocol):
 
     def send_text_now(self, text: str) -> bool:
         """Send a text frame now, unless the socket is not simply open for writing (closing, closed,
-        its buffer full, an extension to apply): then False, and the caller goes through ASGI's send."""
+        its buffer full): then False, and the caller goes through ASGI's send."""
         if (
             self.close_sent
             or self.disconnected
@@ -231,10 +239,13 @@ class StrictTextWebSocketProtocol(WebSocketsSansIOProtocol):
             or self.initial_response is not None
             or not self.writable.is_set()
             or self.conn.state is not State.OPEN
-            or self.conn.extensions
             or self.transport.is_closing()
         ):
             return False
+        if self.conn.extensions:  # compressed as websockets compresses it, in order
+            self.conn.send_text(text.encode())
+            self.transport.write(b"".join(self.conn.data_to_send()))
+            return True
         payload = text.encode()
         size = len(payload)
         if size < 126:
@@ -284,12 +295,15 @@ class StrictTextWebSocketProtocol(WebSocketsSansIOProtocol):
             if stop > end:
                 break
             if (
-                head1 == _TEXT_FIN
+                (head1 == _TEXT_FIN or (head1 == _TEXT_FIN_RSV1 and self.conn.extensions))
                 and self.conn.current_size is None
                 and not self.close_sent
                 and self.conn.state is State.OPEN
             ):
-                self._text_frame(apply_mask(data[start + 4 : stop], data[start : start + 4]))
+                payload = apply_mask(data[start + 4 : stop], data[start : start + 4])
+                message = self._inflated(payload, limit) if head1 == _TEXT_FIN_RSV1 else payload
+                if message is None or not self._text_frame(message):
+                    return  # the connection failed: closing
             else:
                 super().data_received(data[at:stop])  # one whole frame: the parser ends at a boundary
                 if self.conn.state is not State.OPEN or self.close_sent or self.conn.parser_exc is not None:
@@ -301,17 +315,46 @@ class StrictTextWebSocketProtocol(WebSocketsSansIOProtocol):
         if at < end:
             self._unread = data[at:]
 
-    def _text_frame(self, payload: bytes) -> None:
+    def _text_frame(self, payload: bytes) -> bool:
+        """A whole text message: to the receiver or the ASGI queue. False when it is no UTF-8 (1007)."""
         try:
             text = payload.decode()
         except UnicodeDecodeError as exc:
             self._own_frames = False
             self._not_utf8(exc)
-            return
+            return False
         receiver = self.receiver
-        if receiver is not None and not self.queue.qsize() and receiver(text):
-            return
-        self._to_app(text)
+        if receiver is None or self.queue.qsize() or not receiver(text):
+            self._to_app(text)
+        return True
+
+    def _inflated(self, payload: bytes, limit: int | None) -> bytes | None:
+        """A compressed frame's payload through the negotiated extensions (permessage-deflate, as the
+        reference worker's client asks for), as websockets' parser runs them: its decompressor sees
+        every compressed frame in order, here or there. None when they refuse it: the connection is
+        failed as websockets would fail it (1002, 1009, 1011)."""
+        frame = Frame(Opcode.TEXT, payload, fin=True, rsv1=True)
+        try:
+            for extension in reversed(self.conn.extensions):
+                frame = extension.decode(frame, max_size=limit)
+            frame.check()
+        except ProtocolError as exc:
+            self._fail(CloseCode.PROTOCOL_ERROR, str(exc))
+            return None
+        except PayloadTooBig as exc:
+            self._fail(CloseCode.MESSAGE_TOO_BIG, str(exc))
+            return None
+        except Exception:
+            log.exception("decompressing a /proto frame failed")
+            self._fail(CloseCode.INTERNAL_ERROR, "")
+            return None
+        return bytes(frame.data)
+
+    def _fail(self, code: int, reason: str) -> None:
+        """What websockets' parser does with a frame it refuses: close with `code`, and the socket."""
+        self._own_frames = False
+        self.conn.fail(code, reason)
+        self.handle_parser_exception()
 
     def send_receive_event_to_app(self) -> None:
         if self.curr_msg_data_type != "text" or self.close_sent:

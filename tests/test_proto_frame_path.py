@@ -199,3 +199,45 @@ def test_a_violation_then_a_frame_that_is_no_utf8_in_one_read_is_1007_without_a_
         assert http_get(f"{server.base_url}/healthz")[0] == 200
         log = server.log()
     assert "Traceback" not in log and " ERROR " not in log, log[-3000:]
+
+
+def test_a_compressed_session_takes_the_same_path_and_a_zip_bomb_is_1009(
+    tmp_path: Path, make_worker: Any
+) -> None:
+    """The reference worker's client asks for permessage-deflate: its frames are inflated by websockets'
+    own extension, in order, and the server's are compressed by it; a frame that inflates past the
+    transport's limit closes the socket with 1009, as websockets' parser would."""
+    from websockets.sync.client import connect
+
+    from gradient.management.commands.serve import WS_MAX_SIZE
+
+    worker, token = make_worker()
+    env = database_env(redis=False)
+    with serve(env, tmp_path, ["--no-passes"]) as server:
+        with connect(server.ws_url, compression="deflate", open_timeout=10, close_timeout=5) as ws:
+            assert ws.protocol.extensions, "permessage-deflate was negotiated"
+            ws.send(json.dumps(init_connection(str(worker.id), token)))
+            assert json.loads(ws.recv(timeout=10))["type"] == "InitAck"
+            for slots in (3, 4):
+                ws.send(_capabilities(slots).decode())
+                ws.ping().wait(10)  # a ping between frames: its pong comes
+                _slots_become(worker, slots)
+            ws.send("{not json")
+            while (answer := json.loads(ws.recv(timeout=10)))["type"] != "Error":
+                assert answer["type"] in ("JobOffer", "JobListChunk"), answer
+            assert answer["code"] == 400
+        assert ws.close_code == 4400
+
+        with connect(server.ws_url, compression="deflate", max_size=None, open_timeout=10) as ws:
+            ws.send(json.dumps(init_connection(str(worker.id), token)))
+            assert json.loads(ws.recv(timeout=10))["type"] == "InitAck"
+            ws.send(" " * (WS_MAX_SIZE + 1024))  # a few kilobytes on the wire
+            try:
+                while True:
+                    ws.recv(timeout=10)
+            except Exception:  # noqa: S110 (the close is what the test reads)
+                pass
+        assert ws.close_code == 1009
+        assert http_get(f"{server.base_url}/healthz")[0] == 200
+        log = server.log()
+    assert "Traceback" not in log and " ERROR " not in log, log[-3000:]
