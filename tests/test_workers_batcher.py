@@ -57,6 +57,43 @@ async def test_what_queues_while_a_batch_is_applied_goes_in_the_next_one_in_each
         assert order == sorted(order), "each session's messages in the order it queued them"
 
 
+async def test_with_two_batches_at_once_a_session_in_one_waits_for_it_the_others_go() -> None:
+    """Two slots: while a batch holding session a's messages is applied, the next batch takes b's and c's
+    and holds a's back; a's go, in order, once its batch ends (a session's messages are in one batch at
+    a time)."""
+    release = threading.Event()
+    started = threading.Event()
+    batches: list[list[tuple[str, int]]] = []
+    lock = threading.Lock()
+
+    def apply(batch: Sequence[tuple[Any, Any]]) -> list[Any]:
+        with lock:
+            batches.append([(session.name, message) for session, message in batch])
+            first = len(batches) == 1
+        if first:
+            started.set()
+            assert release.wait(10)
+        return [message for _, message in batch]
+
+    class Session:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+    a, b, c = Session("a"), Session("b"), Session("c")
+    batcher = Batcher(apply, window=0.001, in_flight=2, lane=lanes.HOT)
+    held = batcher.enqueue(a, 0)
+    assert await asyncio.to_thread(started.wait, 10)
+    later = [batcher.enqueue(s, i) for i, s in enumerate((a, b, c, a, b), start=1)]
+    others = [later[1], later[2], later[4]]  # b's and c's
+    assert [await asyncio.wait_for(f, 10) for f in others] == [2, 3, 5], "b and c went beside a's batch"
+    assert not later[0].done() and not later[3].done(), "a's wait for its batch"
+    assert [(s, m) for s, m in batches[1]] == [("b", 2), ("c", 3), ("b", 5)]
+    release.set()
+    assert await asyncio.wait_for(held, 10) == 0
+    assert [await asyncio.wait_for(later[i], 10) for i in (0, 3)] == [1, 4]
+    assert [m for batch in batches[2:] for s, m in batch if s == "a"] == [1, 4]
+
+
 async def test_a_lone_message_is_applied_within_its_window() -> None:
     applied: list[int] = []
 

@@ -115,7 +115,9 @@ class Batcher:
         self._loop = loop if loop is not None else asyncio.get_running_loop()
         self._free = in_flight  # batches that may start now
         self._applying: set[asyncio.Task[None]] = set()
-        self._sessions_applying: dict[int, int] = {}  # session key -> its items in batches being applied
+        # The sessions (keys) with items in a batch being applied: in one batch each (_take holds back the
+        # items of a session that has some in a batch being applied).
+        self._sessions_applying: set[int] = set()
         self._items: list[_Item] = []
         self._first_at = 0.0  # when the oldest of self._items was queued (the loop's clock)
         self._wake = asyncio.Event()
@@ -198,8 +200,7 @@ class Batcher:
                 held.append(item)
             else:
                 taken.append(item)
-        for item in taken:
-            applying[item.key] = applying.get(item.key, 0) + 1
+        applying.update([item.key for item in taken])
         self._items = held  # those held back have waited a window already: _first_at stays
         return taken
 
@@ -210,13 +211,7 @@ class Batcher:
         task = asyncio.current_task(self._loop)
         if task is not None:
             self._applying.discard(task)
-        applying = self._sessions_applying
-        for item in items:
-            left = applying[item.key] - 1
-            if left:
-                applying[item.key] = left
-            else:
-                del applying[item.key]
+        self._sessions_applying.difference_update([item.key for item in items])
         self._free += 1
         if not self._items and not self._applying:
             self._idle.set()
