@@ -26,7 +26,10 @@ busy machine, and blind to PostgreSQL's own work). The last line:
 issue 30, where the queueing was quadratic on a fresh table), on tables analyzed while empty. With
 --socket, the same through a real `serve` and one worker's WebSocket, on a database created for the run
 (BENCH_DATABASE_URL's name + "_fresh", dropped first; its tables never analyzed), timed from the final
-part sent and on the server's clock.
+part sent and on the server's clock. --first-part K sends a first part of K derivations before the
+parts of --part-size, and --analyzed-empty analyzes the fresh database's empty tables before the serve
+starts (a new installation after autovacuum's first look, whose first result is small: the plans a
+connection keeps, such as a trigger's, are made then).
 
 --profile writes a cProfile of the first ingest of the largest N to var/bench/ingest.prof and prints
 its top functions.
@@ -249,11 +252,13 @@ def claim(project: Any, worker: Any, session: Any, commit: str) -> Any:
     return handed, evaluation.id
 
 
-def by_count(derivations: list[Any], size: int) -> list[Any]:
-    """The result in parts of `size` derivations each (the outside check's way), the last one final."""
+def by_count(derivations: list[Any], size: int, first: int = 0) -> list[Any]:
+    """The result in parts of `size` derivations each (the outside check's way), the last one final; with
+    `first`, a first part of that many before them."""
     from gradient.core.protocol import EvalResult
 
-    chunks = [derivations[i : i + size] for i in range(0, len(derivations), size)] or [[]]
+    head, derivations = ([derivations[:first]], derivations[first:]) if first else ([], derivations)
+    chunks = head + [derivations[i : i + size] for i in range(0, len(derivations), size)] or [[]]
     return [
         EvalResult(derivations=c, warnings=[], errors=[], is_final=i == len(chunks) - 1)
         for i, c in enumerate(chunks)
@@ -585,7 +590,7 @@ def fresh_database(url: str) -> str:
     return parsed._replace(path=f"/{name}").geturl()
 
 
-def run_socket(n: int, part_size: int, database_url: str) -> str:
+def run_socket(n: int, part_size: int, database_url: str, first_part: int = 0, analyzed: bool = False) -> str:
     """The outside check itself: a real `serve` on a database created for this run (never analyzed), one
     evaluating worker over a real WebSocket sending n leaves in parts of `part_size` back to back, then
     JobCompleted. Timed from this process, by polling the database: every build Queued, and the
@@ -603,6 +608,11 @@ def run_socket(n: int, part_size: int, database_url: str) -> str:
     from tests.support.processes import serve
 
     reset_tables()
+    if analyzed:  # autovacuum's first look at a new installation: statistics of empty tables
+        from django.db import connection
+
+        with connection.cursor() as cursor:
+            cursor.execute("ANALYZE")
     project = project_create(name="ingest-socket")
     worker, token = worker_register(name="evaluator", projects=[project])
     derivations = independent(n)
@@ -655,8 +665,9 @@ def run_socket(n: int, part_size: int, database_url: str) -> str:
             await ws.send(msgspec.json.encode({"type": "JobUpdate", **job, "update": update}).decode())
             frames = [
                 msgspec.json.encode({"type": "JobUpdate", **job, "update": {"kind": "eval_result", **part}})
-                for part in (msgspec.to_builtins(p) for p in by_count(derivations, part_size))
+                for part in (msgspec.to_builtins(p) for p in by_count(derivations, part_size, first_part))
             ]
+            figures["parts"] = len(frames)
             figures["first"] = time.monotonic()
             for frame in frames:
                 await ws.send(frame.decode())
@@ -693,14 +704,16 @@ def run_socket(n: int, part_size: int, database_url: str) -> str:
     final = figures["final"]
     after = {k: figures[k] - final for k in ("queued", "evaluated") if k in figures}
     print(
-        f"  {len(range(0, n, part_size))} parts sent in {final - figures['first']:.2f} s; "
+        f"  {int(figures['parts'])} parts sent in {final - figures['first']:.2f} s; "
         f"{queued}/{n} queued {after.get('queued', float('nan')):.2f} s after the final part was sent, "
         f"the evaluation {status} after {after.get('evaluated', float('nan')):.2f} s; {server_side}",
         flush=True,
     )
     sent = figures["final"] - figures["first"]
     return (
-        f"independent over a WebSocket, fresh database: {n} derivations in parts of {part_size}, "
+        f"independent over a WebSocket, fresh database: {n} derivations in parts of {part_size}"
+        f"{f' after a first part of {first_part}' if first_part else ''}"
+        f"{' (analyzed empty)' if analyzed else ''}, "
         f"{'all' if queued == n else queued} queued {after.get('queued', float('nan')):.2f} s after the "
         f"final part was sent ({sent:.1f} s to send them), evaluation {status}; {server_side}"
     )
@@ -719,6 +732,18 @@ def main() -> None:
     )
     parser.add_argument("--part-size", type=int, default=500, help="derivations a part (--shape independent)")
     parser.add_argument(
+        "--first-part",
+        type=int,
+        default=0,
+        help="--socket: a first part of this many derivations before the parts of --part-size (a new "
+        "installation's first result is small: the plans a connection keeps are made on it)",
+    )
+    parser.add_argument(
+        "--analyzed-empty",
+        action="store_true",
+        help="--socket: the fresh database's tables analyzed while empty before the serve starts",
+    )
+    parser.add_argument(
         "--socket",
         action="store_true",
         help="--shape independent through a real serve and WebSocket, on a database created for the run",
@@ -728,7 +753,12 @@ def main() -> None:
         from common import DEFAULT_DATABASE_URL
 
         url = setup_django(fresh_database(os.environ.get("BENCH_DATABASE_URL") or DEFAULT_DATABASE_URL))
-        print("\n".join(run_socket(n, args.part_size, url) for n in args.derivations))
+        print(
+            "\n".join(
+                run_socket(n, args.part_size, url, args.first_part, args.analyzed_empty)
+                for n in args.derivations
+            )
+        )
         return
     setup_django()
     import logging

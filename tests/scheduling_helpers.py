@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import uuid
 from typing import Any
 
@@ -32,6 +33,19 @@ def drv(
         "input_drvs": [f"/nix/store/{d:0>32}-{d}.drv" for d in deps],
         "cached_outputs": [{"path": out, "nar_size": 1000}] if cached else [],
     }
+
+
+def nixpkgs_like(n: int, *, seed: int = 7, cached_every: int = 5, prefix: str = "p") -> list[dict[str, Any]]:
+    """n derivations, each with 1-5 inputs among the earlier ones (the first has none), every
+    `cached_every`-th one cached; in a shuffled order, so inputs often come in later parts."""
+    rng = random.Random(seed)
+    names = [f"{prefix}{i}" for i in range(n)]
+    out = []
+    for i, name in enumerate(names):
+        inputs = rng.sample(names[:i], min(i, rng.randint(1, 5))) if i else []
+        out.append(drv(name, *inputs, cached=i % cached_every == cached_every - 1, attr=f"pkgs.{name}"))
+    rng.shuffle(out)
+    return out
 
 
 def diamond() -> list[dict[str, Any]]:

@@ -4,7 +4,6 @@ decided at the final part, stale parts and a JobCompleted before the final part 
 from __future__ import annotations
 
 import functools
-import random
 import uuid
 from typing import Any
 
@@ -27,22 +26,10 @@ from gradient.scheduling.services.assignment import Assignment
 from gradient.scheduling.services.lifecycle import assignment_return_to_pool
 from gradient.scheduling.services.passes import build_resync_pass
 from tests.factories import EvaluationFactory, connected_worker
-from tests.scheduling_helpers import ask, build, build_id_of, drv, evaluating, report, update
+from tests.scheduling_helpers import ask, build, build_id_of, drv, evaluating, nixpkgs_like, report, update
+from tests.support.plans import INGEST_TABLES, PlanWork, new_installation
 
 pytestmark = pytest.mark.django_db
-
-
-def nixpkgs_like(n: int, *, seed: int = 7, cached_every: int = 5) -> list[dict[str, Any]]:
-    """n derivations, each with 1-5 inputs among the earlier ones (the first has none), every
-    `cached_every`-th one cached; in a shuffled order, so inputs often come in later parts."""
-    rng = random.Random(seed)
-    names = [f"p{i}" for i in range(n)]
-    out = []
-    for i, name in enumerate(names):
-        inputs = rng.sample(names[:i], min(i, rng.randint(1, 5))) if i else []
-        out.append(drv(name, *inputs, cached=i % cached_every == cached_every - 1, attr=f"pkgs.{name}"))
-    rng.shuffle(out)
-    return out
 
 
 def _expected(derivations: list[dict[str, Any]]) -> tuple[set[tuple[str, str]], set[str]]:
@@ -483,56 +470,6 @@ def test_a_re_evaluation_remembering_its_parts_reads_first_and_still_adds_what_i
     assert not EvalIngestInput.objects.exists()
 
 
-class _PlanWork:
-    """Every statement's executed plan (auto_explain, as JSON notices to this connection): the most rows
-    one plan node handled, all its loops together (rows returned and removed by its filters). A plan
-    made on statistics that say a table is empty when it holds N rows reads N rows N times."""
-
-    def __init__(self) -> None:
-        self.worst = (0, "")
-
-    def __enter__(self) -> _PlanWork:
-        connection.ensure_connection()
-        with connection.cursor() as cur:
-            cur.execute(
-                "LOAD 'auto_explain'; SET auto_explain.log_min_duration = 0; "
-                "SET auto_explain.log_analyze = on; SET auto_explain.log_format = json; "
-                "SET auto_explain.log_level = notice; SET auto_explain.log_timing = off"
-            )
-        connection.connection.add_notice_handler(self._notice)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        connection.connection.remove_notice_handler(self._notice)
-        with connection.cursor() as cur:
-            cur.execute("SET auto_explain.log_min_duration = -1")
-
-    def _notice(self, diag: Any) -> None:
-        text = diag.message_primary or ""
-        if "plan:" not in text:
-            return
-        import json
-
-        plan = json.loads(text.split("plan:", 1)[1])
-        self._walk(plan["Plan"], plan.get("Query Text", ""))
-
-    def _walk(self, node: dict[str, Any], query: str) -> None:
-        loops = node.get("Actual Loops", 1)
-        handled = loops * (
-            node.get("Actual Rows", 0)
-            + node.get("Rows Removed by Filter", 0)
-            + node.get("Rows Removed by Join Filter", 0)
-            + node.get("Rows Removed by Index Recheck", 0)
-        )
-        if handled > self.worst[0]:
-            scan = " ".join(
-                str(node.get(k, "")) for k in ("Node Type", "Index Name", "Relation Name", "Filter")
-            )
-            self.worst = (int(handled), f"{scan} in {query[:300]}")
-        for child in node.get("Plans", []):
-            self._walk(child, query)
-
-
 @pytest.mark.skipif(connection.vendor != "postgresql", reason="the plans of PostgreSQL")
 @pytest.mark.parametrize("shape", ["independent", "nixpkgs"])
 def test_on_tables_analyzed_empty_no_statement_of_the_ingest_or_the_decision_reads_a_table_per_build(
@@ -541,19 +478,81 @@ def test_on_tables_analyzed_empty_no_statement_of_the_ingest_or_the_decision_rea
     """Issue 30: on a fresh database (statistics taken while the tables were empty) the queueing statement
     was planned as a nested loop that read the evaluation's links once per build: quadratic (97 s for
     20 000 leaves). Every statement of every part and of the decision handles rows in proportion to the
-    result, whatever the statistics say."""
+    result, whatever the statistics say.
+
+    The tables hold rows the statistics do not know of before the result arrives (a history: another
+    evaluation's builds, an installation's cache), so that what is measured is the plans' dependence on the
+    statistics and not on how many pages earlier tests left in a reused database: on a table of a few
+    pages a scan per lookup is PostgreSQL's right choice (it stops choosing it as the table grows)."""
     n = 1500
     derivations = [drv(f"leaf{i}") for i in range(n)] if shape == "independent" else nixpkgs_like(n)
     evaluation, worker, a = _evaluating()
     with connection.cursor() as cur:
+        cur.execute("ANALYZE " + ", ".join((*INGEST_TABLES, "dispatched_job")))
         cur.execute(
-            "ANALYZE derivation_build, derivation_build_dependency, evaluation_build, eval_ingest, "
-            "eval_ingest_input, cached_path, dispatched_job"
+            "INSERT INTO cached_path (path, nar_size, confirmed, created_at) SELECT "
+            "'/nix/store/' || lpad(i::text, 32, 'c') || '-history', 1000, true, now() "
+            "FROM generate_series(1, 20000) i"
         )
-    with _PlanWork() as work:
+        cur.execute(
+            "INSERT INTO cached_path_claim (path, project_id, created_at) SELECT "
+            "'/nix/store/' || lpad(i::text, 32, 'k') || '-history', %s, now() "
+            "FROM generate_series(1, 20000) i",
+            [evaluation.project_id],
+        )
+    # Another evaluation still streaming: the first part of its result, whose inputs among the
+    # derivations it has not sent yet are pending.
+    _, history_worker, history = _evaluating()
+    earlier = [
+        d for d in nixpkgs_like(n + 300, prefix="history") if int(d["attr"][len("pkgs.history") :]) >= 300
+    ]
+    update(
+        history_worker.id,
+        history,
+        kind="eval_result",
+        derivations=earlier,
+        warnings=[],
+        errors=[],
+        is_final=False,
+    )
+    history_paths = {d["drv_path"] for d in earlier}
+    assert DerivationBuild.objects.filter(drv_path__in=history_paths).count() == n
+    assert EvalIngestInput.objects.count() > n / 2
+    with PlanWork() as work:
         _send(worker, a, derivations, 150)
         build_resync_pass(now=timezone.now())  # every Created build, for the resync
     _, leaves = _expected(derivations)
-    assert _status(BuildStatus.QUEUED) == leaves
+    assert _status(BuildStatus.QUEUED) - history_paths == leaves
     handled, where = work.worst
     assert handled <= 10 * n, f"{handled} rows handled by one plan node for {n} derivations: {where}"
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="the plans of PostgreSQL")
+def test_on_a_new_installation_the_change_feed_trigger_looks_each_new_link_up_by_its_key() -> None:
+    """The change feed's trigger on new links (migrations 0013, 0014, 0027) keeps its statement's plan for
+    the life of the connection, made at its first firing: on a new installation, a first part of a few
+    derivations. Made on a table of a few pages it was a scan of every build per new link, kept while the
+    table grew (each part read its links x every build). Each link is found by its key however small the
+    table was when the plan was made: the trigger's statement handles rows in proportion to a part."""
+    new_installation()
+    evaluation, worker, a = _evaluating()
+    with connection.cursor() as cur:
+        cur.execute("ANALYZE " + ", ".join(INGEST_TABLES))
+    derivations = [drv(f"leaf{i}") for i in range(1200)]
+    size = 300
+    with PlanWork(only="new_rows n WHERE n.blocks_evaluation") as work:
+        # The first part alone: the plan is made now, on a table of a few rows.
+        update(
+            worker.id,
+            a,
+            kind="eval_result",
+            derivations=derivations[:3],
+            warnings=[],
+            errors=[],
+            is_final=False,
+        )
+        _send(worker, a, derivations[3:], size)
+    assert EvaluationBuild.objects.filter(evaluation=evaluation).count() == len(derivations)
+    assert _status(BuildStatus.QUEUED) == {d["drv_path"] for d in derivations}
+    handled, where = work.worst
+    assert 0 < handled <= 2 * size, f"{handled} rows handled by one plan node for parts of {size}: {where}"

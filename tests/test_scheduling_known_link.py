@@ -8,12 +8,15 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from django.db import connection
 
 from gradient.core.vocab import BuildStatus, EvaluationStatus
 from gradient.scheduling.models import DerivationBuild, Evaluation
 from gradient.scheduling.services.assignment import Assignment
+from gradient.scheduling.services.known import known_derivations
 from tests.factories import ProjectFactory
-from tests.scheduling_helpers import drv, evaluating, report, update
+from tests.scheduling_helpers import drv, evaluating, nixpkgs_like, report, update
+from tests.support.plans import INGEST_TABLES, PlanWork
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -63,3 +66,52 @@ def test_a_part_naming_one_unknown_path_links_nothing_and_fails_naming_it() -> N
     assert second.status == EvaluationStatus.FAILED
     assert any(unknown in e for e in second.errors), second.errors
     assert _linked(second) == set()
+
+
+@pytest.mark.django_db  # the statistics taken here are rolled back with the test
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="the plans of PostgreSQL")
+def test_on_tables_analyzed_empty_the_known_query_and_link_handle_rows_in_proportion_to_the_result() -> None:
+    """Issue 30's bar for every set statement of the ingest, here the known derivations': the answer to a
+    QueryKnownDerivations (one indexed read) and a part's known_drvs linked with their closures, on
+    statistics taken while the tables were empty, with rows the statistics do not know of beside them
+    (another evaluation still streaming, an installation's cache)."""
+    n = 1500
+    project = ProjectFactory()
+    with connection.cursor() as cur:
+        cur.execute("ANALYZE " + ", ".join((*INGEST_TABLES, "dispatched_job")))
+        cur.execute(
+            "INSERT INTO cached_path (path, nar_size, confirmed, created_at) SELECT "
+            "'/nix/store/' || lpad(i::text, 32, 'c') || '-history', 1000, true, now() "
+            "FROM generate_series(1, 20000) i"
+        )
+    _, other_worker, other = evaluating()
+    streaming = [
+        d for d in nixpkgs_like(n + 300, prefix="other") if int(d["attr"][len("pkgs.other") :]) >= 300
+    ]
+    assert _part(other_worker, other, streaming, is_final=False).accepted
+    first = nixpkgs_like(n)
+    _, worker, a = evaluating(project)
+    for i in range(0, n, 500):
+        assert _part(worker, a, first[i : i + 500], is_final=i + 500 >= n).accepted
+    report(worker.id, a, "JobCompleted")
+    paths = [d["drv_path"] for d in first]
+    second, worker, b = evaluating(project)
+    with PlanWork() as work:
+        answered = [
+            p
+            for i in range(0, n, 1000)
+            for p in known_derivations(
+                worker_id=worker.id,
+                job_key=b.job_key,
+                assignment_id=str(b.assignment_id),
+                drv_paths=paths[i : i + 1000],
+            )
+        ]
+        assert _part(worker, b, [], known_drvs=paths[:750], is_final=False).accepted
+        assert _part(worker, b, [], known_drvs=paths[750:], is_final=True).accepted
+    assert answered == paths
+    assert _linked(second) == set(paths)
+    second.refresh_from_db()
+    assert second.status != EvaluationStatus.FAILED, second.errors
+    handled, where = work.worst
+    assert handled <= 10 * n, f"{handled} rows handled by one plan node for {n} derivations: {where}"
