@@ -205,6 +205,7 @@ class StrictTextWebSocketProtocol(WebSocketsSansIOProtocol):
         self.queue = _LoopKeptQueue(self.loop)
         self.receiver: Callable[[str], bool] | None = None
         self._own_frames = False  # frames are read here, not by websockets (data_received)
+        self._frames_decided = False  # whether they will be is decided at the handshake's end (send)
         self._unread = b""  # the start of a frame whose end has not arrived
 
     def handle_connect(self, event: Any) -> None:
@@ -215,14 +216,17 @@ class StrictTextWebSocketProtocol(WebSocketsSansIOProtocol):
 
     async def send(self, message: Any) -> None:
         await super().send(message)
-        if (
-            message["type"] == "websocket.accept"
-            and self.handshake_complete
-            and not self.close_sent
-            and self.conn.state is State.OPEN
-            and not self.conn.reader.buffer  # nothing of the client's read past its request
-        ):
-            self._own_frames = True
+        if not self._frames_decided and self.handshake_complete:
+            # The app's first message decided the handshake (ASGI's accept, close or HTTP response):
+            # frames are read here from now on if it was accepted and nothing of the client's was read
+            # past its request (the parser is at a frame boundary).
+            self._frames_decided = True
+            self._own_frames = (
+                not self.close_sent
+                and self.initial_response is None
+                and self.conn.state is State.OPEN
+                and not self.conn.reader.buffer
+            )
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.receiver = None  # the consumer and this protocol point at each other
