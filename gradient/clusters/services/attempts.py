@@ -470,6 +470,26 @@ def _planned(
     return planned
 
 
+def _split_first(planned: list[_Planned]) -> tuple[list[_Planned], list[_Planned]]:
+    """The placements a set can claim together, and those to claim after them: a later placement of a
+    cluster already in the set, or one seating a worker for a kind whose idle slot an earlier placement
+    takes, must see what the earlier claim did, as claims one after the other would (the attempt open,
+    the slot gone: lost; or, the earlier claim lost, free). A pass's placements never share a cluster
+    nor a worker, so a pass is one set."""
+    clusters: set[uuid.UUID] = set()
+    slots: set[tuple[str, str]] = set()
+    first, later = [], []
+    for p in planned:
+        wanted = {(s.worker_id, parse_member_key(s.job_key)[0].value) for s in p.seats}
+        if p.cluster_id in clusters or wanted & slots:
+            later.append(p)
+            continue
+        clusters.add(p.cluster_id)
+        slots |= wanted
+        first.append(p)
+    return first, later
+
+
 def claim_clusters(
     *,
     placements: Sequence[Placement],
@@ -480,33 +500,31 @@ def claim_clusters(
     """claim_cluster for every placement of a pass at once: each cluster's claim all or nothing, as
     claim_cluster's, and the set's writes a few set statements in all rather than a few dozen per
     cluster. The set is claimed in one savepoint; when a step of some cluster was refused, the savepoint
-    is rolled back and the set claimed again without the clusters that lost (clusters of one pass share
+    is rolled back and the set claimed again without the clusters that lost (clusters of one set share
     no worker and no job, so one's loss changes nothing for another). Returns each placement's claimed
-    attempt, or None for a lost claim (nothing of it written). AssignJob goes to every seat of the won
-    claims on commit. A placement that does not seat every member once on its own worker raises
-    ValueError before anything is written."""
+    attempt, or None for a lost claim (nothing of it written): the same outcomes as claim_cluster for
+    each placement in turn. AssignJob goes to every seat of the won claims on commit. A placement that
+    does not seat every member once on its own worker raises ValueError before anything is written."""
     policy = policy or coordinator_policy()
     results: dict[str, ClaimedAttempt | None] = {p.cluster_id: None for p in placements}
-    remaining = _planned(placements, now, policy, attempt_ids or {})
-    if len({w for p in remaining for s in p.seats for w in [s.worker_id]}) != sum(
-        len(p.seats) for p in remaining
-    ):
-        raise ValueError("the placements of one set seat each worker once")
-    reads = _read_for_claims(remaining) if remaining else None
-    while remaining:
+    pending = _planned(placements, now, policy, attempt_ids or {})
+    reads = _read_for_claims(pending) if pending else None
+    while pending:
         assert reads is not None
-        try:
-            with transaction.atomic():
-                _claim_set(remaining, reads, now)
+        remaining, pending = _split_first(pending)
+        while remaining:
+            try:
+                with transaction.atomic():
+                    _claim_set(remaining, reads, now)
+                    for p in remaining:
+                        results[str(p.cluster_id)] = _won(p, now, policy)
+                break
+            except _SetLost as lost:
+                log.debug("claims of %d clusters lost; claiming the set again without them", len(lost.lost))
                 for p in remaining:
-                    results[str(p.cluster_id)] = _won(p, now, policy)
-            break
-        except _SetLost as lost:
-            log.debug("claims of %d clusters lost; claiming the set again without them", len(lost.lost))
-            for p in remaining:
-                p.assignments.clear()
-                p.jobs.clear()
-            remaining = [p for p in remaining if p.cluster_id not in lost.lost]
+                    p.assignments.clear()
+                    p.jobs.clear()
+                remaining = [p for p in remaining if p.cluster_id not in lost.lost]
     return results
 
 
