@@ -385,11 +385,12 @@ def dispatch_pool(*, job_keys: Iterable[str], now: datetime, policy: MatchPolicy
     return replace(Pool.of(workers=workers, idle_slots=slots, penalties=penalties), scores=scores)
 
 
-# The member jobs' scores by the connected workers, read as text (a pass reads tens of thousands: made
-# into uuids by the driver and back into text for the planner, they were most of the pool's read).
+# The member jobs' scores by the connected workers, one JSON object per job (a pass reads tens of
+# thousands: a row each, made into uuids by the driver and back into text for the planner, they were most
+# of the pool's read, and their tuples most of what the collector then scanned).
 _SCORES_SQL = (
-    "SELECT job_id, worker_id::text, missing_nar_size FROM candidate_score "
-    "WHERE job_id = ANY(%s::text[]) AND worker_id = ANY(%s::uuid[])"
+    "SELECT job_id, json_object_agg(worker_id, missing_nar_size) FROM candidate_score "
+    "WHERE job_id = ANY(%s::text[]) AND worker_id = ANY(%s::uuid[]) GROUP BY job_id"
 )
 
 
@@ -406,7 +407,7 @@ def _scores_by_job(job_keys: Iterable[str], worker_ids: list[uuid.UUID]) -> dict
     else:
         with fixed_cursor() as cursor:
             cursor.execute(_SCORES_SQL, [keys, worker_ids])
-            rows = cursor.fetchall()
+            return dict(cursor.fetchall())
     for job, worker, size in rows:
         by_job.setdefault(job, {})[str(worker)] = size
     return by_job
