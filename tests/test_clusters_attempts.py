@@ -18,6 +18,7 @@ from gradient.clusters.models import (
 )
 from gradient.clusters.services.attempts import (
     claim_cluster,
+    claim_clusters,
     close_cluster_attempt,
     expire_overdue_prepares,
     start_cluster_attempt,
@@ -334,3 +335,108 @@ def test_assign_job_leaves_only_once_the_claim_committed(
         callback()
     assert sorted(sent, key=lambda p: p[0]) == sorted(as_json(claimed.pushes), key=lambda p: p[0])
     assert {m["type"] for _, m in sent} == {"AssignJob"}
+
+
+# --- A pass's claims as one set (claim_clusters) -----------------------------------------------------------
+
+
+@pytest.fixture
+def pair():  # type: ignore[no-untyped-def]
+    """Two clusters of a build and an evaluation each, and four idle workers seating them."""
+    project = ProjectFactory()
+    out = []
+    for _ in range(2):
+        build, evaluation = queued_build(project), queued_evaluation(project)
+        cluster = make_cluster([("primary", build), ("server", evaluation)])
+        workers = [seat_worker(project, idle_for=("build",)), seat_worker(project, idle_for=("eval",))]
+        out.append((cluster, build, evaluation, workers))
+    return out
+
+
+def _claimed_rows(cluster) -> tuple[int, int, int]:  # type: ignore[no-untyped-def]
+    """What a cluster's claim wrote: its attempts, its members' assignment rows, its seats."""
+    return (
+        ClusterAttempt.objects.filter(cluster_job=cluster).count(),
+        DispatchedJob.objects.filter(cluster_attempt__cluster_job=cluster).count(),
+        ClusterSeat.objects.filter(attempt__cluster_job=cluster).count(),
+    )
+
+
+def test_a_set_whose_one_cluster_lost_a_build_member_claims_the_other_and_nothing_of_the_first(pair) -> None:  # type: ignore[no-untyped-def]
+    (x, x_build, x_eval, x_workers), (y, y_build, y_eval, y_workers) = pair
+    placements = [placement_of(x, x_workers), placement_of(y, y_workers)]
+    # Between the plan and the claim, x's build is claimed as a single job by another worker.
+    other = connected_worker()
+    single = ClaimRequest(
+        kind=JobKind.BUILD, job_key=x_build.job_key, worker_id=other.id, build_id=x_build.id
+    )
+    assert claim_assignment(request=single, now=timezone.now()) is not None
+    claimed = claim_clusters(placements=placements, now=timezone.now())
+    assert claimed[str(x.id)] is None and claimed[str(y.id)] is not None
+    assert _claimed_rows(x) == (0, 0, 0)
+    assert _claimed_rows(y) == (1, 2, 2)
+    # Nothing of x: its evaluation member was not started, its seats kept their idle slots.
+    assert Evaluation.objects.get(id=x_eval.id).status == EvaluationStatus.QUEUED
+    assert DerivationBuild.objects.get(id=x_build.id).attempts == 0
+    assert IdleSlot.objects.filter(worker__in=x_workers).count() == 2
+    assert not IdleSlot.objects.filter(worker__in=y_workers).exists()
+    assert Evaluation.objects.get(id=y_eval.id).status == EvaluationStatus.FETCHING
+    assert DerivationBuild.objects.get(id=y_build.id).status == BuildStatus.BUILDING
+    assert list(DispatchedJob.objects.filter(job_id=x_build.job_key).values_list("worker_id", flat=True)) == [
+        other.id
+    ]
+
+
+def test_a_set_whose_one_evaluation_member_cannot_start_takes_back_its_claim_row(pair) -> None:  # type: ignore[no-untyped-def]
+    (x, _, x_eval, x_workers), (y, _, _, y_workers) = pair
+    # Not terminal (its claim row goes in) but no longer Queued (its start is refused).
+    Evaluation.objects.filter(id=x_eval.id).update(status=EvaluationStatus.FETCHING)
+    claimed = claim_clusters(
+        placements=[placement_of(x, x_workers), placement_of(y, y_workers)], now=timezone.now()
+    )
+    assert claimed[str(x.id)] is None and claimed[str(y.id)] is not None
+    assert _claimed_rows(x) == (0, 0, 0)
+    assert not DispatchedJob.objects.filter(job_id=x_eval.job_key).exists()
+    assert _claimed_rows(y) == (1, 2, 2)
+
+
+def test_two_clusters_of_one_set_competing_for_a_seat_claim_as_one_after_the_other_would(pair) -> None:  # type: ignore[no-untyped-def]
+    (x, _, _, x_workers), (y, y_build, _, y_workers) = pair
+    # y's build member on x's build worker: whichever comes first takes the seat's one idle slot.
+    contested = [x_workers[0], y_workers[1]]
+    claimed = claim_clusters(
+        placements=[placement_of(x, x_workers), placement_of(y, contested)], now=timezone.now()
+    )
+    assert claimed[str(x.id)] is not None and claimed[str(y.id)] is None
+    assert _claimed_rows(y) == (0, 0, 0)
+    assert DerivationBuild.objects.get(id=y_build.id).status == BuildStatus.QUEUED
+    assert IdleSlot.objects.filter(worker=y_workers[1]).exists()  # y's other seat kept its slot
+    assert list(DispatchedJob.objects.filter(worker=x_workers[0]).values_list("job_id", flat=True)) == [
+        x.members.get(role="primary").job_key
+    ]
+
+
+def test_a_seat_contested_in_a_set_goes_to_the_later_cluster_when_the_earlier_lost(pair) -> None:  # type: ignore[no-untyped-def]
+    (x, x_build, _, x_workers), (y, _, _, y_workers) = pair
+    DerivationBuild.objects.filter(id=x_build.id).update(status=BuildStatus.CREATED)  # x cannot start
+    contested = [x_workers[0], y_workers[1]]
+    claimed = claim_clusters(
+        placements=[placement_of(x, x_workers), placement_of(y, contested)], now=timezone.now()
+    )
+    assert claimed[str(x.id)] is None and claimed[str(y.id)] is not None
+    assert _claimed_rows(x) == (0, 0, 0) and _claimed_rows(y) == (1, 2, 2)
+    assert ClusterSeat.objects.get(attempt__cluster_job=y, role="primary").worker_id == x_workers[0].id
+
+
+def test_a_set_writes_each_won_clusters_record_and_its_members_records(pair) -> None:  # type: ignore[no-untyped-def]
+    (x, _, x_eval, x_workers), (y, _, y_eval, y_workers) = pair
+    now = timezone.now()
+    claimed = claim_clusters(placements=[placement_of(x, x_workers), placement_of(y, y_workers)], now=now)
+    for cluster, evaluation in ((x, x_eval), (y, y_eval)):
+        attempt = claimed[str(cluster.id)]
+        assert attempt is not None
+        job = record_job(job_key=cluster.job_key, now=now)
+        assert job.current is not None and job.current.object.id == attempt.attempt_id
+        member = record_job(job_key=evaluation.job_key, now=now)
+        assert member.status.value == "Fetching"
+        assert member.current is not None and member.current.cluster_attempt_id == attempt.attempt_id

@@ -9,15 +9,21 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
+from gradient.clusters.decisions.types import WaitingCode, WaitingReason
 from gradient.clusters.models import (
     AttemptOutcome,
     ClusterAttempt,
     ClusterJob,
     ClusterReservation,
     ClusterSeat,
+    ClusterStatus,
 )
 from gradient.clusters.selectors import worker_reserved_for
-from gradient.clusters.services.dispatch import cluster_dispatch_kick, cluster_dispatch_pass
+from gradient.clusters.services.dispatch import (
+    cluster_dispatch_kick,
+    cluster_dispatch_pass,
+    write_waiting_reasons,
+)
 from gradient.clusters.services.lifecycle import cluster_abort
 from gradient.recovery.models import PassState
 from gradient.scheduling.models import BuildStatus, CandidateScore, DerivationBuild, DispatchedJob
@@ -292,3 +298,26 @@ def test_the_kick_runs_the_pass_at_once_unless_another_runner_holds_its_lease(pr
     result = cluster_dispatch_kick(timezone.now())
     assert result is not None and result["placed"] == 1
     assert ClusterAttempt.objects.filter(cluster_job=cluster).exists()
+
+
+def test_the_waiting_reasons_of_a_pass_are_written_where_they_changed_keeping_when_waiting_began(
+    project,
+) -> None:  # type: ignore[no-untyped-def]
+    waiting, changed, running = (make_cluster([("node", queued_build(project))]) for _ in range(3))
+    earlier = timezone.now() - timedelta(minutes=5)
+    same = WaitingReason(WaitingCode.TOO_FEW_WORKERS, seatable_workers=0, needed=1)
+    ClusterJob.objects.filter(id__in=[changed.id, running.id]).update(
+        waiting_reason=same.as_json(), waiting_since=earlier
+    )
+    ClusterJob.objects.filter(id=running.id).update(status=ClusterStatus.RUNNING)
+    now = timezone.now()
+    other = WaitingReason(WaitingCode.TOO_FEW_WORKERS, seatable_workers=1, needed=2)
+    written = write_waiting_reasons(
+        reasons={str(waiting.id): same, str(changed.id): other, str(running.id): other}, now=now
+    )
+    assert written == 2
+    rows = {c.id: c for c in ClusterJob.objects.all()}
+    assert (rows[waiting.id].waiting_reason, rows[waiting.id].waiting_since) == (same.as_json(), now)
+    assert (rows[changed.id].waiting_reason, rows[changed.id].waiting_since) == (other.as_json(), earlier)
+    assert rows[running.id].waiting_reason == same.as_json()  # not Queued: left as it was
+    assert write_waiting_reasons(reasons={str(changed.id): other}, now=timezone.now()) == 0

@@ -4,6 +4,7 @@ tombstone, list."""
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from datetime import timedelta
@@ -44,6 +45,7 @@ from gradient.records.services import (
     commit_control,
     plan_default,
     record_append_facts,
+    record_append_facts_many,
     record_commit,
     record_create,
     record_settle,
@@ -161,6 +163,46 @@ def test_appended_facts_take_the_next_revisions_in_order() -> None:
     ]
     job = record_job(job_key=record.job_key, now=now)
     assert job.status is RowStatus.FETCHING and job.submissions[0].started_at is not None
+
+
+def test_facts_appended_to_many_records_at_once_take_each_records_next_revisions() -> None:
+    first, _ = _create()
+    second, _ = _create()
+    a = uuid.uuid4()
+    now = timezone.now()
+    record_append_facts(job_key=first.job_key, facts=[StatusChanged(status=RowStatus.FETCHING)], now=now)
+    revisions = record_append_facts_many(
+        facts={
+            first.job_key: [WorkerReport(assignment_id=a, worker="w1", kind=ReportKind.ACCEPTED)],
+            second.job_key: [
+                StatusChanged(status=RowStatus.FETCHING),
+                AssignmentClaimed(submission=1, assignment_id=a, worker="w1", attempt=1),
+            ],
+        },
+        now=now,
+    )
+    assert revisions == {first.job_key: 2, second.job_key: 2}
+    entries = RecordEntry.objects.filter(record=second).order_by("revision")
+    assert [(e.revision, json.loads(e.body)["fact"]) for e in entries] == [
+        (1, "status_changed"),
+        (2, "assignment_claimed"),
+    ]
+    job = record_job(job_key=second.job_key, now=now)
+    assert job.status is RowStatus.FETCHING and len(job.submissions) == 1
+
+
+def test_a_set_append_naming_an_unknown_record_appends_nothing() -> None:
+    record, _ = _create()
+    with pytest.raises(UnknownRecord), transaction.atomic():
+        record_append_facts_many(
+            facts={
+                record.job_key: [StatusChanged(status=RowStatus.FETCHING)],
+                job_key_for(JobKind.EVALUATION, uuid.uuid4()): [StatusChanged(status=RowStatus.FETCHING)],
+            },
+            now=timezone.now(),
+        )
+    record.refresh_from_db()
+    assert record.revision == 0 and not record.entries.exists()
 
 
 def test_a_state_change_and_its_fact_roll_back_together() -> None:

@@ -7,7 +7,7 @@ key `cluster:<uuid>`; members keep their own records (`eval:<uuid>`), written by
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -31,7 +31,12 @@ from gradient.records.schemas import (
     Seat,
     StatusChanged,
 )
-from gradient.records.services import plan_default, record_append_facts, record_create
+from gradient.records.services import (
+    plan_default,
+    record_append_facts,
+    record_append_facts_many,
+    record_create,
+)
 
 TERMINAL_OUTCOME: dict[str, Outcome] = {
     ClusterStatus.COMPLETED.value: Outcome.SUCCEEDED,
@@ -54,6 +59,20 @@ def append(cluster_id: uuid.UUID, facts: Sequence[Fact], now: datetime, actor: s
     if not JobRecord.objects.filter(job_key=key).exists():
         _record_for_existing_row(cluster_id, now)
     record_append_facts(job_key=key, facts=facts, now=now, actor=actor)
+
+
+def append_many(facts: Mapping[uuid.UUID, Sequence[Fact]], now: datetime, actor: str = "scheduler") -> None:
+    """append for many clusters at once (a pass's claims), in the caller's transaction: one read of which
+    records exist, then one set append of every record's facts."""
+    wanted = {cluster_id: bodies for cluster_id, bodies in facts.items() if bodies}
+    if not wanted:
+        return
+    keys = {cluster_id: cluster_key(cluster_id) for cluster_id in wanted}
+    known = set(JobRecord.objects.filter(job_key__in=list(keys.values())).values_list("job_key", flat=True))
+    for cluster_id, key in keys.items():
+        if key not in known:
+            _record_for_existing_row(cluster_id, now)
+    record_append_facts_many(facts={keys[c]: bodies for c, bodies in wanted.items()}, now=now, actor=actor)
 
 
 def _record_for_existing_row(cluster_id: uuid.UUID, now: datetime) -> None:
@@ -101,6 +120,22 @@ def cluster_record_create(
     append(cluster_id, status_facts("Queued", "submitted"), now)
 
 
+def attempt_opened_facts(
+    *, attempt_id: uuid.UUID, number: int, seats: Sequence[tuple[str, int, str]], prepare_deadline: datetime
+) -> list[Fact]:
+    """claim_cluster won: the attempt is the record's next submission, and the hold of every member's
+    AssignJob is a call whose deadline is the prepare deadline (the workers let go a margin later)."""
+    return [
+        ClusterAttemptOpened(
+            submission=number,
+            cluster_attempt_id=attempt_id,
+            attempt=number,
+            seats=tuple(Seat(role=role, index=index, worker=worker) for role, index, worker in seats),
+        ),
+        CallDeadline(call=CallKind.HOLD, object=attempt_ref(attempt_id), deadline=prepare_deadline),
+    ]
+
+
 def attempt_opened(
     *,
     cluster_id: uuid.UUID,
@@ -110,19 +145,11 @@ def attempt_opened(
     prepare_deadline: datetime,
     now: datetime,
 ) -> None:
-    """claim_cluster won: the attempt is the record's next submission, and the hold of every member's
-    AssignJob is a call whose deadline is the prepare deadline (the workers let go a margin later)."""
     append(
         cluster_id,
-        [
-            ClusterAttemptOpened(
-                submission=number,
-                cluster_attempt_id=attempt_id,
-                attempt=number,
-                seats=tuple(Seat(role=role, index=index, worker=worker) for role, index, worker in seats),
-            ),
-            CallDeadline(call=CallKind.HOLD, object=attempt_ref(attempt_id), deadline=prepare_deadline),
-        ],
+        attempt_opened_facts(
+            attempt_id=attempt_id, number=number, seats=seats, prepare_deadline=prepare_deadline
+        ),
         now,
     )
 

@@ -6,8 +6,9 @@ from __future__ import annotations
 import uuid
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
+from typing import Any
 
 from django.db import connection
 from django.db.models import Exists, OuterRef, Q
@@ -21,7 +22,6 @@ from gradient.clusters.decisions.types import (
     Pool,
     Reservation,
     ReservedSeat,
-    ScoreSnapshot,
     SlotSnapshot,
     WorkerSnapshot,
 )
@@ -45,7 +45,7 @@ from gradient.core.vocab import (
 )
 from gradient.runtime import setsql
 from gradient.runtime.setsql import fixed_cursor
-from gradient.scheduling.models import CandidateScore, DispatchedJob, EvaluationBuild
+from gradient.scheduling.models import CandidateScore, DispatchedJob, Evaluation, EvaluationBuild
 from gradient.scheduling.selectors import eval_needs_fetch, member_eval_steps
 from gradient.workers.models import IdleSlot, Worker, WorkerSession
 
@@ -239,12 +239,12 @@ def queued_clusters(*, now: datetime) -> list[Cluster]:
     clusters = list(ClusterJob.objects.filter(status=ClusterStatus.QUEUED).exclude(Exists(open_attempt)))
     if not clusters:
         return []
-    members = list(
-        ClusterMember.objects.filter(cluster_job_id__in=[c.id for c in clusters]).select_related(
-            "evaluation", "evaluation__project", "derivation_build"
+    members: list[Any] = list(
+        ClusterMember.objects.filter(cluster_job_id__in=[c.id for c in clusters]).values_list(
+            *_BOOK_MEMBER_FIELDS, named=True
         )
     )
-    keys = [m.job_key for m in members]
+    keys = [_member_key(m.evaluation_id, m.derivation_build_id) for m in members]
     open_keys = set(
         DispatchedJob.objects.filter(job_id__in=keys, finished_at__isnull=True).values_list(
             "job_id", flat=True
@@ -275,12 +275,30 @@ def queued_clusters(*, now: datetime) -> list[Cluster]:
     ]
 
 
-def _member(
-    m: ClusterMember, now: datetime, open_keys: set[str], build_projects: dict[uuid.UUID, set[str]]
-) -> Member:
-    key = m.job_key
-    if m.evaluation is not None:
-        e = m.evaluation
+# What the cluster book reads of a member and its job (_member): values, not whole rows of three tables.
+_BOOK_MEMBER_FIELDS = (
+    "cluster_job_id",
+    "evaluation_id",
+    "derivation_build_id",
+    "role",
+    "index",
+    "primary",
+    "pin",
+    "evaluation__status",
+    "evaluation__followup_pending",
+    "evaluation__project__name",
+    "derivation_build__system",
+    "derivation_build__required_features",
+    "derivation_build__status",
+    "derivation_build__retry_at",
+)
+
+
+def _member(m: Any, now: datetime, open_keys: set[str], build_projects: dict[uuid.UUID, set[str]]) -> Member:
+    """A member of the book from its row of _BOOK_MEMBER_FIELDS."""
+    key = _member_key(m.evaluation_id, m.derivation_build_id)
+    if m.evaluation_id is not None:
+        steps = member_eval_steps(Evaluation(followup_pending=m.evaluation__followup_pending))
         return Member(
             role=m.role,
             index=m.index,
@@ -288,12 +306,11 @@ def _member(
             kind=JobKind.EVAL,
             primary=m.primary,
             pin=m.pin or None,
-            needs_fetch=eval_needs_fetch(member_eval_steps(e)),
-            projects=frozenset({e.project.name}),
-            can_start=e.status == EvaluationStatus.QUEUED and key not in open_keys,
+            needs_fetch=eval_needs_fetch(steps),
+            projects=frozenset({m.evaluation__project__name}),
+            can_start=m.evaluation__status == EvaluationStatus.QUEUED and key not in open_keys,
         )
-    b = m.derivation_build
-    assert b is not None  # cluster_member-exactly-one-job
+    retry_at = m.derivation_build__retry_at
     return Member(
         role=m.role,
         index=m.index,
@@ -301,11 +318,11 @@ def _member(
         kind=JobKind.BUILD,
         primary=m.primary,
         pin=m.pin or None,
-        system=b.system,
-        required_features=frozenset(b.required_features or []),
-        projects=frozenset(build_projects.get(b.id, set())),
-        can_start=b.status == BuildStatus.QUEUED
-        and (b.retry_at is None or b.retry_at <= now)
+        system=m.derivation_build__system,
+        required_features=frozenset(m.derivation_build__required_features or []),
+        projects=frozenset(build_projects.get(m.derivation_build_id, set())),
+        can_start=m.derivation_build__status == BuildStatus.QUEUED
+        and (retry_at is None or retry_at <= now)
         and key not in open_keys,
     )
 
@@ -314,8 +331,20 @@ def dispatch_pool(*, job_keys: Iterable[str], now: datetime, policy: MatchPolicy
     """Free capacity and what is known about it: connected active workers (draining ones included, the
     matcher seats nothing on them), their fresh idle slots, their scores for the member jobs, and the
     penalties still inside the window."""
-    sessions = list(
-        WorkerSession.objects.filter(closed_at__isnull=True, worker__active=True).select_related("worker")
+    sessions: list[Any] = list(
+        WorkerSession.objects.filter(closed_at__isnull=True, worker__active=True).values_list(
+            "worker_id",
+            "draining",
+            "worker__name",
+            "worker__zone",
+            "worker__can_fetch",
+            "worker__can_eval",
+            "worker__can_build",
+            "worker__architectures",
+            "worker__system_features",
+            "worker__endpoint",
+            named=True,
+        )
     )
     ids = [s.worker_id for s in sessions]
     projects: dict[uuid.UUID, set[str]] = defaultdict(set)
@@ -326,15 +355,15 @@ def dispatch_pool(*, job_keys: Iterable[str], now: datetime, policy: MatchPolicy
     workers = [
         WorkerSnapshot(
             worker_id=str(s.worker_id),
-            name=s.worker.name,
-            zone=s.worker.zone or None,
-            can_fetch=s.worker.can_fetch,
-            can_eval=s.worker.can_eval,
-            can_build=s.worker.can_build,
-            architectures=frozenset(s.worker.architectures or []),
-            system_features=frozenset(s.worker.system_features or []),
+            name=s.worker__name,
+            zone=s.worker__zone or None,
+            can_fetch=s.worker__can_fetch,
+            can_eval=s.worker__can_eval,
+            can_build=s.worker__can_build,
+            architectures=frozenset(s.worker__architectures or []),
+            system_features=frozenset(s.worker__system_features or []),
             projects=frozenset(projects.get(s.worker_id, set())),
-            endpoint=s.worker.endpoint or None,
+            endpoint=s.worker__endpoint or None,
             draining=s.draining,
         )
         for s in sessions
@@ -346,16 +375,39 @@ def dispatch_pool(*, job_keys: Iterable[str], now: datetime, policy: MatchPolicy
             "worker_id", "kind", "recorded_at"
         )
     ]
-    scores = [
-        ScoreSnapshot(worker_id=str(w), job_key=j, missing_nar_size=n)
-        for w, j, n in CandidateScore.objects.filter(
-            job_id__in=list(job_keys), worker_id__in=ids
-        ).values_list("worker_id", "job_id", "missing_nar_size")
-    ]
+    scores = _scores_by_job(job_keys, ids)
     penalties = [
         Penalty(worker_id=str(w), at=at, reason=r)
         for w, at, r in ClusterWorkerPenalty.objects.filter(
             at__gte=now - timedelta(seconds=policy.penalty_window_secs)
         ).values_list("worker_id", "at", "reason")
     ]
-    return Pool.of(workers=workers, idle_slots=slots, scores=scores, penalties=penalties)
+    return replace(Pool.of(workers=workers, idle_slots=slots, penalties=penalties), scores=scores)
+
+
+# The member jobs' scores by the connected workers, one JSON object per job (a pass reads tens of
+# thousands: a row each, made into uuids by the driver and back into text for the planner, they were most
+# of the pool's read, and their tuples most of what the collector then scanned).
+_SCORES_SQL = (
+    "SELECT job_id, json_object_agg(worker_id, missing_nar_size) FROM candidate_score "
+    "WHERE job_id = ANY(%s::text[]) AND worker_id = ANY(%s::uuid[]) GROUP BY job_id"
+)
+
+
+def _scores_by_job(job_keys: Iterable[str], worker_ids: list[uuid.UUID]) -> dict[str, dict[str, int]]:
+    """Pool.scores: the missing NAR sizes by job key, then worker id, in one read."""
+    keys = list(job_keys)
+    by_job: dict[str, dict[str, int]] = {}
+    if not keys or not worker_ids:
+        return by_job
+    if connection.vendor != "postgresql":
+        rows: Iterable[tuple[str, Any, int]] = CandidateScore.objects.filter(
+            job_id__in=keys, worker_id__in=worker_ids
+        ).values_list("job_id", "worker_id", "missing_nar_size")
+    else:
+        with fixed_cursor() as cursor:
+            cursor.execute(_SCORES_SQL, [keys, worker_ids])
+            return dict(cursor.fetchall())
+    for job, worker, size in rows:
+        by_job.setdefault(job, {})[str(worker)] = size
+    return by_job

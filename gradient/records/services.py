@@ -61,6 +61,7 @@ from gradient.records.schemas import (
     tag_of,
 )
 from gradient.records.selectors import record_discovery, record_read, records_list
+from gradient.runtime.setsql import fixed_cursor
 
 log = logging.getLogger("gradient.records")
 
@@ -230,6 +231,55 @@ def record_append_facts(
         record_id, revision = row
         RecordEntry.objects.bulk_create(_entry_rows(record_id, revision - len(facts) + 1, facts, actor, now))
     return int(revision)
+
+
+_BUMP_MANY = """
+WITH locked AS (
+    -- Locked in key order, so that two appenders of overlapping sets never wait on each other in turn.
+    SELECT id FROM job_record WHERE job_key = ANY(%(keys)s) AND tombstoned_at IS NULL
+    ORDER BY job_key FOR NO KEY UPDATE
+)
+UPDATE job_record r SET revision = r.revision + v.n
+FROM locked, unnest(%(keys)s::text[], %(counts)s::int[]) AS v(job_key, n)
+WHERE r.id = locked.id AND r.job_key = v.job_key
+RETURNING r.job_key, r.id, r.revision
+"""
+
+
+def record_append_facts_many(
+    *, facts: Mapping[str, Sequence[Fact]], now: datetime, actor: str = "scheduler"
+) -> dict[str, int]:
+    """record_append_facts for many records at once (a pass's claims): each record's facts at its next
+    revisions, in one UPDATE of the revisions and one INSERT of the entries, inside the caller's
+    transaction; the records' rows stay locked until the caller commits. Returns each record's new
+    revision. A record that is unknown or tombstoned raises as record_append_facts does (the caller's
+    transaction then rolls back whole)."""
+    wanted = {key: list(bodies) for key, bodies in facts.items() if bodies}
+    if not wanted:
+        return {}
+    for bodies in wanted.values():
+        for fact in bodies:
+            if not isinstance(fact, FACT_TYPES):
+                raise TypeError(f"not a fact: {fact!r}")
+    if connection.vendor != "postgresql":
+        return {
+            key: record_append_facts(job_key=key, facts=bodies, now=now, actor=actor)
+            for key, bodies in wanted.items()
+        }
+    keys = sorted(wanted)
+    with transaction.atomic(savepoint=False), fixed_cursor() as cursor:
+        cursor.execute(_BUMP_MANY, {"keys": keys, "counts": [len(wanted[k]) for k in keys]})
+        bumped = {key: (record_id, int(revision)) for key, record_id, revision in cursor.fetchall()}
+        for key in keys:
+            if key not in bumped:
+                raise _why_not(key, None)
+        rows: list[RecordEntry] = []
+        for key in keys:
+            record_id, revision = bumped[key]
+            bodies = wanted[key]
+            rows += _entry_rows(record_id, revision - len(bodies) + 1, bodies, actor, now)
+        RecordEntry.objects.bulk_create(rows)
+    return {key: revision for key, (_, revision) in bumped.items()}
 
 
 def record_commit(

@@ -9,7 +9,7 @@ status it expects, and its fact, together.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Collection
+from collections.abc import Collection, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -33,6 +33,7 @@ from gradient.records.schemas import (
 from gradient.records.services import (
     plan_default,
     record_append_facts,
+    record_append_facts_many,
     record_by_idempotency_key,
     record_create,
 )
@@ -104,6 +105,22 @@ def append(evaluation_id: uuid.UUID, facts: list[Fact], now: datetime, actor: st
         evaluation = Evaluation.objects.select_related("project").get(id=evaluation_id)
         evaluation_record_create(evaluation=evaluation, created_by=None, idempotency_key=None, now=now)
     record_append_facts(job_key=key, facts=facts, now=now, actor=actor)
+
+
+def append_many(facts: Mapping[uuid.UUID, Sequence[Fact]], now: datetime, actor: str = "scheduler") -> None:
+    """append for many evaluations at once (a pass's claims), in the caller's transaction: one read of
+    which records exist (one made outside the services gets its record first, as append does), then
+    one set append of every record's facts."""
+    wanted = {evaluation_id: bodies for evaluation_id, bodies in facts.items() if bodies}
+    if not wanted:
+        return
+    keys = {evaluation_id: eval_key(evaluation_id) for evaluation_id in wanted}
+    known = set(JobRecord.objects.filter(job_key__in=list(keys.values())).values_list("job_key", flat=True))
+    for evaluation_id, key in keys.items():
+        if key not in known:
+            evaluation = Evaluation.objects.select_related("project").get(id=evaluation_id)
+            evaluation_record_create(evaluation=evaluation, created_by=None, idempotency_key=None, now=now)
+    record_append_facts_many(facts={keys[e]: bodies for e, bodies in wanted.items()}, now=now, actor=actor)
 
 
 def status_facts(status: str, reason: str) -> list[Fact]:

@@ -7,13 +7,14 @@ release, and record each waiting cluster's reason when it changed.
 
 from __future__ import annotations
 
+import json
 import logging
 import uuid
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 
 from gradient.clusters.decisions import reservation as reservations
 from gradient.clusters.decisions.matcher import PoolIndex
@@ -27,10 +28,11 @@ from gradient.clusters.selectors import (
     queued_clusters,
     reservation_state,
 )
-from gradient.clusters.services.attempts import claim_cluster, expire_overdue_prepares
+from gradient.clusters.services.attempts import claim_cluster, claim_clusters, expire_overdue_prepares
 from gradient.clusters.services.common import planner_policy, reservation_policy
 from gradient.core.vocab import ClusterStatus
 from gradient.runtime.passes import pass_run
+from gradient.runtime.setsql import fixed_cursor
 
 log = logging.getLogger("gradient.clusters")
 
@@ -59,6 +61,20 @@ def _claim(placement: Placement, now: datetime) -> bool:
         return False
 
 
+def _claim_all(placements: list[Placement], now: datetime) -> set[str]:
+    """Claim every placement of the pass as one set (claim_clusters); the ids of the clusters claimed.
+    Should the set fail as a whole (a broken cluster), each is claimed on its own instead, so that one
+    broken cluster does not stop the others."""
+    if not placements:
+        return set()
+    try:
+        claimed = claim_clusters(placements=placements, now=now)
+    except Exception:
+        log.exception("claiming %d clusters as a set failed; claiming them one by one", len(placements))
+        return {p.cluster_id for p in placements if _claim(p, now)}
+    return {cluster_id for cluster_id, attempt in claimed.items() if attempt is not None}
+
+
 def _reserve(reservation: Reservation) -> bool:
     try:
         with transaction.atomic():
@@ -73,10 +89,32 @@ def _reserve(reservation: Reservation) -> bool:
     return True
 
 
+# Every waiting cluster's reason in one statement, written only where its JSON changed and only while the
+# cluster is Queued; waiting_since starts when a cluster had no reason before.
+_WRITE_WAITING_REASONS = """
+UPDATE cluster_job c SET
+    waiting_reason = v.reason,
+    waiting_since = CASE WHEN c.waiting_reason IS NULL THEN %(now)s ELSE c.waiting_since END,
+    updated_at = %(now)s
+FROM json_to_recordset(%(reasons)s::json) AS v(id uuid, reason jsonb)
+WHERE c.id = v.id AND c.status = %(queued)s AND c.waiting_reason IS DISTINCT FROM v.reason
+"""
+
+
 def write_waiting_reasons(*, reasons: dict[str, WaitingReason], now: datetime) -> int:
     """Record each Queued cluster's waiting reason, only where its JSON changed. Returns how many."""
     if not reasons:
         return 0
+    if connection.vendor == "postgresql":
+        document = json.dumps(
+            [{"id": cluster_id, "reason": reason.as_json()} for cluster_id, reason in sorted(reasons.items())]
+        )
+        with fixed_cursor() as cursor:
+            cursor.execute(
+                _WRITE_WAITING_REASONS,
+                {"reasons": document, "queued": ClusterStatus.QUEUED.value, "now": now},
+            )
+            return int(cursor.rowcount)
     ids = [uuid.UUID(c) for c in reasons]
     current = dict(
         ClusterJob.objects.filter(id__in=ids, status=ClusterStatus.QUEUED).values_list("id", "waiting_reason")
@@ -105,15 +143,12 @@ def cluster_dispatch_pass(*, now: datetime) -> DispatchPassResult:
     held = reservation_state()
     plan = plan_pass(clusters, pool, now, reservation=held, policy=planner, index=index)
 
-    claimed: set[str] = set()
     seated: set[str] = set()
     for placement in plan.placements:
         seated |= placement.worker_ids
-        if _claim(placement, now):
-            result.placed += 1
-            claimed.add(placement.cluster_id)
-        else:
-            result.claims_lost += 1
+    claimed = _claim_all(list(plan.placements), now)
+    result.placed = len(claimed)
+    result.claims_lost = len(plan.placements) - len(claimed)
 
     inputs = ReservationInputs(
         clusters=tuple(clusters), pool=pool, candidate=plan.reserve, seated=frozenset(seated)

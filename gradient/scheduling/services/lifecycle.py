@@ -19,7 +19,7 @@ from typing import Any
 
 import msgspec
 from django.db import connection, transaction
-from django.db.models import Exists, F, OuterRef
+from django.db.models import Count, Exists, F, OuterRef
 
 from gradient.core.jobkey import build_key, eval_key
 from gradient.core.protocol import (
@@ -47,7 +47,7 @@ from gradient.core.vocab import (
     EvaluationStatus,
     JobKind,
 )
-from gradient.records.schemas import ReportKind
+from gradient.records.schemas import AssignmentClaimed, ReportKind
 from gradient.runtime import metrics, savepoints, setsql
 from gradient.scheduling import history, jobs
 from gradient.scheduling.decisions.failures import (
@@ -70,7 +70,7 @@ from gradient.scheduling.services.claims import (
     claim_assignment,
     claim_builds_statement,
 )
-from gradient.scheduling.services.offers import forget_scores, forget_scores_of, forget_sent
+from gradient.scheduling.services.offers import forget_scores, forget_scores_of, forget_sent, forget_sent_all
 from gradient.workers.models import IdleSlot
 
 EVAL_PHASES: dict[type[JobUpdateKind], EvaluationStatus] = {
@@ -295,6 +295,276 @@ def claim_evaluation(
         _start_evaluation(evaluation.id, steps, assignment_id, worker_name, reason, terms, now)
 
     return _claim_and_start(request, job, start, now)
+
+
+# --- Start, a set at a time (a pass's cluster claims) ------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class EvaluationClaim:
+    """One evaluation to claim and start for one worker, as part of a set (claim_evaluations)."""
+
+    evaluation: Evaluation
+    steps: Sequence[FlakeStep]
+    worker_id: uuid.UUID
+    worker_name: str
+    reason: str
+    terms: ClaimTerms
+    assignment_id: uuid.UUID
+
+
+class _SetClaimRow(msgspec.Struct):
+    """A claim as the set claim statements read it (json_to_recordset: the keys are its column names)."""
+
+    aid: uuid.UUID
+    job_key: str
+    job_id: uuid.UUID
+    worker_id: uuid.UUID
+    cluster_attempt_id: uuid.UUID | None
+    score: float
+    breakdown: dict[str, float]
+    nar: int | None
+    cnt: int | None
+    job: dict[str, Any]
+    queued_at: datetime | None
+
+
+_encode_json = msgspec.json.Encoder().encode
+
+# The single claim (claims.claim_assignment) for a set of jobs of one kind in one statement: each row
+# inserted only while its start condition holds (the build Queued; the evaluation not terminal) and no
+# open assignment of its job exists (idx-dispatched_job-open-job arbitrates, waiting for a transaction
+# that inserted one, as the single claim does); rows in job-key order, as claim after claim took them.
+_CLAIM_SET = """
+WITH req AS (
+    SELECT * FROM json_to_recordset(%(claims)s::json) AS r(aid uuid, job_key text, job_id uuid,
+        worker_id uuid, cluster_attempt_id uuid, score float8, breakdown jsonb, nar bigint, cnt int,
+        job jsonb, queued_at timestamptz)
+)
+INSERT INTO dispatched_job (id, kind, job_id, evaluation_id, derivation_build_id, worker_id,
+    cluster_attempt_id, score, score_breakdown, missing_nar_size, missing_count, job, phase, queued_at,
+    dispatched_at, reason)
+SELECT r.aid, %(kind)s, r.job_key, {evaluation}, {build}, r.worker_id, r.cluster_attempt_id, r.score,
+    r.breakdown, r.nar, r.cnt, r.job, '', r.queued_at, %(now)s, ''
+FROM req r
+WHERE EXISTS ({condition})
+ORDER BY r.job_key
+ON CONFLICT (job_id) WHERE finished_at IS NULL DO NOTHING
+RETURNING id
+"""
+_CLAIM_BUILD_SET = _CLAIM_SET.format(
+    evaluation="NULL",
+    build="r.job_id",
+    condition="SELECT 1 FROM derivation_build b WHERE b.id = r.job_id AND b.status = %(queued)s",
+)
+_CLAIM_EVALUATION_SET = _CLAIM_SET.format(
+    evaluation="r.job_id",
+    build="NULL",
+    condition="SELECT 1 FROM evaluation e WHERE e.id = r.job_id AND e.status <> ALL(%(terminal)s)",
+)
+
+# _start_build for a set: Queued -> Building with one more attempt counted by the database, and the
+# BuildAttempt row of each build started.
+_START_BUILD_SET = """
+WITH started AS (
+    UPDATE derivation_build b SET status = %(building)s, attempts = b.attempts + 1, updated_at = %(now)s
+    FROM unnest(%(aids)s::uuid[], %(builds)s::uuid[], %(workers)s::uuid[]) AS v(aid, build_id, worker_id)
+    WHERE b.id = v.build_id AND b.status = %(queued)s
+    RETURNING b.id AS build_id, b.attempts, v.aid, v.worker_id
+), attempted AS (
+    INSERT INTO build_attempt (id, build_id, dispatched_job_id, worker_id, number, outcome, error, started_at)
+    SELECT gen_random_uuid(), s.build_id, s.aid, s.worker_id, s.attempts, %(running)s, '', %(now)s
+    FROM started s
+)
+SELECT aid FROM started
+"""
+
+# The evaluations' own transition of a set (history.evaluation_transition from Queued), in one statement.
+_START_EVALUATION_SET = """
+UPDATE evaluation e SET status = v.status, updated_at = %(now)s, waiting_reason = NULL, waiting_since = NULL
+FROM unnest(%(ids)s::uuid[], %(statuses)s::text[]) AS v(id, status)
+WHERE e.id = v.id AND e.status = %(queued)s
+RETURNING e.id
+"""
+
+
+def _set_claim_row(
+    aid: uuid.UUID,
+    job_key: str,
+    job_id: uuid.UUID,
+    worker_id: uuid.UUID,
+    terms: ClaimTerms,
+    job: Job,
+    queued_at: datetime | None,
+) -> _SetClaimRow:
+    return _SetClaimRow(
+        aid,
+        job_key,
+        job_id,
+        worker_id,
+        terms.cluster_attempt_id,
+        float(terms.score),
+        terms.breakdown,
+        terms.missing_nar_size,
+        terms.missing_count,
+        msgspec.to_builtins(job),
+        queued_at,
+    )
+
+
+def _insert_claims(sql: str, rows: Sequence[_SetClaimRow], params: dict[str, Any]) -> set[uuid.UUID]:
+    with setsql.fixed_cursor() as cursor:
+        cursor.execute(sql, {"claims": _encode_json(rows).decode(), **params})
+        return {row[0] for row in cursor.fetchall()}
+
+
+def _unclaim(assignment_ids: Sequence[uuid.UUID]) -> None:
+    """Take back claims inserted by this transaction whose start was refused: no one else ever saw them,
+    so deleting them is what a rolled-back savepoint would have left."""
+    if assignment_ids:
+        DispatchedJob.objects.filter(id__in=list(assignment_ids), finished_at__isnull=True).delete()
+
+
+def claim_builds_together(
+    *, builds: Sequence[tuple[DerivationBuild, uuid.UUID, ClaimTerms, uuid.UUID]], now: datetime
+) -> dict[uuid.UUID, Claimed]:
+    """claim_build for a set of (build, worker, terms, assignment id) at once: the same conditions and
+    the same lock order (every assignment row first, waiting for a transaction that holds one, then the
+    builds), in two statements for the set on PostgreSQL instead of five per build. Each claim wins or
+    loses alone; nothing is written for a lost one. Returns the won claims by assignment id. Call inside
+    the caller's transaction. Elsewhere claim_build one after the other."""
+    if not builds:
+        return {}
+    if connection.vendor != "postgresql":
+        won: dict[uuid.UUID, Claimed] = {}
+        for build, worker_id, terms, aid in builds:
+            one = claim_build(build=build, worker_id=worker_id, now=now, terms=terms, assignment_id=aid)
+            if one is not None:
+                won[one.assignment_id] = one
+        return won
+    jobs_of = {aid: jobs.build_job(build) for build, _, _, aid in builds}
+    rows = [
+        _set_claim_row(aid, build_key(build.id), build.id, worker_id, terms, jobs_of[aid], build.queued_at)
+        for build, worker_id, terms, aid in builds
+    ]
+    inserted = _insert_claims(
+        _CLAIM_BUILD_SET,
+        rows,
+        {"kind": JobKind.BUILD.value, "now": now, "queued": BuildStatus.QUEUED.value},
+    )
+    claimed = [(build, worker_id, aid) for build, worker_id, _, aid in builds if aid in inserted]
+    started: set[uuid.UUID] = set()
+    if claimed:
+        with setsql.fixed_cursor() as cursor:
+            cursor.execute(
+                _START_BUILD_SET,
+                {
+                    "aids": [aid for _, _, aid in claimed],
+                    "builds": [build.id for build, _, _ in claimed],
+                    "workers": [worker_id for _, worker_id, _ in claimed],
+                    "building": BuildStatus.BUILDING.value,
+                    "queued": BuildStatus.QUEUED.value,
+                    "running": BuildAttemptOutcome.RUNNING.value,
+                    "now": now,
+                },
+            )
+            started = {row[0] for row in cursor.fetchall()}
+    _unclaim([aid for aid in inserted if aid not in started])
+    if lost := len(builds) - len(started):
+        metrics.count(metrics.CLAIMS_LOST, amount=float(lost))
+    return {aid: Claimed(aid, jobs_of[aid]) for aid in started}
+
+
+def claim_evaluations(*, claims: Sequence[EvaluationClaim], now: datetime) -> dict[uuid.UUID, Claimed]:
+    """claim_evaluation for a set at once: each evaluation's claim and its start (Fetching or
+    EvaluatingFlake from Queued, with its record facts: the status and the claim), together or not at
+    all, each claim winning or losing alone; on PostgreSQL a few statements for the whole set. Returns
+    the won claims by assignment id. Call inside the caller's transaction."""
+    if not claims:
+        return {}
+    if connection.vendor != "postgresql":
+        won: dict[uuid.UUID, Claimed] = {}
+        for c in claims:
+            one = claim_evaluation(
+                evaluation=c.evaluation,
+                steps=c.steps,
+                worker_id=c.worker_id,
+                worker_name=c.worker_name,
+                reason=c.reason,
+                now=now,
+                terms=c.terms,
+                assignment_id=c.assignment_id,
+            )
+            if one is not None:
+                won[one.assignment_id] = one
+        return won
+    jobs_of = {c.assignment_id: jobs.eval_job(c.evaluation, c.steps) for c in claims}
+    rows = [
+        _set_claim_row(
+            c.assignment_id,
+            c.evaluation.job_key,
+            c.evaluation.id,
+            c.worker_id,
+            c.terms,
+            jobs_of[c.assignment_id],
+            c.evaluation.updated_at if c.evaluation.followup_pending else c.evaluation.created_at,
+        )
+        for c in claims
+    ]
+    inserted = _insert_claims(
+        _CLAIM_EVALUATION_SET,
+        rows,
+        {"kind": JobKind.EVAL.value, "now": now, "terminal": [s.value for s in EVALUATION_TERMINAL]},
+    )
+    status_of = {
+        c.assignment_id: (
+            EvaluationStatus.FETCHING if jobs.FETCH_FLAKE in c.steps else EvaluationStatus.EVALUATING_FLAKE
+        )
+        for c in claims
+    }
+    claimed = [c for c in claims if c.assignment_id in inserted]
+    started_ids: set[uuid.UUID] = set()
+    if claimed:
+        with setsql.fixed_cursor() as cursor:
+            cursor.execute(
+                _START_EVALUATION_SET,
+                {
+                    "ids": [c.evaluation.id for c in claimed],
+                    "statuses": [status_of[c.assignment_id].value for c in claimed],
+                    "queued": EvaluationStatus.QUEUED.value,
+                    "now": now,
+                },
+            )
+            started_ids = {row[0] for row in cursor.fetchall()}
+    started = [c for c in claimed if c.evaluation.id in started_ids]
+    _unclaim([c.assignment_id for c in claimed if c.evaluation.id not in started_ids])
+    if started:
+        numbers = dict(
+            DispatchedJob.objects.filter(evaluation_id__in=[c.evaluation.id for c in started])
+            .values("evaluation_id")
+            .annotate(n=Count("id"))
+            .values_list("evaluation_id", "n")
+        )
+        history.append_many(
+            {
+                c.evaluation.id: [
+                    *history.status_facts(status_of[c.assignment_id], c.reason),
+                    AssignmentClaimed(
+                        submission=numbers[c.evaluation.id],
+                        assignment_id=c.assignment_id,
+                        worker=c.worker_name,
+                        attempt=numbers[c.evaluation.id],
+                        cluster_attempt_id=c.terms.cluster_attempt_id,
+                    ),
+                ]
+                for c in started
+            },
+            now,
+        )
+        forget_sent_all([c.evaluation.job_key for c in started])
+    if lost := len(claims) - len(started):
+        metrics.count(metrics.CLAIMS_LOST, amount=float(lost))
+    return {c.assignment_id: Claimed(c.assignment_id, jobs_of[c.assignment_id]) for c in started}
 
 
 def _request(

@@ -60,6 +60,26 @@ def forget_sent(job_key: str) -> None:
 _FORGET_LISTED = f"UPDATE {SentList._meta.db_table} SET job_ids = job_ids - %s WHERE job_ids ? %s"  # noqa: S608
 
 
+def forget_sent_all(job_keys: Sequence[str]) -> None:
+    """forget_sent for many jobs at once (a pass's cluster claims): two statements on PostgreSQL."""
+    keys = sorted(set(job_keys))
+    if not keys:
+        return
+    if connection.vendor != "postgresql":
+        for key in keys:
+            forget_sent(key)
+        return
+    with fixed_cursor() as cursor:
+        cursor.execute(_FORGET_SENT_ALL, [keys])
+        cursor.execute(_FORGET_LISTED_ALL, [keys, keys])
+
+
+_FORGET_SENT_ALL = f"DELETE FROM {SentCandidate._meta.db_table} WHERE job_id = ANY(%s::text[])"  # noqa: S608
+_FORGET_LISTED_ALL = (
+    f"UPDATE {SentList._meta.db_table} SET job_ids = job_ids - %s::text[] WHERE job_ids ?| %s::text[]"  # noqa: S608
+)
+
+
 def sent_keys(worker_id: uuid.UUID) -> set[str]:
     """The worker's sent set: its rows, and the keys of the shared first offer it was sent, if any."""
     keys = set(SentCandidate.objects.filter(worker_id=worker_id).values_list("job_id", flat=True))
