@@ -485,3 +485,16 @@ def test_a_large_entry_is_read_again_once_three_quarters_are_gone_a_small_one_at
         book.gone([rows[size - read_again_below].id])  # one fewer: read again, what is gone kept gone
         assert len(book.heads("x", size, load)) == read_again_below - 1
         assert len(loads) == 2, (size, loads)
+
+
+def test_what_is_left_of_an_entry_keeps_its_order_as_claims_take_rows_anywhere() -> None:
+    book = queue_book.QueueBook()
+    rows = _rows(8)
+    book.heads("x", 8, lambda n: rows, first=None)
+    book._recent.clear()
+    book.gone([rows[0].id, rows[5].id, uuid.UUID(int=999)])  # one it never held among them
+    assert book.heads("x", 8, lambda n: rows) == [rows[i] for i in (1, 2, 3, 4, 6, 7)]
+    book.gone([rows[2].id])
+    assert book.heads("x", 8, lambda n: rows) == [rows[i] for i in (1, 3, 4, 6, 7)]
+    book.gone([rows[2].id])  # gone already: nothing changes
+    assert book.heads("x", 8, lambda n: rows) == [rows[i] for i in (1, 3, 4, 6, 7)]

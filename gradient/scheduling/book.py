@@ -80,16 +80,26 @@ class _Entry(Generic[Row]):
     gone: set[uuid.UUID] = field(default_factory=set)
     # left(), kept until more is gone: every claim batch asks for it, and a uuid's hash is Python code.
     _left: list[Row] | None = None
+    # The rows left by id, in order (made at the first drop): a batch's claims leave by their ids, a
+    # hash each, instead of a pass over every row left (two per claim batch, a thousand hashes each).
+    _by_id: dict[uuid.UUID, Row] | None = None
 
     def left(self) -> list[Row]:
         if self._left is None:
-            self._left = [r for r in self.rows if r.id not in self.gone]
+            if self._by_id is not None:
+                self._left = list(self._by_id.values())
+            else:
+                self._left = [r for r in self.rows if r.id not in self.gone]
         return self._left
 
     def drop(self, ids: set[uuid.UUID]) -> None:
         """These are gone (claimed, or their claim lost)."""
-        if self._left is not None and any(r.id in ids for r in self._left):
-            self._left = [r for r in self._left if r.id not in ids]
+        by_id = self._by_id
+        if by_id is None:
+            by_id = self._by_id = {r.id: r for r in self.left()}
+        taken = [by_id.pop(i, None) for i in ids]
+        if any(r is not None for r in taken):
+            self._left = None
         self.gone |= ids
 
 
